@@ -1,0 +1,27 @@
+# CUDA is optional. TANDEM_CUDA=AUTO builds the CUDA parts when nvcc is found (also at the
+# usual /usr/local/cuda location), ON requires it, OFF skips it. Sets TANDEM_HAVE_CUDA.
+set(TANDEM_HAVE_CUDA OFF)
+if(NOT TANDEM_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS "/usr/local/cuda/bin/nvcc")
+    set(CMAKE_CUDA_COMPILER "/usr/local/cuda/bin/nvcc")
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      # Ampere (A100) and Hopper (H100/H200).
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    # CMake 3.25 knows no C++20 flag for nvcc; CUDA sources are C++17.
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    set(TANDEM_HAVE_CUDA ON)
+    message(STATUS "tandem: CUDA parts enabled (${CMAKE_CUDA_COMPILER}, architectures ${CMAKE_CUDA_ARCHITECTURES})")
+  elseif(TANDEM_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "tandem: TANDEM_CUDA=ON but nvcc was not found; install the CUDA toolkit or use TANDEM_CUDA=AUTO")
+  else()
+    message(STATUS "tandem: nvcc not found, building CPU-only")
+  endif()
+endif()

@@ -1,0 +1,40 @@
+# System dependencies, all from Debian 12 packages installed by scripts/setup.sh.
+# A missing one stops the configure step with the package that provides it.
+
+macro(tandem_require_package name debian_package)
+  find_package(${name} QUIET ${ARGN})
+  if(NOT ${name}_FOUND)
+    message(FATAL_ERROR
+      "tandem: ${name} was not found. Install the Debian package '${debian_package}' "
+      "(or run scripts/setup.sh, which installs every dependency).")
+  endif()
+endmacro()
+
+find_package(Threads REQUIRED)
+tandem_require_package(absl libabsl-dev)
+tandem_require_package(Protobuf libprotobuf-dev)
+tandem_require_package(gRPC libgrpc++-dev)
+tandem_require_package(prometheus-cpp prometheus-cpp-dev)
+tandem_require_package(ucx libucx-dev)
+if(TANDEM_BUILD_TESTS)
+  tandem_require_package(GTest libgtest-dev)
+  tandem_require_package(benchmark libbenchmark-dev)
+endif()
+
+find_program(TANDEM_PROTOC protoc)
+find_program(TANDEM_GRPC_CPP_PLUGIN grpc_cpp_plugin)
+if(NOT TANDEM_PROTOC OR NOT TANDEM_GRPC_CPP_PLUGIN)
+  message(FATAL_ERROR
+    "tandem: protoc and grpc_cpp_plugin are needed. Install the Debian packages "
+    "'protobuf-compiler' and 'protobuf-compiler-grpc' (or run scripts/setup.sh).")
+endif()
+
+find_path(TANDEM_XXHASH_INCLUDE xxhash.h)
+find_library(TANDEM_XXHASH_LIB xxhash)
+if(NOT TANDEM_XXHASH_INCLUDE OR NOT TANDEM_XXHASH_LIB)
+  message(FATAL_ERROR "tandem: xxhash was not found. Install the Debian package 'libxxhash-dev'.")
+endif()
+add_library(tandem_xxhash INTERFACE)
+target_include_directories(tandem_xxhash INTERFACE "${TANDEM_XXHASH_INCLUDE}")
+target_link_libraries(tandem_xxhash INTERFACE "${TANDEM_XXHASH_LIB}")
+add_library(xxhash::xxhash ALIAS tandem_xxhash)
