@@ -1,0 +1,50 @@
+#include "common/status_conversion.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(StatusConversionTest, EveryCodeRoundTripsWithMessage) {
+  for (int c = 0; c <= 16; ++c) {
+    const auto code = static_cast<absl::StatusCode>(c);
+    const absl::Status original(code, c == 0 ? "" : "message for code " + std::to_string(c));
+    const grpc::Status wire = ToGrpcStatus(original);
+    EXPECT_EQ(static_cast<int>(wire.error_code()), c);
+    EXPECT_EQ(wire.error_message(), std::string(original.message()));
+    EXPECT_EQ(FromGrpcStatus(wire), original) << "code " << c;
+  }
+}
+
+TEST(StatusConversionTest, OutOfRangeGrpcCodeBecomesUnknown) {
+  // 20 is no gRPC code but lies within the enum's value range (0..31), so it is no UB.
+  const grpc::Status odd(static_cast<grpc::StatusCode>(20), "from the future");
+  const absl::Status got = FromGrpcStatus(odd);
+  EXPECT_EQ(got.code(), absl::StatusCode::kUnknown);
+  EXPECT_THAT(std::string(got.message()), HasSubstr("20"));
+  EXPECT_THAT(std::string(got.message()), HasSubstr("from the future"));
+}
+
+TEST(StatusConversionTest, HttpStatus) {
+  struct Case {
+    absl::StatusCode code;
+    int http;
+  };
+  for (const Case& c : {Case{absl::StatusCode::kOk, 200}, Case{absl::StatusCode::kInvalidArgument, 400},
+                        Case{absl::StatusCode::kOutOfRange, 400}, Case{absl::StatusCode::kNotFound, 404},
+                        Case{absl::StatusCode::kResourceExhausted, 429},
+                        Case{absl::StatusCode::kUnavailable, 503},
+                        Case{absl::StatusCode::kDeadlineExceeded, 504},
+                        Case{absl::StatusCode::kInternal, 500}, Case{absl::StatusCode::kUnknown, 500},
+                        Case{absl::StatusCode::kDataLoss, 500}}) {
+    EXPECT_EQ(HttpStatusFromCode(c.code), c.http) << absl::StatusCodeToString(c.code);
+  }
+}
+
+}  // namespace
+}  // namespace tandem
