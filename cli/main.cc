@@ -1,0 +1,117 @@
+// `tandem`: the command-line entry point.
+//
+//   tandem up        start a local cluster (router + prefill + decode workers) on loopback
+//   tandem version   print the version, build and accelerators
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "cli/default_model.h"
+#include "common/device.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "common/version.h"
+
+ABSL_FLAG(std::string, model, "", "Model file (GGUF); empty uses the default model");
+ABSL_FLAG(std::string, models_dir, "", "Folder of downloaded models; empty uses <source>/models");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(std::string, log_format, "text", "text or json (one JSON object per line)");
+
+namespace tandem {
+namespace {
+
+constexpr absl::string_view kUsage = R"(tandem: an LLM serving cluster with disaggregated prefill and decode.
+
+usage: tandem <command> [flags]
+
+commands:
+  up        start a local cluster (router, prefill and decode workers) on the default model
+  version   print the version, the build and the accelerators this binary can use
+  help      print this message)";
+
+// The directory holding this executable, where the other binaries are built too.
+std::string SelfDir() {
+  char buffer[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
+  if (n <= 0) return ".";
+  std::string path(buffer, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+int Version() {
+  std::printf("tandem %s (%s build)\n", kVersion, kBuildType);
+  std::printf("cuda: %s\n", BuiltWithCuda() ? "built in" : "not built in");
+  const auto gpus = ListGpus();
+  if (gpus.ok()) {
+    for (const GpuInfo& gpu : *gpus) {
+      std::printf("gpu %d: %s, %.1f GiB, compute capability %d.%d\n", gpu.index, gpu.name.c_str(),
+                  static_cast<double>(gpu.total_memory_bytes) / (1 << 30),
+                  gpu.compute_capability_major, gpu.compute_capability_minor);
+    }
+  } else {
+    std::printf("gpus: none (%s)\n", std::string(gpus.status().message()).c_str());
+  }
+  return 0;
+}
+
+int Up() {
+  std::printf("tandem %s: starting a local cluster\n", kVersion);
+  const auto model = ResolveModelPath(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_models_dir));
+  if (!model.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(model.status().message()).c_str());
+    return 1;
+  }
+  std::printf("model: %s\n", model->c_str());
+  const std::string bin = SelfDir();
+  std::vector<std::string> missing;
+  for (const char* component : {"tandem-router", "tandem-prefill", "tandem-decode"}) {
+    if (::access(absl::StrCat(bin, "/", component).c_str(), X_OK) != 0) missing.push_back(component);
+  }
+  if (!missing.empty()) {
+    std::printf("not started: this build does not have the cluster yet. Missing in %s:\n",
+                bin.c_str());
+    for (const std::string& m : missing) std::printf("  %s\n", m.c_str());
+    std::printf("The engine, the KV cache and transfer, the workers and the router land in the "
+                "next steps; `tandem up` will start them here.\n");
+    return 0;
+  }
+  std::fprintf(stderr, "error: cluster start-up is not implemented in this build\n");
+  return 1;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<char*> args = ParseFlagsWithEnvironment(argc, argv, kUsage);
+  const auto level = ParseLogSeverity(absl::GetFlag(FLAGS_log_level));
+  const auto format = ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!level.ok() || !format.ok()) {
+    std::fprintf(stderr, "error: %s\n",
+                 std::string((level.ok() ? format.status() : level.status()).message()).c_str());
+    return 2;
+  }
+  SetLogOptions({.min_severity = *level, .format = *format});
+
+  const absl::string_view command = args.size() > 1 ? args[1] : "help";
+  if (args.size() > 2) {
+    std::fprintf(stderr, "error: unexpected argument '%s'\n%s\n", args[2], kUsage.data());
+    return 2;
+  }
+  if (command == "version" || command == "--version") return Version();
+  if (command == "up") return Up();
+  if (command == "help") {
+    std::printf("%s\n", kUsage.data());
+    return 0;
+  }
+  std::fprintf(stderr, "error: unknown command '%s'\n\n%s\n", std::string(command).c_str(),
+               kUsage.data());
+  return 2;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) { return tandem::Main(argc, argv); }
