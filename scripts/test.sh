@@ -12,6 +12,8 @@ JOBS="${TANDEM_JOBS:-$(nproc)}"
 
 "$ROOT/scripts/setup.sh"
 cd "$ROOT"
+# Let ccache reuse objects compiled in another checkout of the same sources.
+export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
 echo "[test] configuring ($PRESET)"
 cmake --preset "$PRESET" >/dev/null
 echo "[test] building with $JOBS jobs"

@@ -8,6 +8,8 @@ JOBS="${TANDEM_JOBS:-$(nproc)}"
 
 "$ROOT/scripts/setup.sh"
 cd "$ROOT"
+# Let ccache reuse objects compiled in another checkout of the same sources.
+export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
 cmake --preset release >/dev/null
 cmake --build --preset release -j "$JOBS"
 exec "$ROOT/build/release/bin/tandem" up "$@"
