@@ -1,0 +1,30 @@
+// GGUF architecture "llama": Llama 2/3, SmolLM/SmolLM2, TinyLlama and Mistral (llama.cpp writes
+// all of them as "llama"). No attention biases; output.weight absent means tied embeddings.
+#include "engine/model/gguf_architecture.h"
+
+namespace tandem {
+namespace {
+
+constexpr LlamaFamilyTraits kLlamaTraits{
+    .arch = "llama",
+    .default_rms_norm_eps = 1e-5f,
+    .default_rope_theta = 10000.0f,
+    .attention_bias = false,
+};
+
+absl::StatusOr<ModelConfig> LlamaConfig(const GgufFile& file) {
+  return LlamaFamilyConfigFromGguf(file, kLlamaTraits);
+}
+
+}  // namespace
+
+const GgufArchitecture& LlamaArchitecture() {
+  static constexpr GgufArchitecture kArch{
+      .name = "llama",
+      .config_from_gguf = &LlamaConfig,
+      .weights_from_gguf = &LlamaFamilyWeightsFromGguf,
+  };
+  return kArch;
+}
+
+}  // namespace tandem

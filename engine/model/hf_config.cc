@@ -1,0 +1,179 @@
+#include "engine/model/hf_config.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "engine/model/mapped_file.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+namespace {
+
+using nlohmann::json;
+
+struct HfArchitecture {
+  const char* hf_name;
+  const char* arch;
+  bool always_bias;
+};
+constexpr HfArchitecture kArchitectures[] = {
+    {"LlamaForCausalLM", "llama", false},
+    {"MistralForCausalLM", "llama", false},
+    {"Qwen2ForCausalLM", "qwen2", true},
+};
+
+class ConfigReader {
+ public:
+  explicit ConfigReader(absl::string_view source) : source_(source) {}
+
+  absl::Status Error(absl::string_view key, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": config.json key '", key, "': ", what));
+  }
+
+  // A required (or defaulted, when `fallback` is set) non-negative integer.
+  absl::StatusOr<int64_t> Int(const json& obj, absl::string_view key,
+                              std::optional<int64_t> fallback = std::nullopt) const {
+    const auto it = obj.find(std::string(key));
+    if (it == obj.end() || it->is_null()) {
+      if (fallback) return *fallback;
+      return absl::NotFoundError(absl::StrCat(source_, ": config.json key '", key, "' not found"));
+    }
+    if (it->is_number_unsigned()) {
+      const uint64_t v = it->get<uint64_t>();
+      if (v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return static_cast<int64_t>(v);
+      }
+    } else if (it->is_number_integer()) {
+      return it->get<int64_t>();
+    }
+    return Error(key, absl::StrCat("expected an integer, got ", it->dump()));
+  }
+
+  absl::StatusOr<float> Float(const json& obj, absl::string_view key,
+                              std::optional<float> fallback = std::nullopt) const {
+    const auto it = obj.find(std::string(key));
+    if (it == obj.end() || it->is_null()) {
+      if (fallback) return *fallback;
+      return absl::NotFoundError(absl::StrCat(source_, ": config.json key '", key, "' not found"));
+    }
+    if (!it->is_number()) return Error(key, absl::StrCat("expected a number, got ", it->dump()));
+    return static_cast<float>(it->get<double>());
+  }
+
+  absl::StatusOr<bool> Bool(const json& obj, absl::string_view key, bool fallback) const {
+    const auto it = obj.find(std::string(key));
+    if (it == obj.end() || it->is_null()) return fallback;
+    if (!it->is_boolean()) return Error(key, absl::StrCat("expected a bool, got ", it->dump()));
+    return it->get<bool>();
+  }
+
+  absl::StatusOr<std::string> String(const json& obj, absl::string_view key) const {
+    const auto it = obj.find(std::string(key));
+    if (it == obj.end() || !it->is_string()) {
+      return Error(key, "expected a string");
+    }
+    return it->get<std::string>();
+  }
+
+ private:
+  absl::string_view source_;
+};
+
+absl::Status ReadRopeScaling(const ConfigReader& r, const json& j, ModelConfig* c) {
+  const auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) return r.Error("rope_scaling", "expected an object or null");
+  const json& rs = *it;
+  std::string type;
+  if (rs.contains("rope_type")) {
+    ASSIGN_OR_RETURN(type, r.String(rs, "rope_type"));
+  } else {
+    ASSIGN_OR_RETURN(type, r.String(rs, "type"));
+  }
+  if (type == "default") return absl::OkStatus();
+  if (type == "linear") {
+    c->rope_scaling.type = RopeScaling::Type::kLinear;
+    ASSIGN_OR_RETURN(c->rope_scaling.factor, r.Float(rs, "factor"));
+    return absl::OkStatus();
+  }
+  if (type == "llama3") {
+    c->rope_scaling.type = RopeScaling::Type::kLlama3;
+    ASSIGN_OR_RETURN(c->rope_scaling.factor, r.Float(rs, "factor"));
+    ASSIGN_OR_RETURN(c->rope_scaling.low_freq_factor, r.Float(rs, "low_freq_factor", 1.0f));
+    ASSIGN_OR_RETURN(c->rope_scaling.high_freq_factor, r.Float(rs, "high_freq_factor", 4.0f));
+    ASSIGN_OR_RETURN(c->rope_scaling.original_max_position,
+                     r.Int(rs, "original_max_position_embeddings", 8192));
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(absl::StrCat("rope_scaling type '", type,
+                                               "' is not supported (supported: linear, llama3)"));
+}
+
+}  // namespace
+
+std::vector<std::string> SupportedHfArchitectures() {
+  std::vector<std::string> names;
+  for (const HfArchitecture& a : kArchitectures) names.emplace_back(a.hf_name);
+  return names;
+}
+
+absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_text,
+                                                        absl::string_view source) {
+  const json j = json::parse(json_text.begin(), json_text.end(), nullptr,
+                             /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": config.json is not a JSON object"));
+  }
+  const ConfigReader r(source);
+  const auto archs = j.find("architectures");
+  if (archs == j.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
+    return r.Error("architectures", "expected a non-empty array of strings");
+  }
+  const std::string hf_name = (*archs)[0].get<std::string>();
+  const HfArchitecture* arch = nullptr;
+  for (const HfArchitecture& a : kArchitectures) {
+    if (hf_name == a.hf_name) arch = &a;
+  }
+  if (arch == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": architecture '", hf_name, "' is not supported; supported: ",
+        absl::StrJoin(SupportedHfArchitectures(), ", ")));
+  }
+  ModelConfig c;
+  c.architecture = arch->arch;
+  ASSIGN_OR_RETURN(c.vocab_size, r.Int(j, "vocab_size"));
+  ASSIGN_OR_RETURN(c.hidden_size, r.Int(j, "hidden_size"));
+  ASSIGN_OR_RETURN(c.intermediate_size, r.Int(j, "intermediate_size"));
+  ASSIGN_OR_RETURN(c.num_layers, r.Int(j, "num_hidden_layers"));
+  ASSIGN_OR_RETURN(c.num_heads, r.Int(j, "num_attention_heads"));
+  ASSIGN_OR_RETURN(c.num_kv_heads, r.Int(j, "num_key_value_heads", c.num_heads));
+  if (c.num_heads <= 0) return r.Error("num_attention_heads", "must be positive");
+  ASSIGN_OR_RETURN(c.head_dim, r.Int(j, "head_dim", c.hidden_size / c.num_heads));
+  ASSIGN_OR_RETURN(c.max_context, r.Int(j, "max_position_embeddings"));
+  ASSIGN_OR_RETURN(c.rms_norm_eps, r.Float(j, "rms_norm_eps", 1e-6f));
+  ASSIGN_OR_RETURN(c.rope_theta, r.Float(j, "rope_theta", 10000.0f));
+  ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool(j, "tie_word_embeddings", false));
+  if (arch->always_bias) {
+    c.attention_bias = true;
+  } else {
+    ASSIGN_OR_RETURN(c.attention_bias, r.Bool(j, "attention_bias", false));
+  }
+  RETURN_IF_ERROR(Annotate(ReadRopeScaling(r, j, &c), source));
+  RETURN_IF_ERROR(Annotate(c.Validate(), source));
+  return c;
+}
+
+absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& path) {
+  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+  return ModelConfigFromHfConfigJson(
+      absl::string_view(reinterpret_cast<const char*>(file.data()),
+                        static_cast<size_t>(file.size())),
+      path);
+}
+
+}  // namespace tandem

@@ -1,0 +1,148 @@
+#include "engine/model/hf_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+// SmolLM2-135M-Instruct's config.json (the fields Tandem reads).
+json SmolLM2Config() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "hidden_size": 576,
+    "intermediate_size": 1536, "max_position_embeddings": 8192, "num_attention_heads": 9,
+    "num_hidden_layers": 30, "num_key_value_heads": 3, "rms_norm_eps": 1e-05,
+    "rope_scaling": null, "rope_theta": 100000, "tie_word_embeddings": true,
+    "torch_dtype": "bfloat16", "vocab_size": 49152})");
+}
+
+// Qwen2.5-0.5B-Instruct's config.json (the fields Tandem reads).
+json Qwen2Config() {
+  return json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "num_attention_heads": 14, "num_hidden_layers": 24,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "tie_word_embeddings": true, "vocab_size": 151936})");
+}
+
+TEST(HfConfigTest, MapsLlamaAndQwen2) {
+  absl::StatusOr<ModelConfig> c = ModelConfigFromHfConfigJson(SmolLM2Config().dump(), "smol");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "llama");
+  EXPECT_EQ(c->num_layers, 30);
+  EXPECT_EQ(c->hidden_size, 576);
+  EXPECT_EQ(c->num_heads, 9);
+  EXPECT_EQ(c->num_kv_heads, 3);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->intermediate_size, 1536);
+  EXPECT_EQ(c->vocab_size, 49152);
+  EXPECT_EQ(c->max_context, 8192);
+  EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-5f);
+  EXPECT_FLOAT_EQ(c->rope_theta, 100000.0f);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+
+  c = ModelConfigFromHfConfigJson(Qwen2Config().dump(), "qwen");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "qwen2");
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->num_kv_heads, 2);
+  EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+}
+
+TEST(HfConfigTest, RopeScaling) {
+  json j = SmolLM2Config();
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  absl::StatusOr<ModelConfig> c = ModelConfigFromHfConfigJson(j.dump(), "llama3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c->rope_scaling.factor, 8.0f);
+  EXPECT_EQ(c->rope_scaling.original_max_position, 8192);
+
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  c = ModelConfigFromHfConfigJson(j.dump(), "linear");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c->rope_scaling.factor, 2.0f);
+}
+
+TEST(HfConfigTest, ErrorsNameTheSourceAndKey) {
+  using C = absl::StatusCode;
+  struct Case {
+    std::string name;
+    std::function<void(json*)> edit;
+    C code;
+    std::string substring;
+  };
+  const Case cases[] = {
+      {"unknown architecture", [](json* j) { (*j)["architectures"] = {"GemmaForCausalLM"}; },
+       C::kUnimplemented, "'GemmaForCausalLM'"},
+      {"no architectures", [](json* j) { j->erase("architectures"); }, C::kInvalidArgument,
+       "'architectures'"},
+      {"missing hidden_size", [](json* j) { j->erase("hidden_size"); }, C::kNotFound,
+       "'hidden_size'"},
+      {"string layers", [](json* j) { (*j)["num_hidden_layers"] = "30"; }, C::kInvalidArgument,
+       "'num_hidden_layers'"},
+      {"float heads", [](json* j) { (*j)["num_attention_heads"] = 9.5; }, C::kInvalidArgument,
+       "'num_attention_heads'"},
+      {"zero heads", [](json* j) { (*j)["num_attention_heads"] = 0; }, C::kInvalidArgument,
+       "num_attention_heads"},
+      {"heads do not divide hidden", [](json* j) { (*j)["num_attention_heads"] = 7; },
+       C::kInvalidArgument, "num_heads 7 does not divide hidden_size 576"},
+      {"kv heads do not divide", [](json* j) { (*j)["num_key_value_heads"] = 2; },
+       C::kInvalidArgument, "num_kv_heads 2"},
+      {"negative vocab", [](json* j) { (*j)["vocab_size"] = -1; }, C::kInvalidArgument,
+       "vocab_size"},
+      {"eps string", [](json* j) { (*j)["rms_norm_eps"] = "1e-5"; }, C::kInvalidArgument,
+       "'rms_norm_eps'"},
+      {"tie not bool", [](json* j) { (*j)["tie_word_embeddings"] = 1; }, C::kInvalidArgument,
+       "'tie_word_embeddings'"},
+      {"yarn", [](json* j) { (*j)["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; },
+       C::kUnimplemented, "'yarn'"},
+      {"rope_scaling not object", [](json* j) { (*j)["rope_scaling"] = 2; }, C::kInvalidArgument,
+       "'rope_scaling'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    json j = SmolLM2Config();
+    c.edit(&j);
+    absl::Status s = ModelConfigFromHfConfigJson(j.dump(), "dir/config.json").status();
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_THAT(s.message(), HasSubstr("dir/config.json")) << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.substring)) << s;
+  }
+  absl::Status s = ModelConfigFromHfConfigJson("{not json", "x.json").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("x.json"));
+}
+
+TEST(HfConfigTest, LoadsAFile) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/hf_config_test_config.json");
+  {
+    std::ofstream out(path);
+    out << Qwen2Config().dump(2);
+  }
+  absl::StatusOr<ModelConfig> c = LoadHfConfig(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "qwen2");
+  std::filesystem::remove(path);
+  absl::Status s = LoadHfConfig(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr(path));
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,60 @@
+// The shape of a Llama-family transformer (Llama 2/3, SmolLM/SmolLM2, TinyLlama, Mistral, Qwen2),
+// as read from a model file, and its validation.
+#ifndef TANDEM_ENGINE_MODEL_MODEL_CONFIG_H_
+#define TANDEM_ENGINE_MODEL_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem {
+
+// How RoPE frequencies are rescaled for contexts longer than the model was trained on.
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 };
+  Type type = Type::kNone;
+  // kLinear: positions are divided by `factor`. kLlama3: low frequencies are divided by `factor`.
+  float factor = 1.0f;
+  // kLlama3 only (Llama 3.1's "rope_type": "llama3").
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int64_t original_max_position = 8192;
+};
+
+// "none", "linear", "llama3".
+absl::string_view RopeScalingTypeName(RopeScaling::Type type);
+
+// Hyper-parameters of a decoder-only Llama-family model. All sizes are element counts.
+struct ModelConfig {
+  // GGUF `general.architecture` spelling: "llama" or "qwen2".
+  std::string architecture;
+  int64_t vocab_size = 0;         // rows of the token embedding
+  int64_t hidden_size = 0;        // d_model
+  int64_t intermediate_size = 0;  // SwiGLU inner size (ffn_gate / ffn_up outputs)
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;     // query heads
+  int64_t num_kv_heads = 0;  // key/value heads (grouped-query attention when < num_heads)
+  int64_t head_dim = 0;      // per-head size of Q, K and V; hidden_size / num_heads by default
+  int64_t max_context = 0;   // positions the model was trained for
+  float rms_norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;  // RoPE base frequency
+  RopeScaling rope_scaling;
+  // The output projection reuses token_embd (no separate `output.weight`).
+  bool tie_word_embeddings = false;
+  // Q, K and V projections have biases (Qwen2).
+  bool attention_bias = false;
+
+  // INVALID_ARGUMENT naming the first field that is out of range: every size positive, num_heads
+  // dividing hidden_size, num_kv_heads dividing num_heads, head_dim even (RoPE rotates pairs),
+  // rms_norm_eps and rope_theta positive and finite, rope scaling parameters consistent.
+  [[nodiscard]] absl::Status Validate() const;
+
+  // One line, for logs: "llama layers=30 hidden=576 heads=9/3 head_dim=64 ffn=1536 vocab=49152 ...".
+  std::string DebugString() const;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_ENGINE_MODEL_MODEL_CONFIG_H_

@@ -1,0 +1,82 @@
+// Loading a model file into a ModelConfig and a ModelWeights map of named tensors.
+//
+//   ASSIGN_OR_RETURN(LoadedModel model, LoadGgufModel("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+//   const GgufTensor* wq = model.weights.layers[0].attn_q;  // ggml shape {hidden, heads*head_dim}
+//
+// The architecture comes from `general.architecture`; one source file per architecture
+// (arch_llama.cc, arch_qwen2.cc) maps its metadata and tensor names.
+//
+// Shapes are in ggml order (shape[0] contiguous). With H = hidden_size, F = intermediate_size,
+// V = vocab_size, Dq = num_heads * head_dim, Dkv = num_kv_heads * head_dim:
+//   token_embd   {H, V}     output_norm {H}       output {H, V} (== token_embd when tied)
+//   attn_norm    {H}        attn_q {H, Dq}        attn_k {H, Dkv}     attn_v {H, Dkv}
+//   attn_output  {Dq, H}    attn_q_bias {Dq}      attn_k_bias {Dkv}   attn_v_bias {Dkv}
+//   ffn_norm     {H}        ffn_gate {H, F}       ffn_up {H, F}       ffn_down {F, H}
+// (A weight {in, out} in ggml order is a PyTorch [out, in] matrix: y = W x.)
+#ifndef TANDEM_ENGINE_MODEL_MODEL_LOADER_H_
+#define TANDEM_ENGINE_MODEL_MODEL_LOADER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/model/gguf.h"
+#include "engine/model/model_config.h"
+
+namespace tandem {
+
+// One transformer block. Pointers are into the owning GgufFile; never null except the biases,
+// which are set exactly when ModelConfig::attention_bias is true.
+struct LayerWeights {
+  const GgufTensor* attn_norm = nullptr;
+  const GgufTensor* attn_q = nullptr;
+  const GgufTensor* attn_k = nullptr;
+  const GgufTensor* attn_v = nullptr;
+  const GgufTensor* attn_output = nullptr;
+  const GgufTensor* attn_q_bias = nullptr;
+  const GgufTensor* attn_k_bias = nullptr;
+  const GgufTensor* attn_v_bias = nullptr;
+  const GgufTensor* ffn_norm = nullptr;
+  const GgufTensor* ffn_gate = nullptr;
+  const GgufTensor* ffn_up = nullptr;
+  const GgufTensor* ffn_down = nullptr;
+};
+
+struct ModelWeights {
+  const GgufTensor* token_embd = nullptr;
+  const GgufTensor* output_norm = nullptr;
+  const GgufTensor* output = nullptr;  // == token_embd when tie_word_embeddings
+  // Optional per-frequency RoPE divisors {head_dim / 2} (llama.cpp stores Llama 3.1's rope
+  // scaling this way); nullptr when absent.
+  const GgufTensor* rope_freqs = nullptr;
+  std::vector<LayerWeights> layers;  // num_layers entries
+};
+
+// A model ready for a backend. Movable; the tensor pointers stay valid across moves because they
+// point into `file`, which must outlive every use of `weights`.
+struct LoadedModel {
+  std::unique_ptr<GgufFile> file;
+  ModelConfig config;
+  ModelWeights weights;
+};
+
+// Opens a GGUF file and maps it by its `general.architecture`. Errors: those of GgufFile::Open;
+// NOT_FOUND / INVALID_ARGUMENT for missing or mistyped metadata (naming the key); INVALID_ARGUMENT
+// for a config that fails ModelConfig::Validate(); NOT_FOUND for a missing tensor and
+// INVALID_ARGUMENT for a wrong shape (naming the tensor, expected and actual shapes);
+// UNIMPLEMENTED for an architecture not in SupportedGgufArchitectures() (naming it).
+absl::StatusOr<LoadedModel> LoadGgufModel(const std::string& path);
+// The same for an already-parsed file (takes ownership).
+absl::StatusOr<LoadedModel> LoadGgufModel(std::unique_ptr<GgufFile> file);
+
+// Only the config (no tensor mapping), e.g. for planning memory before loading weights.
+absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file);
+
+// {"llama", "qwen2"}.
+std::vector<std::string> SupportedGgufArchitectures();
+
+}  // namespace tandem
+
+#endif  // TANDEM_ENGINE_MODEL_MODEL_LOADER_H_
