@@ -1,0 +1,166 @@
+// CPU kernel microbenchmarks: MatMul on SmolLM2-135M-shaped weights and paged-attention decode,
+// for every ISA the host runs. Single-threaded unless the name says "threads", so the figures
+// compare instruction sets rather than core counts.
+//
+//   MatMul/<isa>/<dtype>/M<m>/K<k>/N<n>   bytes_per_second = weight bytes streamed; FLOPS = 2·M·N·K
+//   PagedAttentionDecode/<isa>/ctx<c>     4 sequences × 1 token, 9 heads / 3 KV heads × 64;
+//                                         bytes_per_second = K and V bytes read
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "engine/core/dtype.h"
+#include "engine/cpu/cpu_features.h"
+#include "engine/cpu/matmul.h"
+#include "engine/cpu/paged_attention.h"
+#include "engine/cpu/thread_pool.h"
+
+namespace tandem::cpu {
+namespace {
+
+std::vector<uint8_t> RandomBlocks(DType type, int64_t n, int64_t k, std::mt19937& rng) {
+  std::vector<uint8_t> w(static_cast<size_t>(*DTypeStorageBytes(type, n * k)));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
+  const int64_t block_bytes = DTypeBlockBytes(type);
+  const uint16_t scale = FloatToHalf(0.01f);
+  for (size_t off = 0; off < w.size(); off += block_bytes) {  // sane f16 scales (and Q4_1 mins)
+    __builtin_memcpy(&w[off], &scale, 2);
+    if (type == DType::kQ4_1) __builtin_memcpy(&w[off + 2], &scale, 2);
+  }
+  return w;
+}
+
+void BM_MatMul(benchmark::State& state, Isa isa, DType type, int64_t m, int64_t k, int64_t n,
+               int threads) {
+  std::mt19937 rng(1);
+  const std::vector<uint8_t> w = RandomBlocks(type, n, k, rng);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (float& v : x) v = dist(rng);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  ThreadPool pool({.num_threads = threads});
+  const MatMulParams p{.x = x.data(),
+                       .x_stride = k,
+                       .w = w.data(),
+                       .w_type = type,
+                       .y = y.data(),
+                       .y_stride = n,
+                       .m = m,
+                       .n = n,
+                       .k = k};
+  const KernelContext ctx{.pool = threads > 1 ? &pool : nullptr, .isa = isa};
+  for (auto _ : state) {
+    if (!MatMul(p, ctx).ok()) {
+      state.SkipWithError("MatMul failed");
+      break;
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.size()));
+  state.counters["FLOPS"] = benchmark::Counter(
+      2.0 * static_cast<double>(m * n * k) * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
+}
+
+void BM_PagedAttentionDecode(benchmark::State& state, Isa isa, int64_t context) {
+  const int64_t num_seqs = 4, num_heads = 9, num_kv_heads = 3, head_dim = 64, block_size = 16;
+  const int64_t blocks_per_seq = (context + block_size - 1) / block_size;
+  const int64_t token_stride = num_kv_heads * head_dim;
+  const int64_t block_stride = block_size * token_stride;
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> k_cache(static_cast<size_t>(num_seqs * blocks_per_seq * block_stride));
+  std::vector<float> v_cache(k_cache.size());
+  for (float& v : k_cache) v = dist(rng);
+  for (float& v : v_cache) v = dist(rng);
+  std::vector<int32_t> tables(static_cast<size_t>(num_seqs * blocks_per_seq));
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
+  std::vector<int32_t> seq(num_seqs), pos(num_seqs, static_cast<int32_t>(context - 1));
+  for (int32_t s = 0; s < num_seqs; ++s) seq[s] = s;
+  std::vector<float> q(static_cast<size_t>(num_seqs * num_heads * head_dim), 0.1f);
+  std::vector<float> out(q.size());
+  const PagedAttentionParams p{.q = q.data(),
+                               .q_token_stride = num_heads * head_dim,
+                               .out = out.data(),
+                               .out_token_stride = num_heads * head_dim,
+                               .k_cache = k_cache.data(),
+                               .v_cache = v_cache.data(),
+                               .block_stride = block_stride,
+                               .token_stride = token_stride,
+                               .kv_head_stride = head_dim,
+                               .block_size = block_size,
+                               .block_tables = tables.data(),
+                               .max_blocks_per_seq = blocks_per_seq,
+                               .token_seq = seq.data(),
+                               .token_pos = pos.data(),
+                               .num_tokens = num_seqs,
+                               .num_heads = num_heads,
+                               .num_kv_heads = num_kv_heads,
+                               .head_dim = head_dim};
+  for (auto _ : state) {
+    if (!PagedAttention(p, {.isa = isa}).ok()) {
+      state.SkipWithError("PagedAttention failed");
+      break;
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * num_seqs * context * token_stride *
+                          static_cast<int64_t>(sizeof(float)));
+}
+
+void RegisterAll() {
+  struct Shape {
+    int64_t k, n;
+  };
+  const Shape shapes[] = {{576, 1536}, {1536, 576}, {576, 49152}};
+  for (Isa isa : kAllIsas) {
+    if (!IsaSupported(isa, HostCpuFeatures())) continue;
+    const std::string isa_name(IsaName(isa));
+    for (DType type : {DType::kQ4_1, DType::kQ8_0}) {
+      for (int64_t m : {1, 128}) {
+        for (const Shape& s : shapes) {
+          // Scalar prefill of the output layer takes seconds per call; leave it out.
+          if (isa == Isa::kScalar && m > 1 && s.n > 10000) continue;
+          const std::string name = "MatMul/" + isa_name + "/" + std::string(DTypeName(type)) +
+                                   "/M" + std::to_string(m) + "/K" + std::to_string(s.k) + "/N" +
+                                   std::to_string(s.n);
+          benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, isa, type, m, s.k, s.n, 1)
+              ->Unit(benchmark::kMicrosecond);
+        }
+      }
+    }
+    for (int64_t context : {512, 2048}) {
+      const std::string name =
+          "PagedAttentionDecode/" + isa_name + "/ctx" + std::to_string(context);
+      benchmark::RegisterBenchmark(name.c_str(), BM_PagedAttentionDecode, isa, context)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  // The decode output layer on every core, best ISA.
+  const Isa best = BestIsa(HostCpuFeatures());
+  const int threads = static_cast<int>(std::thread::hardware_concurrency());
+  const std::string name = "MatMul/" + std::string(IsaName(best)) + "/Q4_1/M1/K576/N49152/threads" +
+                           std::to_string(threads);
+  benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, best, DType::kQ4_1, 1, 576, 49152, threads)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+
+}  // namespace
+}  // namespace tandem::cpu
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  std::printf("CPU features: %s\n",
+              tandem::cpu::CpuFeaturesSummary(tandem::cpu::HostCpuFeatures()).c_str());
+  tandem::cpu::RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,33 @@
+// Small row-wise ops of the forward pass: SwiGLU's gate, softmax, and addition.
+// Portable C++ (the compiler vectorizes the loops); all shapes are rows of contiguous floats.
+#ifndef TANDEM_ENGINE_CPU_ELEMENTWISE_H_
+#define TANDEM_ENGINE_CPU_ELEMENTWISE_H_
+
+#include <cstdint>
+
+namespace tandem::cpu {
+
+struct SiluMulParams {
+  const float* gate = nullptr;  // [rows, dim], row stride gate_stride
+  const float* up = nullptr;    // [rows, dim], row stride up_stride
+  float* out = nullptr;         // [rows, dim], row stride out_stride; may alias gate or up
+  int64_t gate_stride = 0;
+  int64_t up_stride = 0;
+  int64_t out_stride = 0;
+  int64_t rows = 0;
+  int64_t dim = 0;
+};
+// out = gate * sigmoid(gate) * up (SwiGLU). A fused [rows, 2 * dim] gate|up buffer is passed as
+// gate = buf, up = buf + dim, both strides 2 * dim.
+void SiluMul(const SiluMulParams& params);
+
+// In place, per row: x = exp(x - max) / Σ exp(x - max). x: [rows, cols], row stride `stride`.
+// A row of all -inf becomes all zeros.
+void Softmax(float* x, int64_t rows, int64_t cols, int64_t stride);
+
+// out[i] = a[i] + b[i] for i < n; out may alias a or b.
+void Add(const float* a, const float* b, float* out, int64_t n);
+
+}  // namespace tandem::cpu
+
+#endif  // TANDEM_ENGINE_CPU_ELEMENTWISE_H_

@@ -1,0 +1,66 @@
+#include "engine/cpu/elementwise.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "engine/cpu/kernel_test_util.h"
+#include "gtest/gtest.h"
+
+namespace tandem::cpu {
+namespace {
+
+TEST(SiluMulTest, MatchesDoubleOnFusedGateUpBuffer) {
+  std::mt19937 rng(3);
+  const int64_t rows = 3, dim = 37;
+  const std::vector<float> gu = testing::RandomFloats(rng, rows * 2 * dim, -8.0f, 8.0f);
+  std::vector<float> out(rows * dim);
+  SiluMul({.gate = gu.data(),
+           .up = gu.data() + dim,
+           .out = out.data(),
+           .gate_stride = 2 * dim,
+           .up_stride = 2 * dim,
+           .out_stride = dim,
+           .rows = rows,
+           .dim = dim});
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < dim; ++i) {
+      const double g = gu[r * 2 * dim + i], u = gu[r * 2 * dim + dim + i];
+      const double want = g / (1.0 + std::exp(-g)) * u;
+      EXPECT_NEAR(out[r * dim + i], want, 1e-6 * (1.0 + std::fabs(want)));
+    }
+  }
+}
+
+TEST(SoftmaxTest, MatchesDoubleAndHandlesMaskedRows) {
+  std::mt19937 rng(4);
+  const int64_t rows = 3, cols = 33, stride = 40;
+  std::vector<float> x = testing::RandomFloats(rng, rows * stride, -20.0f, 20.0f);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < cols; ++i) x[2 * stride + i] = ninf;  // a fully masked row
+  x[1 * stride + 5] = ninf;                                     // one masked entry
+  const std::vector<float> before = x;
+  Softmax(x.data(), rows, cols, stride);
+  for (int64_t r = 0; r < 2; ++r) {
+    double max = -1e300, sum = 0.0;
+    for (int64_t i = 0; i < cols; ++i)
+      max = std::max(max, static_cast<double>(before[r * stride + i]));
+    for (int64_t i = 0; i < cols; ++i) sum += std::exp(before[r * stride + i] - max);
+    for (int64_t i = 0; i < cols; ++i) {
+      EXPECT_NEAR(x[r * stride + i], std::exp(before[r * stride + i] - max) / sum, 1e-6);
+    }
+    EXPECT_EQ(x[r * stride + cols], before[r * stride + cols]);  // padding untouched
+  }
+  EXPECT_EQ(x[1 * stride + 5], 0.0f);
+  for (int64_t i = 0; i < cols; ++i) EXPECT_EQ(x[2 * stride + i], 0.0f);
+}
+
+TEST(AddTest, AddsInPlace) {
+  std::vector<float> a = {1, 2, 3}, b = {0.5f, -2, 10};
+  Add(a.data(), b.data(), a.data(), 3);
+  EXPECT_EQ(a, (std::vector<float>{1.5f, 0, 13}));
+}
+
+}  // namespace
+}  // namespace tandem::cpu

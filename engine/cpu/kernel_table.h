@@ -1,0 +1,65 @@
+// Internal to engine/cpu: the per-ISA inner loops behind the public ops, and the one table that
+// dispatches to them. Not part of the backend's contract; use matmul.h, paged_attention.h, ...
+//
+// Each ISA's loops live in their own translation unit (kernels_scalar.cc, kernels_avx2.cc,
+// kernels_avx512.cc), the SIMD ones compiled with that ISA's -m flags, so the library runs on any
+// x86-64 and picks a table at start-up. Those SIMD files keep every function in an anonymous
+// namespace and use no inline library templates, so that no COMDAT function compiled with
+// AVX-512 can be picked by the linker for code that runs on an older CPU.
+#ifndef TANDEM_ENGINE_CPU_KERNEL_TABLE_H_
+#define TANDEM_ENGINE_CPU_KERNEL_TABLE_H_
+
+#include <cstdint>
+
+#include "engine/core/dtype.h"
+#include "engine/cpu/cpu_features.h"
+
+namespace tandem::cpu {
+
+// A 32-element activation block quantized to int8 (the role of ggml's q8_1 activation blocks):
+// x ≈ d * qs, qs in [-127, 127]; s = d * Σ qs, so that the weight offsets (Q4_0's -8, Q4_1's m)
+// cost one multiply per block. d and s are floats (not f16) to keep the error at int8's, and
+// adjacent so that SIMD code loads them as one pair.
+struct BlockQ8Act {
+  float d;
+  float s;
+  int8_t qs[kQuantBlock];
+};
+static_assert(sizeof(BlockQ8Act) == 40);
+
+// Quantizes `k` floats (k a multiple of 32) into k / 32 blocks: d = max|x| / 127,
+// qs = round-to-nearest-even(x / d). The same for every ISA, so integer dot products agree exactly.
+void QuantizeRowQ8Act(const float* x, BlockQ8Act* out, int64_t k);
+
+// Dot products of one weight row with `m` activation rows:
+//   y[i * y_stride] = Σ_k w_row[k] * x_i[k]            for i in [0, m)
+// w_row: one row of K weight elements in its DType's storage (K / 32 blocks when quantized).
+// x:     float rows (F32/F16/BF16 weights) or BlockQ8Act rows (quantized weights);
+//        row i starts `x_stride` elements (floats or blocks) after row i-1.
+// k:     elements per row (a multiple of 32 for quantized weights).
+using RowDotFn = void (*)(const void* w_row, const void* x, int64_t x_stride, int64_t m, int64_t k,
+                          float* y, int64_t y_stride);
+
+struct KernelTable {
+  Isa isa;
+  // Indexed by static_cast<int>(DType).
+  RowDotFn row_dot[6];
+  // Σ a[i] * b[i] for i < n.
+  float (*dot_f32)(const float* a, const float* b, int64_t n);
+  // y[i] += a * x[i] for i < n.
+  void (*axpy_f32)(float a, const float* x, float* y, int64_t n);
+  // y[i] *= a for i < n.
+  void (*scale_f32)(float a, float* y, int64_t n);
+};
+
+const KernelTable& ScalarKernelTable();
+// nullptr when the library was built without that ISA's file (non-x86 builds).
+const KernelTable* Avx2KernelTable();
+const KernelTable* Avx512KernelTable();
+
+// The table for `isa`, or for the best ISA below it that the host supports.
+const KernelTable& KernelTableFor(Isa isa);
+
+}  // namespace tandem::cpu
+
+#endif  // TANDEM_ENGINE_CPU_KERNEL_TABLE_H_

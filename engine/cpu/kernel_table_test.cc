@@ -1,0 +1,70 @@
+#include "engine/cpu/kernel_table.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "engine/cpu/kernel_test_util.h"
+#include "gtest/gtest.h"
+
+namespace tandem::cpu {
+namespace {
+
+TEST(KernelTableTest, DispatchesToTheRequestedIsaOrTheBestBelowIt) {
+  const CpuFeatures& host = HostCpuFeatures();
+  EXPECT_EQ(KernelTableFor(Isa::kScalar).isa, Isa::kScalar);
+  for (Isa isa : kAllIsas) {
+    const Isa got = KernelTableFor(isa).isa;
+    EXPECT_TRUE(IsaSupported(got, host));
+    EXPECT_LE(static_cast<int>(got), static_cast<int>(isa));
+    if (IsaSupported(isa, host)) {
+      EXPECT_EQ(got, isa);
+    }
+  }
+}
+
+// Activation quantization: |x - d·q| <= d / 2, s = d·Σq, q in [-127, 127], zero blocks stay zero.
+TEST(KernelTableTest, QuantizeRowQ8ActErrorIsHalfAStep) {
+  std::mt19937 rng(8);
+  std::vector<float> x = testing::RandomFloats(rng, 96, -5.0f, 5.0f);
+  for (int i = 64; i < 96; ++i) x[i] = 0.0f;
+  std::vector<BlockQ8Act> q(3);
+  QuantizeRowQ8Act(x.data(), q.data(), 96);
+  for (int b = 0; b < 3; ++b) {
+    int sum = 0;
+    for (int i = 0; i < kQuantBlock; ++i) {
+      EXPECT_GE(q[b].qs[i], -127);
+      EXPECT_LE(std::fabs(x[b * 32 + i] - q[b].d * q[b].qs[i]), 0.5001f * q[b].d + 1e-30f);
+      sum += q[b].qs[i];
+    }
+    EXPECT_FLOAT_EQ(q[b].s, q[b].d * static_cast<float>(sum));
+  }
+  EXPECT_EQ(q[2].d, 0.0f);
+}
+
+// The attention helpers of every ISA against the scalar ones, with SIMD tails (odd n).
+TEST(KernelTableTest, DotAxpyScaleMatchScalar) {
+  std::mt19937 rng(9);
+  const KernelTable& ref = ScalarKernelTable();
+  for (Isa isa : kAllIsas) {
+    if (!IsaSupported(isa, HostCpuFeatures())) continue;
+    const KernelTable& kt = KernelTableFor(isa);
+    for (int64_t n : {1, 7, 17, 64, 100}) {
+      SCOPED_TRACE(::testing::Message() << IsaName(isa) << " n=" << n);
+      const std::vector<float> a = testing::RandomFloats(rng, n), b = testing::RandomFloats(rng, n);
+      // Float sums of n terms of size <= 1: orders differ by at most 2·n·ε·n.
+      EXPECT_NEAR(kt.dot_f32(a.data(), b.data(), n), ref.dot_f32(a.data(), b.data(), n),
+                  2e-7 * static_cast<double>(n * n));
+      std::vector<float> y1 = b, y2 = b;
+      kt.axpy_f32(0.75f, a.data(), y1.data(), n);
+      ref.axpy_f32(0.75f, a.data(), y2.data(), n);
+      for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y1[i], y2[i], 4e-7);  // one FMA rounding apart
+      kt.scale_f32(-1.5f, y1.data(), n);
+      ref.scale_f32(-1.5f, y2.data(), n);
+      for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y1[i], y2[i], 8e-7);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cpu

@@ -1,0 +1,74 @@
+// Test-only helpers shared by the engine/cpu kernel tests: random tensors in every DType.
+#ifndef TANDEM_ENGINE_CPU_KERNEL_TEST_UTIL_H_
+#define TANDEM_ENGINE_CPU_KERNEL_TEST_UTIL_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/core/dtype.h"
+#include "engine/cpu/cpu_features.h"
+
+namespace tandem::cpu::testing {
+
+inline std::vector<float> RandomFloats(std::mt19937& rng, int64_t n, float lo = -1.0f,
+                                       float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// `rows` rows of `k` elements of `type` with random contents (quantized blocks get random int
+// codes and scales of the size real checkpoints have).
+inline std::vector<uint8_t> RandomWeights(std::mt19937& rng, DType type, int64_t rows, int64_t k) {
+  const int64_t elements = rows * k;
+  std::vector<uint8_t> bytes(static_cast<size_t>(*DTypeStorageBytes(type, elements)));
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> scale(0.002f, 0.03f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  auto put16 = [&](int64_t offset, uint16_t v) { std::memcpy(bytes.data() + offset, &v, 2); };
+  switch (type) {
+    case DType::kF32:
+      for (int64_t i = 0; i < elements; ++i) {
+        const float f = val(rng);
+        std::memcpy(bytes.data() + 4 * i, &f, 4);
+      }
+      break;
+    case DType::kF16:
+      for (int64_t i = 0; i < elements; ++i) put16(2 * i, FloatToHalf(val(rng)));
+      break;
+    case DType::kBF16:
+      for (int64_t i = 0; i < elements; ++i) put16(2 * i, FloatToBFloat16(val(rng)));
+      break;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1: {
+      const int64_t block_bytes = DTypeBlockBytes(type);
+      for (int64_t b = 0; b < elements / kQuantBlock; ++b) {
+        const int64_t off = b * block_bytes;
+        for (int64_t i = 0; i < block_bytes; ++i) bytes[off + i] = static_cast<uint8_t>(byte(rng));
+        put16(off, FloatToHalf(scale(rng)));
+        if (type == DType::kQ4_1) put16(off + 2, FloatToHalf(0.1f * val(rng)));
+        if (type == DType::kQ8_0) {  // int8 codes in [-127, 127], as ggml writes them
+          for (int i = 0; i < kQuantBlock; ++i) {
+            if (bytes[off + 2 + i] == 0x80) bytes[off + 2 + i] = 0x81;
+          }
+        }
+      }
+      break;
+    }
+  }
+  return bytes;
+}
+
+inline std::string IsaDTypeName(Isa isa, DType type) {
+  return std::string(IsaName(isa)) + "_" + std::string(DTypeName(type));
+}
+
+}  // namespace tandem::cpu::testing
+
+#endif  // TANDEM_ENGINE_CPU_KERNEL_TEST_UTIL_H_

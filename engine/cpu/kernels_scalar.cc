@@ -1,0 +1,150 @@
+// The portable inner loops: the reference every SIMD table is tested against, and the fallback.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "engine/cpu/kernel_table.h"
+
+namespace tandem::cpu {
+
+void QuantizeRowQ8Act(const float* x, BlockQ8Act* out, int64_t k) {
+  const int64_t nb = k / kQuantBlock;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * kQuantBlock;
+    float amax = 0.0f;
+    for (int i = 0; i < kQuantBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < kQuantBlock; ++i) {
+      const int q = static_cast<int>(std::nearbyint(xb[i] * id));
+      out[b].qs[i] = static_cast<int8_t>(std::clamp(q, -127, 127));
+      sum += out[b].qs[i];
+    }
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(sum);
+  }
+}
+
+namespace {
+
+template <typename Load>
+void RowDotFloat(const void* w_row, const void* x, int64_t x_stride, int64_t m, int64_t k, float* y,
+                 int64_t y_stride, Load load) {
+  const float* xf = static_cast<const float*>(x);
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = xf + i * x_stride;
+    float acc = 0.0f;
+    for (int64_t j = 0; j < k; ++j) acc += load(w_row, j) * xi[j];
+    y[i * y_stride] = acc;
+  }
+}
+
+void RowDotF32(const void* w, const void* x, int64_t xs, int64_t m, int64_t k, float* y,
+               int64_t ys) {
+  RowDotFloat(w, x, xs, m, k, y, ys,
+              [](const void* p, int64_t j) { return static_cast<const float*>(p)[j]; });
+}
+void RowDotF16(const void* w, const void* x, int64_t xs, int64_t m, int64_t k, float* y,
+               int64_t ys) {
+  RowDotFloat(w, x, xs, m, k, y, ys, [](const void* p, int64_t j) {
+    return HalfToFloat(static_cast<const uint16_t*>(p)[j]);
+  });
+}
+void RowDotBF16(const void* w, const void* x, int64_t xs, int64_t m, int64_t k, float* y,
+                int64_t ys) {
+  RowDotFloat(w, x, xs, m, k, y, ys, [](const void* p, int64_t j) {
+    return BFloat16ToFloat(static_cast<const uint16_t*>(p)[j]);
+  });
+}
+
+void RowDotQ8_0(const void* w_row, const void* x, int64_t xs, int64_t m, int64_t k, float* y,
+                int64_t ys) {
+  const auto* w = static_cast<const BlockQ8_0*>(w_row);
+  const int64_t nb = k / kQuantBlock;
+  for (int64_t i = 0; i < m; ++i) {
+    const BlockQ8Act* xb = static_cast<const BlockQ8Act*>(x) + i * xs;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      int32_t sumi = 0;
+      for (int j = 0; j < kQuantBlock; ++j) sumi += w[b].qs[j] * xb[b].qs[j];
+      acc += HalfToFloat(w[b].d) * xb[b].d * static_cast<float>(sumi);
+    }
+    y[i * ys] = acc;
+  }
+}
+
+// Σ nibble * x over a Q4 block (nibbles unsigned, 0..15).
+int32_t NibbleDot(const uint8_t* qs, const int8_t* xq) {
+  int32_t sumi = 0;
+  for (int j = 0; j < kQuantBlock / 2; ++j) {
+    sumi += (qs[j] & 0x0F) * xq[j] + (qs[j] >> 4) * xq[j + kQuantBlock / 2];
+  }
+  return sumi;
+}
+
+void RowDotQ4_0(const void* w_row, const void* x, int64_t xs, int64_t m, int64_t k, float* y,
+                int64_t ys) {
+  const auto* w = static_cast<const BlockQ4_0*>(w_row);
+  const int64_t nb = k / kQuantBlock;
+  for (int64_t i = 0; i < m; ++i) {
+    const BlockQ8Act* xb = static_cast<const BlockQ8Act*>(x) + i * xs;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int32_t sumi = NibbleDot(w[b].qs, xb[b].qs);
+      acc += HalfToFloat(w[b].d) * (xb[b].d * static_cast<float>(sumi) - 8.0f * xb[b].s);
+    }
+    y[i * ys] = acc;
+  }
+}
+
+void RowDotQ4_1(const void* w_row, const void* x, int64_t xs, int64_t m, int64_t k, float* y,
+                int64_t ys) {
+  const auto* w = static_cast<const BlockQ4_1*>(w_row);
+  const int64_t nb = k / kQuantBlock;
+  for (int64_t i = 0; i < m; ++i) {
+    const BlockQ8Act* xb = static_cast<const BlockQ8Act*>(x) + i * xs;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int32_t sumi = NibbleDot(w[b].qs, xb[b].qs);
+      acc +=
+          HalfToFloat(w[b].d) * xb[b].d * static_cast<float>(sumi) + HalfToFloat(w[b].m) * xb[b].s;
+    }
+    y[i * ys] = acc;
+  }
+}
+
+float DotF32(const float* a, const float* b, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+void AxpyF32(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+void ScaleF32(float a, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+
+const KernelTable kScalarTable = {
+    Isa::kScalar, {RowDotF32, RowDotF16, RowDotBF16, RowDotQ8_0, RowDotQ4_0, RowDotQ4_1},
+    DotF32,       AxpyF32,
+    ScaleF32,
+};
+
+}  // namespace
+
+const KernelTable& ScalarKernelTable() { return kScalarTable; }
+
+const KernelTable& KernelTableFor(Isa isa) {
+  const CpuFeatures& host = HostCpuFeatures();
+  if (isa == Isa::kAvx512 && IsaSupported(Isa::kAvx512, host) && Avx512KernelTable() != nullptr) {
+    return *Avx512KernelTable();
+  }
+  if (isa != Isa::kScalar && IsaSupported(Isa::kAvx2, host) && Avx2KernelTable() != nullptr) {
+    return *Avx2KernelTable();
+  }
+  return kScalarTable;
+}
+
+}  // namespace tandem::cpu

@@ -1,0 +1,46 @@
+// y = x · Wᵀ on the CPU, for float activations and weights of any DType.
+//
+// Weights are row-major [N, K] as stored in GGUF / safetensors: row n holds the K inputs of output
+// n (for quantized types, K / 32 consecutive blocks). For quantized weights each activation row is
+// first quantized to int8 blocks (BlockQ8Act, like ggml's q8_0 / q8_1) once per call, and the dot
+// products run in integers (AVX2 vpmaddubsw, AVX512-VNNI vpdpbusd); the result then differs from
+// the exact product of the dequantized weights with x by at most
+//   Σ_blocks (max|x_block| / 254) · Σ_{k in block} |w_k|   (plus float rounding).
+//
+// Work is split over N across the thread pool. Each thread walks its rows in tiles of 16 weight
+// rows and, for each tile, over all M activation rows 4 at a time, so every weight row is read
+// from memory once per call however large M is.
+//
+// Thread-safe: concurrent calls are fine. The quantized activations go to a per-calling-thread
+// scratch buffer that is kept between calls (M · K / 32 · 40 bytes at its largest).
+#ifndef TANDEM_ENGINE_CPU_MATMUL_H_
+#define TANDEM_ENGINE_CPU_MATMUL_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "engine/core/dtype.h"
+#include "engine/cpu/kernel_context.h"
+
+namespace tandem::cpu {
+
+struct MatMulParams {
+  const float* x = nullptr;  // [M, K], row i at x + i * x_stride
+  int64_t x_stride = 0;      // floats between rows of x (>= K)
+  const void* w = nullptr;   // [N, K] in w_type; row n at (const char*)w + n * w_row_bytes
+  DType w_type = DType::kF32;
+  int64_t w_row_bytes = 0;  // 0: packed rows (DTypeStorageBytes(w_type, K))
+  float* y = nullptr;       // [M, N], row i at y + i * y_stride; must not alias x or w
+  int64_t y_stride = 0;     // floats between rows of y (>= N)
+  int64_t m = 0;            // M: activation rows (1 for decode)
+  int64_t n = 0;            // N: output features
+  int64_t k = 0;            // K: input features; a multiple of 32 for quantized w_type
+};
+
+// Computes y[i, n] = Σ_k x[i, k] · W[n, k]. INVALID_ARGUMENT when a size is negative, K is not a
+// whole number of blocks, a stride is too small or a pointer is null (with a nonzero size).
+[[nodiscard]] absl::Status MatMul(const MatMulParams& params, const KernelContext& context = {});
+
+}  // namespace tandem::cpu
+
+#endif  // TANDEM_ENGINE_CPU_MATMUL_H_

@@ -1,0 +1,136 @@
+#include "engine/cpu/paged_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "engine/cpu/kernel_table.h"
+
+namespace tandem::cpu {
+namespace {
+
+absl::Status Validate(const PagedAttentionParams& p) {
+  if (p.num_tokens < 0 || p.head_dim <= 0 || p.block_size <= 0 || p.num_kv_heads <= 0 ||
+      p.num_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        "PagedAttention: need head_dim, block_size, num_kv_heads > 0 and num_heads a multiple of "
+        "num_kv_heads");
+  }
+  if (p.num_tokens > 0 &&
+      (p.q == nullptr || p.out == nullptr || p.k_cache == nullptr || p.v_cache == nullptr ||
+       p.block_tables == nullptr || p.token_seq == nullptr || p.token_pos == nullptr)) {
+    return absl::InvalidArgumentError("PagedAttention: null pointer");
+  }
+  return absl::OkStatus();
+}
+
+float Scale(const PagedAttentionParams& p) {
+  return p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+}
+
+// Offset of (cache position `pos` of `seq`, kv-head g) in the caches.
+int64_t CacheOffset(const PagedAttentionParams& p, int64_t seq, int64_t pos, int64_t g) {
+  const int64_t block = p.block_tables[seq * p.max_blocks_per_seq + pos / p.block_size];
+  return block * p.block_stride + (pos % p.block_size) * p.token_stride + g * p.kv_head_stride;
+}
+
+}  // namespace
+
+absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& context) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  const KernelTable& kt = KernelTableFor(context.isa.value_or(ActiveIsa()));
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const float scale = Scale(p);
+  const int64_t d = p.head_dim;
+
+  // Keys are visited in fixed chunks of kChunk positions whatever the block size, so the online
+  // softmax rescales at the same points and the result does not depend on how the cache is paged.
+  constexpr int64_t kChunk = 32;
+  auto work = [&](int64_t begin, int64_t end) {
+    float scores[kChunk];
+    int64_t offsets[kChunk];
+    std::vector<float> acc(static_cast<size_t>(d));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / p.num_heads;
+      const int64_t h = item % p.num_heads;
+      const int64_t g = h / group;
+      const int64_t seq = p.token_seq[t];
+      const int64_t ctx = static_cast<int64_t>(p.token_pos[t]) + 1;
+      const float* q = p.q + t * p.q_token_stride + h * d;
+      float running_max = -std::numeric_limits<float>::infinity();
+      float running_sum = 0.0f;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t start = 0; start < ctx; start += kChunk) {
+        const int64_t count = std::min(kChunk, ctx - start);
+        float chunk_max = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < count; ++j) {
+          offsets[j] = CacheOffset(p, seq, start + j, g);
+          scores[j] = kt.dot_f32(q, p.k_cache + offsets[j], d) * scale;
+          chunk_max = std::max(chunk_max, scores[j]);
+        }
+        const float new_max = std::max(running_max, chunk_max);
+        const float correction = std::exp(running_max - new_max);  // 0 on the first chunk
+        if (correction != 1.0f) {
+          kt.scale_f32(correction, acc.data(), d);
+          running_sum *= correction;
+        }
+        for (int64_t j = 0; j < count; ++j) {
+          const float e = std::exp(scores[j] - new_max);
+          running_sum += e;
+          kt.axpy_f32(e, p.v_cache + offsets[j], acc.data(), d);
+        }
+        running_max = new_max;
+      }
+      float* out = p.out + t * p.out_token_stride + h * d;
+      const float inv = running_sum > 0.0f ? 1.0f / running_sum : 0.0f;
+      for (int64_t i = 0; i < d; ++i) out[i] = acc[i] * inv;
+    }
+  };
+  const int64_t items = p.num_tokens * p.num_heads;
+  if (context.pool != nullptr) {
+    context.pool->ParallelFor(items, work);
+  } else {
+    work(0, items);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const double scale = Scale(p);
+  const int64_t d = p.head_dim;
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const int64_t seq = p.token_seq[t];
+    const int64_t ctx = static_cast<int64_t>(p.token_pos[t]) + 1;
+    for (int64_t h = 0; h < p.num_heads; ++h) {
+      const int64_t g = h / group;
+      const float* q = p.q + t * p.q_token_stride + h * d;
+      std::vector<double> s(static_cast<size_t>(ctx));
+      double max = -std::numeric_limits<double>::infinity();
+      for (int64_t pos = 0; pos < ctx; ++pos) {
+        const float* k = p.k_cache + CacheOffset(p, seq, pos, g);
+        double dot = 0.0;
+        for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * k[i];
+        s[pos] = dot * scale;
+        max = std::max(max, s[pos]);
+      }
+      double sum = 0.0;
+      for (double& v : s) {
+        v = std::exp(v - max);
+        sum += v;
+      }
+      std::vector<double> o(static_cast<size_t>(d), 0.0);
+      for (int64_t pos = 0; pos < ctx; ++pos) {
+        const float* v = p.v_cache + CacheOffset(p, seq, pos, g);
+        for (int64_t i = 0; i < d; ++i) o[i] += s[pos] / sum * v[i];
+      }
+      float* out = p.out + t * p.out_token_stride + h * d;
+      for (int64_t i = 0; i < d; ++i) out[i] = static_cast<float>(o[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::cpu

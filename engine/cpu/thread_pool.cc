@@ -1,0 +1,98 @@
+#include "engine/cpu/thread_pool.h"
+
+#include <algorithm>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TANDEM_CPU_RELAX() _mm_pause()
+#else
+#define TANDEM_CPU_RELAX() std::this_thread::yield()
+#endif
+
+namespace tandem::cpu {
+namespace {
+thread_local bool tls_in_parallel_for = false;
+}  // namespace
+
+ThreadPool::ThreadPool(const Options& options)
+    : num_threads_(options.num_threads > 0
+                       ? options.num_threads
+                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
+      spin_iterations_(std::max(0, options.spin_iterations)) {
+  workers_.reserve(num_threads_ - 1);
+  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_.store(true, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void ThreadPool::RunChunks(Job& job) {
+  for (;;) {
+    const int64_t begin = job.next.fetch_add(job.chunk, std::memory_order_relaxed);
+    if (begin >= job.n) return;
+    (*job.fn)(begin, std::min(job.n, begin + job.chunk));
+  }
+}
+
+void ThreadPool::WorkerLoop() {
+  tls_in_parallel_for = true;  // a ParallelFor from inside a body runs inline
+  uint64_t seen = 0;
+  for (;;) {
+    uint64_t gen = generation_.load(std::memory_order_acquire);
+    for (int i = 0; gen == seen && i < spin_iterations_; ++i) {
+      TANDEM_CPU_RELAX();
+      gen = generation_.load(std::memory_order_acquire);
+    }
+    if (gen == seen) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      gen = generation_.load(std::memory_order_acquire);
+    }
+    seen = gen;
+    if (stop_.load(std::memory_order_acquire)) return;
+    RunChunks(job_);
+    pending_workers_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)> fn,
+                             int64_t min_grain) {
+  if (n <= 0) return;
+  min_grain = std::max<int64_t>(1, min_grain);
+  if (num_threads_ == 1 || tls_in_parallel_for || n <= min_grain) {
+    fn(0, n);
+    return;
+  }
+  std::lock_guard<std::mutex> call_lock(call_mu_);
+  const int64_t target_chunks = 4 * static_cast<int64_t>(num_threads_);
+  job_.fn = &fn;
+  job_.n = n;
+  job_.chunk = std::max(min_grain, (n + target_chunks - 1) / target_chunks);
+  job_.next.store(0, std::memory_order_relaxed);
+  pending_workers_.store(num_threads_ - 1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation_.fetch_add(1, std::memory_order_acq_rel);  // publishes job_
+  }
+  cv_.notify_all();
+  tls_in_parallel_for = true;
+  RunChunks(job_);
+  tls_in_parallel_for = false;
+  // Every worker must be done with job_ (and fn) before they go out of scope.
+  for (int i = 0; pending_workers_.load(std::memory_order_acquire) != 0; ++i) {
+    if (i < spin_iterations_) {
+      TANDEM_CPU_RELAX();
+    } else {
+      std::this_thread::yield();  // a worker is being woken or was preempted
+    }
+  }
+}
+
+}  // namespace tandem::cpu

@@ -1,0 +1,77 @@
+// A fixed-size pool of worker threads for data-parallel kernels.
+//
+//   ThreadPool pool(ThreadPool::Options{.num_threads = 8});
+//   pool.ParallelFor(n, [&](int64_t begin, int64_t end) { for (i = begin; i < end; ++i) ... });
+//
+// The calling thread takes part in the work, so `num_threads` counts it: a pool of size 1 starts no
+// thread and runs everything inline. Workers are started once; between calls they spin for a short
+// while (so back-to-back kernels of a forward pass do not pay a wake-up) and then block on a
+// condition variable.
+//
+// Thread-safe: ParallelFor may be called from several threads; the calls are serialized. A call
+// made from inside a ParallelFor body (nested) runs inline on the calling worker. The destructor
+// joins the workers; REQUIRES: no ParallelFor in flight when it runs.
+#ifndef TANDEM_ENGINE_CPU_THREAD_POOL_H_
+#define TANDEM_ENGINE_CPU_THREAD_POOL_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+
+namespace tandem::cpu {
+
+class ThreadPool {
+ public:
+  struct Options {
+    // Threads that run work, the caller included. 0: std::thread::hardware_concurrency().
+    int num_threads = 0;
+    // Iterations a idle worker polls for new work before it blocks (each iteration is a `pause`).
+    int spin_iterations = 1 << 14;
+  };
+
+  explicit ThreadPool(const Options& options);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  // Calls fn(begin, end) over disjoint ranges that cover [0, n), possibly concurrently, and
+  // returns when all calls have returned. Ranges are contiguous and about n / (4 * num_threads)
+  // long (at least `min_grain`, except the last), handed out dynamically. n <= 0 does nothing.
+  void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t begin, int64_t end)> fn,
+                   int64_t min_grain = 1);
+
+ private:
+  struct Job {
+    absl::FunctionRef<void(int64_t, int64_t)>* fn = nullptr;
+    int64_t n = 0;
+    int64_t chunk = 1;
+    std::atomic<int64_t> next{0};
+  };
+
+  void WorkerLoop();
+  static void RunChunks(Job& job);
+
+  const int num_threads_;
+  const int spin_iterations_;
+  std::vector<std::thread> workers_;
+
+  std::mutex call_mu_;  // serializes ParallelFor calls
+
+  std::mutex mu_;  // guards the blocking side of generation_ / stop_
+  std::condition_variable cv_;
+  std::atomic<uint64_t> generation_{0};  // bumped once per ParallelFor
+  std::atomic<bool> stop_{false};
+  std::atomic<int> pending_workers_{0};  // workers that have not finished the current job
+  Job job_;
+};
+
+}  // namespace tandem::cpu
+
+#endif  // TANDEM_ENGINE_CPU_THREAD_POOL_H_
