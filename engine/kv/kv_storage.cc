@@ -1,0 +1,69 @@
+#include "engine/kv/kv_storage.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace tandem {
+
+absl::Status KvLayout::Validate() const {
+  if (num_blocks <= 0 || num_layers <= 0 || block_size <= 0 || num_kv_heads <= 0 ||
+      head_dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layout sizes must be positive: blocks=", num_blocks, " layers=", num_layers,
+        " block_size=", block_size, " kv_heads=", num_kv_heads, " head_dim=", head_dim));
+  }
+  const double floats = static_cast<double>(num_blocks) * num_layers * 2 * block_size *
+                         num_kv_heads * head_dim;
+  if (floats > static_cast<double>(int64_t{1} << 40)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV pool of ", floats * 4 / (1 << 30), " GiB is too large"));
+  }
+  return absl::OkStatus();
+}
+
+void KvStorage::FreeDeleter::operator()(float* p) const { std::free(p); }
+
+absl::StatusOr<std::unique_ptr<KvStorage>> KvStorage::Create(const KvLayout& layout) {
+  if (absl::Status s = layout.Validate(); !s.ok()) return s;
+  const size_t bytes = static_cast<size_t>(layout.total_floats()) * sizeof(float);
+  // 2 MiB alignment lets the kernel back the region with huge pages and keeps SIMD loads aligned.
+  constexpr size_t kAlign = size_t{2} << 20;
+  void* data = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate a KV pool of ", bytes >> 20, " MiB"));
+  }
+  std::memset(data, 0, bytes);
+  return std::unique_ptr<KvStorage>(new KvStorage(layout, static_cast<float*>(data)));
+}
+
+KvStorage::KvStorage(const KvLayout& layout, float* data)
+    : layout_(layout), data_(data), in_use_(static_cast<size_t>(layout.num_blocks), false) {
+  free_.reserve(static_cast<size_t>(layout.num_blocks));
+  for (int64_t b = layout.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+absl::StatusOr<std::vector<int32_t>> KvStorage::Allocate(int64_t n) {
+  if (n < 0 || n > num_free_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat("need ", n, " KV blocks, ",
+                                                     num_free_blocks(), " free"));
+  }
+  std::vector<int32_t> blocks(free_.end() - n, free_.end());
+  free_.resize(free_.size() - static_cast<size_t>(n));
+  for (int32_t b : blocks) in_use_[static_cast<size_t>(b)] = true;
+  return blocks;
+}
+
+void KvStorage::Free(const std::vector<int32_t>& blocks) {
+  for (int32_t b : blocks) {
+    CHECK(b >= 0 && b < layout_.num_blocks && in_use_[static_cast<size_t>(b)])
+        << "freeing block " << b << " that is not allocated";
+    in_use_[static_cast<size_t>(b)] = false;
+    free_.push_back(b);
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,70 @@
+#include "engine/kv/kv_storage.h"
+
+#include <set>
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+KvLayout SmallLayout() {
+  return KvLayout{.num_blocks = 8, .num_layers = 3, .block_size = 4, .num_kv_heads = 2,
+                  .head_dim = 5};
+}
+
+TEST(KvStorageTest, LayoutStridesTileTheRegionExactly) {
+  const KvLayout l = SmallLayout();
+  EXPECT_EQ(l.token_stride(), 10);
+  EXPECT_EQ(l.kv_stride(), 40);
+  EXPECT_EQ(l.layer_stride(), 80);
+  EXPECT_EQ(l.block_stride(), 240);
+  EXPECT_EQ(l.total_floats(), 1920);
+  auto storage = KvStorage::Create(l);
+  ASSERT_TRUE(storage.ok());
+  // Every (block, layer, K|V, slot, head, d) maps to a distinct float inside the region.
+  std::set<const float*> seen;
+  for (int64_t b = 0; b < l.num_blocks; ++b) {
+    for (int64_t layer = 0; layer < l.num_layers; ++layer) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const float* base = (*storage)->KeyBlock(b, layer) + kv * l.kv_stride();
+        for (int64_t i = 0; i < l.kv_stride(); ++i) {
+          const float* p = base + i;
+          ASSERT_GE(p, (*storage)->data());
+          ASSERT_LT(p, (*storage)->data() + l.total_floats());
+          ASSERT_TRUE(seen.insert(p).second);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), l.total_floats());
+  EXPECT_EQ((*storage)->LayerValues(2) - (*storage)->LayerKeys(2), l.kv_stride());
+}
+
+TEST(KvStorageTest, AllocateAndFree) {
+  auto storage = *KvStorage::Create(SmallLayout());
+  auto a = storage->Allocate(5);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(storage->num_free_blocks(), 3);
+  EXPECT_EQ(storage->Allocate(4).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(storage->num_free_blocks(), 3);  // nothing taken on failure
+  auto b = storage->Allocate(3);
+  ASSERT_TRUE(b.ok());
+  std::set<int32_t> all(a->begin(), a->end());
+  all.insert(b->begin(), b->end());
+  EXPECT_EQ(all.size(), 8u);
+  storage->Free(*a);
+  EXPECT_EQ(storage->num_free_blocks(), 5);
+  EXPECT_DEATH(storage->Free({(*a)[0]}), "not allocated");
+}
+
+TEST(KvStorageTest, BadLayouts) {
+  for (KvLayout l : {KvLayout{}, KvLayout{.num_blocks = -1, .num_layers = 1, .block_size = 1,
+                                          .num_kv_heads = 1, .head_dim = 1},
+                     KvLayout{.num_blocks = int64_t{1} << 30, .num_layers = 32, .block_size = 16,
+                              .num_kv_heads = 8, .head_dim = 128}}) {
+    EXPECT_EQ(KvStorage::Create(l).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace tandem

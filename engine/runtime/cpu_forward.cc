@@ -1,0 +1,319 @@
+#include "engine/runtime/cpu_forward.h"
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/cpu/elementwise.h"
+#include "engine/cpu/matmul.h"
+#include "engine/cpu/paged_attention.h"
+#include "engine/cpu/rms_norm.h"
+
+namespace tandem {
+namespace {
+
+std::vector<float> ToFloat(const GgufTensor* t) {
+  if (t == nullptr) return {};
+  std::vector<float> out(static_cast<size_t>(t->elements()));
+  DequantizeReference(t->type, t->data, out.data(), t->elements());
+  return out;
+}
+
+// Llama 3.1's frequency-dependent RoPE scaling (Hugging Face's "llama3" rope_type).
+void ApplyLlama3Scaling(const RopeScaling& s, std::vector<float>* inv_freq) {
+  const double old_context = static_cast<double>(s.original_max_position);
+  const double low_wavelen = old_context / s.low_freq_factor;
+  const double high_wavelen = old_context / s.high_freq_factor;
+  for (float& f : *inv_freq) {
+    const double freq = f;
+    const double wavelen = 2 * std::numbers::pi / freq;
+    if (wavelen < high_wavelen) continue;
+    if (wavelen > low_wavelen) {
+      f = static_cast<float>(freq / s.factor);
+    } else {
+      const double smooth =
+          (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      f = static_cast<float>((1 - smooth) * freq / s.factor + smooth * freq);
+    }
+  }
+}
+
+}  // namespace
+
+CpuForward::CpuForward(const LoadedModel* model, const Options& options)
+    : model_(model), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(const LoadedModel* model,
+                                                               const Options& options) {
+  if (model == nullptr || model->file == nullptr) {
+    return absl::InvalidArgumentError("CpuForward needs a loaded model");
+  }
+  if (options.block_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("block_size must be positive, got ",
+                                                   options.block_size));
+  }
+  auto forward = std::unique_ptr<CpuForward>(new CpuForward(model, options));
+  RETURN_IF_ERROR(forward->Init());
+  return forward;
+}
+
+absl::Status CpuForward::Init() {
+  const ModelConfig& c = model_->config;
+  RETURN_IF_ERROR(c.Validate());
+  pool_ = std::make_unique<cpu::ThreadPool>(cpu::ThreadPool::Options{.num_threads = options_.num_threads});
+  // llama.cpp's converter permutes Llama's Q/K rows for interleaved pairs; Qwen2 keeps NeoX pairs.
+  rope_style_ = c.architecture == "qwen2" ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kInterleaved;
+
+  inv_freq_.resize(static_cast<size_t>(c.head_dim / 2));
+  cpu::RopeInvFreq(c.rope_theta, c.head_dim, inv_freq_.data());
+  if (model_->weights.rope_freqs != nullptr) {
+    // Per-frequency divisors stored in the file (llama.cpp's form of Llama 3.1 scaling).
+    const std::vector<float> factors = ToFloat(model_->weights.rope_freqs);
+    if (factors.size() != inv_freq_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("rope_freqs has ", factors.size(),
+                                                     " entries, expected ", inv_freq_.size()));
+    }
+    for (size_t i = 0; i < factors.size(); ++i) inv_freq_[i] /= factors[i];
+  } else if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
+    ApplyLlama3Scaling(c.rope_scaling, &inv_freq_);
+  } else if (c.rope_scaling.type == RopeScaling::Type::kLinear) {
+    for (float& f : inv_freq_) f /= c.rope_scaling.factor;
+  }
+
+  output_norm_ = ToFloat(model_->weights.output_norm);
+  layers_.resize(static_cast<size_t>(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = model_->weights.layers[static_cast<size_t>(l)];
+    SmallLayer& s = layers_[static_cast<size_t>(l)];
+    s.attn_norm = ToFloat(w.attn_norm);
+    s.ffn_norm = ToFloat(w.ffn_norm);
+    s.q_bias = ToFloat(w.attn_q_bias);
+    s.k_bias = ToFloat(w.attn_k_bias);
+    s.v_bias = ToFloat(w.attn_v_bias);
+  }
+  return absl::OkStatus();
+}
+
+KvLayout CpuForward::KvLayoutFor(int64_t num_blocks) const {
+  const ModelConfig& c = model_->config;
+  return KvLayout{.num_blocks = num_blocks,
+                  .num_layers = c.num_layers,
+                  .block_size = options_.block_size,
+                  .num_kv_heads = c.num_kv_heads,
+                  .head_dim = c.head_dim};
+}
+
+absl::Status CpuForward::Validate(const StepBatch& batch, const KvStorage& kv) const {
+  const ModelConfig& c = model_->config;
+  const KvLayout& l = kv.layout();
+  if (l.num_layers != c.num_layers || l.num_kv_heads != c.num_kv_heads || l.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layout (layers=", l.num_layers, " kv_heads=", l.num_kv_heads, " head_dim=", l.head_dim,
+        ") does not match the model (", c.num_layers, ", ", c.num_kv_heads, ", ", c.head_dim, ")"));
+  }
+  if (batch.sequences.empty()) return absl::InvalidArgumentError("empty batch");
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const StepSequence& s = batch.sequences[i];
+    if (s.tokens.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " has no tokens"));
+    }
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": token id ", t,
+                                                       " is outside the vocabulary [0, ",
+                                                       c.vocab_size, ")"));
+      }
+    }
+    const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
+    if (s.start_position < 0 || end > c.max_context) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": positions ",
+                                                     s.start_position, "..", end - 1,
+                                                     " exceed the context length ", c.max_context));
+    }
+    const int64_t needed = (end + l.block_size - 1) / l.block_size;
+    if (static_cast<int64_t>(s.block_table.size()) < needed) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", s.block_table.size(),
+                                                     " KV blocks cannot hold ", end, " positions"));
+    }
+    for (int64_t b = 0; b < needed; ++b) {
+      const int32_t block = s.block_table[static_cast<size_t>(b)];
+      if (block < 0 || block >= l.num_blocks) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", i, ": KV block id ", block, " is outside the pool"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuForward::Linear(const float* x, int64_t rows, const GgufTensor& w, float* y) {
+  cpu::MatMulParams p;
+  p.x = x;
+  p.k = w.shape[0];
+  p.n = w.shape.size() > 1 ? w.shape[1] : 1;
+  p.x_stride = p.k;
+  p.w = w.data;
+  p.w_type = w.type;
+  p.y = y;
+  p.y_stride = p.n;
+  p.m = rows;
+  return cpu::MatMul(p, cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa});
+}
+
+absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput* out,
+                              const TensorDump& dump) {
+  RETURN_IF_ERROR(Validate(batch, *kv));
+  const ModelConfig& c = model_->config;
+  const ModelWeights& w = model_->weights;
+  const KvLayout& layout = kv->layout();
+  const int64_t H = c.hidden_size, F = c.intermediate_size;
+  const int64_t Dq = c.num_heads * c.head_dim, Dkv = c.num_kv_heads * c.head_dim;
+
+  // Flatten the batch: token t belongs to sequence token_seq[t] at position token_pos[t].
+  const int64_t num_seqs = static_cast<int64_t>(batch.sequences.size());
+  int64_t max_blocks = 0;
+  std::vector<int32_t> token_ids, token_seq, token_pos;
+  std::vector<int64_t> logit_rows;  // token rows whose logits are returned
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const StepSequence& seq = batch.sequences[static_cast<size_t>(s)];
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(seq.block_table.size()));
+    for (size_t i = 0; i < seq.tokens.size(); ++i) {
+      token_ids.push_back(seq.tokens[i]);
+      token_seq.push_back(static_cast<int32_t>(s));
+      token_pos.push_back(static_cast<int32_t>(seq.start_position + static_cast<int64_t>(i)));
+    }
+    if (seq.compute_logits) logit_rows.push_back(static_cast<int64_t>(token_ids.size()) - 1);
+  }
+  const int64_t T = static_cast<int64_t>(token_ids.size());
+  std::vector<int32_t> tables(static_cast<size_t>(num_seqs * max_blocks), 0);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const auto& table = batch.sequences[static_cast<size_t>(s)].block_table;
+    std::copy(table.begin(), table.end(), tables.begin() + s * max_blocks);
+  }
+
+  auto emit = [&](const std::string& name, const float* data, int64_t rows, int64_t cols) {
+    if (dump) dump(name, data, rows, cols);
+  };
+
+  // Embeddings: row id of token_embd ({H, V}) dequantized.
+  std::vector<float> x(static_cast<size_t>(T * H));
+  const int64_t embd_row_bytes = *DTypeStorageBytes(w.token_embd->type, H);
+  for (int64_t t = 0; t < T; ++t) {
+    DequantizeReference(w.token_embd->type,
+                        static_cast<const char*>(w.token_embd->data) + token_ids[t] * embd_row_bytes,
+                        x.data() + t * H, H);
+  }
+
+  std::vector<float> h(static_cast<size_t>(T * H)), q(static_cast<size_t>(T * Dq)),
+      k(static_cast<size_t>(T * Dkv)), v(static_cast<size_t>(T * Dkv)),
+      attn(static_cast<size_t>(T * Dq)), gate(static_cast<size_t>(T * F)),
+      up(static_cast<size_t>(T * F)), proj(static_cast<size_t>(T * H));
+  auto add_bias = [](std::vector<float>& y, const std::vector<float>& bias, int64_t rows) {
+    if (bias.empty()) return;
+    for (int64_t r = 0; r < rows; ++r) cpu::Add(y.data() + r * static_cast<int64_t>(bias.size()),
+                                                bias.data(),
+                                                y.data() + r * static_cast<int64_t>(bias.size()),
+                                                static_cast<int64_t>(bias.size()));
+  };
+  auto norm = [&](const float* in, const std::vector<float>& weight, float* o, int64_t rows) {
+    cpu::RmsNorm(cpu::RmsNormParams{.x = in, .x_stride = H, .weight = weight.data(), .out = o,
+                                    .out_stride = H, .rows = rows, .dim = H,
+                                    .eps = c.rms_norm_eps});
+  };
+  auto rope = [&](std::vector<float>& y, int64_t heads) {
+    cpu::Rope(cpu::RopeParams{.x = y.data(), .token_stride = heads * c.head_dim,
+                              .head_stride = c.head_dim, .num_tokens = T, .num_heads = heads,
+                              .head_dim = c.head_dim, .rotary_dim = c.head_dim,
+                              .positions = token_pos.data(), .inv_freq = inv_freq_.data(),
+                              .style = rope_style_});
+  };
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    const SmallLayer& sl = layers_[static_cast<size_t>(l)];
+    const std::string suffix = absl::StrCat("-", l);
+
+    norm(x.data(), sl.attn_norm, h.data(), T);
+    emit("attn_norm" + suffix, h.data(), T, H);
+    RETURN_IF_ERROR(Linear(h.data(), T, *lw.attn_q, q.data()));
+    RETURN_IF_ERROR(Linear(h.data(), T, *lw.attn_k, k.data()));
+    RETURN_IF_ERROR(Linear(h.data(), T, *lw.attn_v, v.data()));
+    add_bias(q, sl.q_bias, T);
+    add_bias(k, sl.k_bias, T);
+    add_bias(v, sl.v_bias, T);
+    rope(q, c.num_heads);
+    rope(k, c.num_kv_heads);
+    emit("Qcur" + suffix, q.data(), T, Dq);
+    emit("Kcur" + suffix, k.data(), T, Dkv);
+    emit("Vcur" + suffix, v.data(), T, Dkv);
+
+    // This step's K/V go into the cache before attention reads it.
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t pos = token_pos[t];
+      const int32_t block = tables[token_seq[t] * max_blocks + pos / layout.block_size];
+      float* kdst = kv->KeyBlock(block, l) + (pos % layout.block_size) * layout.token_stride();
+      std::memcpy(kdst, k.data() + t * Dkv, static_cast<size_t>(Dkv) * sizeof(float));
+      std::memcpy(kdst + layout.kv_stride(), v.data() + t * Dkv,
+                  static_cast<size_t>(Dkv) * sizeof(float));
+    }
+    cpu::PagedAttentionParams ap;
+    ap.q = q.data();
+    ap.q_token_stride = Dq;
+    ap.out = attn.data();
+    ap.out_token_stride = Dq;
+    ap.k_cache = kv->LayerKeys(l);
+    ap.v_cache = kv->LayerValues(l);
+    ap.block_stride = layout.block_stride();
+    ap.token_stride = layout.token_stride();
+    ap.kv_head_stride = layout.kv_head_stride();
+    ap.block_size = layout.block_size;
+    ap.block_tables = tables.data();
+    ap.max_blocks_per_seq = max_blocks;
+    ap.token_seq = token_seq.data();
+    ap.token_pos = token_pos.data();
+    ap.num_tokens = T;
+    ap.num_heads = c.num_heads;
+    ap.num_kv_heads = c.num_kv_heads;
+    ap.head_dim = c.head_dim;
+    RETURN_IF_ERROR(
+        cpu::PagedAttention(ap, cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}));
+    emit("kqv_out" + suffix, attn.data(), T, Dq);
+
+    RETURN_IF_ERROR(Linear(attn.data(), T, *lw.attn_output, proj.data()));
+    cpu::Add(x.data(), proj.data(), x.data(), T * H);
+    emit("ffn_inp" + suffix, x.data(), T, H);
+
+    norm(x.data(), sl.ffn_norm, h.data(), T);
+    emit("ffn_norm" + suffix, h.data(), T, H);
+    RETURN_IF_ERROR(Linear(h.data(), T, *lw.ffn_gate, gate.data()));
+    RETURN_IF_ERROR(Linear(h.data(), T, *lw.ffn_up, up.data()));
+    cpu::SiluMul(cpu::SiluMulParams{.gate = gate.data(), .up = up.data(), .out = gate.data(),
+                                    .gate_stride = F, .up_stride = F, .out_stride = F,
+                                    .rows = T, .dim = F});
+    RETURN_IF_ERROR(Linear(gate.data(), T, *lw.ffn_down, proj.data()));
+    emit("ffn_out" + suffix, proj.data(), T, H);
+    cpu::Add(x.data(), proj.data(), x.data(), T * H);
+    emit("l_out" + suffix, x.data(), T, H);
+  }
+
+  // Logits only for the rows that asked for them.
+  const int64_t R = static_cast<int64_t>(logit_rows.size());
+  out->vocab_size = c.vocab_size;
+  out->logits.assign(static_cast<size_t>(R * c.vocab_size), 0.0f);
+  if (R == 0) return absl::OkStatus();
+  std::vector<float> last(static_cast<size_t>(R * H));
+  for (int64_t r = 0; r < R; ++r) {
+    std::memcpy(last.data() + r * H, x.data() + logit_rows[static_cast<size_t>(r)] * H,
+                static_cast<size_t>(H) * sizeof(float));
+  }
+  norm(last.data(), output_norm_, last.data(), R);
+  emit("result_norm", last.data(), R, H);
+  RETURN_IF_ERROR(Linear(last.data(), R, *w.output, out->logits.data()));
+  emit("result_output", out->logits.data(), R, c.vocab_size);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,211 @@
+#include "engine/runtime/cpu_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/version.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The default model, downloaded by scripts/setup.sh.
+const LoadedModel& DefaultModel() {
+  static const LoadedModel* model = [] {
+    auto loaded = LoadGgufModel(absl::StrCat(kSourceDir, "/models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    CHECK(loaded.ok()) << loaded.status();
+    return new LoadedModel(std::move(*loaded));
+  }();
+  return *model;
+}
+
+struct Harness {
+  std::unique_ptr<CpuForward> forward;
+  std::unique_ptr<KvStorage> kv;
+};
+
+Harness MakeHarness(int64_t block_size = 16, int64_t num_blocks = 64) {
+  Harness h;
+  auto forward = CpuForward::Create(&DefaultModel(), {.num_threads = 2, .block_size = block_size});
+  CHECK(forward.ok()) << forward.status();
+  h.forward = std::move(*forward);
+  auto kv = KvStorage::Create(h.forward->KvLayoutFor(num_blocks));
+  CHECK(kv.ok()) << kv.status();
+  h.kv = std::move(*kv);
+  return h;
+}
+
+const std::vector<int32_t> kPromptA = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365,
+                                       3437, 314, 2, 198, 1, 4093, 198, 2683, 2113, 281};
+const std::vector<int32_t> kPromptB = {504, 3458, 282, 4649, 314, 3724, 30, 216, 4093, 15};
+
+// Logits after the last token of `tokens`, prefilled in chunks of `chunk` tokens.
+std::vector<float> PrefillLogits(Harness& h, const std::vector<int32_t>& tokens, size_t chunk) {
+  const int64_t bs = h.kv->layout().block_size;
+  auto blocks = h.kv->Allocate((static_cast<int64_t>(tokens.size()) + bs - 1) / bs);
+  CHECK(blocks.ok());
+  StepOutput out;
+  for (size_t start = 0; start < tokens.size(); start += chunk) {
+    const size_t n = std::min(chunk, tokens.size() - start);
+    StepBatch batch;
+    batch.sequences.push_back(StepSequence{
+        .tokens = absl::MakeConstSpan(tokens).subspan(start, n),
+        .start_position = static_cast<int64_t>(start),
+        .block_table = *blocks,
+        .compute_logits = start + n == tokens.size()});
+    CHECK_OK(h.forward->Step(batch, h.kv.get(), &out));
+  }
+  h.kv->Free(*blocks);
+  return std::vector<float>(out.logits.begin(), out.logits.begin() + out.vocab_size);
+}
+
+int64_t Argmax(const std::vector<float>& v) {
+  return std::max_element(v.begin(), v.end()) - v.begin();
+}
+
+void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, float tol) {
+  ASSERT_EQ(a.size(), b.size());
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  EXPECT_LE(worst, tol);
+  EXPECT_EQ(Argmax(a), Argmax(b));
+}
+
+TEST(CpuForwardTest, LogitsAreFiniteAndVaried) {
+  Harness h = MakeHarness();
+  const std::vector<float> logits = PrefillLogits(h, kPromptA, kPromptA.size());
+  ASSERT_EQ(static_cast<int64_t>(logits.size()), DefaultModel().config.vocab_size);
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  const auto [lo, hi] = std::minmax_element(logits.begin(), logits.end());
+  EXPECT_GT(*hi - *lo, 5.0f);  // a real distribution, not a constant
+}
+
+// Chunked prefill and token-by-token decoding go through the paged cache; they must give the same
+// logits as one prefill of the whole prompt. Each row is computed independently, so the only
+// differences are float summation orders inside attention.
+TEST(CpuForwardTest, ChunkingAndDecodingMatchOneShotPrefill) {
+  Harness h = MakeHarness();
+  const std::vector<float> whole = PrefillLogits(h, kPromptA, kPromptA.size());
+  for (size_t chunk : {1, 3, 7, 16}) {
+    SCOPED_TRACE(absl::StrCat("chunk ", chunk));
+    ExpectClose(PrefillLogits(h, kPromptA, chunk), whole, 1e-3f);
+  }
+}
+
+TEST(CpuForwardTest, BlockSizeDoesNotChangeTheResult) {
+  Harness h16 = MakeHarness(16);
+  Harness h1 = MakeHarness(1, 64);
+  Harness h5 = MakeHarness(5, 64);
+  const std::vector<float> ref = PrefillLogits(h16, kPromptB, kPromptB.size());
+  ExpectClose(PrefillLogits(h1, kPromptB, 4), ref, 1e-3f);
+  ExpectClose(PrefillLogits(h5, kPromptB, 3), ref, 1e-3f);
+}
+
+// A step mixing a prefill chunk of one sequence with a decode token of another gives each the
+// logits it gets alone.
+TEST(CpuForwardTest, MixedBatchMatchesSequencesAlone) {
+  Harness h = MakeHarness();
+  const std::vector<float> alone_a = PrefillLogits(h, kPromptA, kPromptA.size());
+  const std::vector<float> alone_b = PrefillLogits(h, kPromptB, kPromptB.size());
+
+  auto blocks_a = *h.kv->Allocate(2);
+  auto blocks_b = *h.kv->Allocate(2);
+  StepOutput out;
+  // B's prompt except its last token first, alone.
+  StepBatch first;
+  first.sequences.push_back({.tokens = absl::MakeConstSpan(kPromptB).first(kPromptB.size() - 1),
+                             .start_position = 0, .block_table = blocks_b, .compute_logits = false});
+  ASSERT_TRUE(h.forward->Step(first, h.kv.get(), &out).ok());
+  EXPECT_TRUE(out.logits.empty());
+  // Then all of A's prompt together with B's last token (a decode-like step).
+  StepBatch mixed;
+  mixed.sequences.push_back({.tokens = kPromptA, .start_position = 0, .block_table = blocks_a});
+  mixed.sequences.push_back({.tokens = absl::MakeConstSpan(kPromptB).last(1),
+                             .start_position = static_cast<int64_t>(kPromptB.size()) - 1,
+                             .block_table = blocks_b});
+  ASSERT_TRUE(h.forward->Step(mixed, h.kv.get(), &out).ok());
+  ASSERT_EQ(out.logits.size(), 2 * alone_a.size());
+  ExpectClose(std::vector<float>(out.Logits(0), out.Logits(0) + out.vocab_size), alone_a, 1e-3f);
+  ExpectClose(std::vector<float>(out.Logits(1), out.Logits(1) + out.vocab_size), alone_b, 1e-3f);
+}
+
+TEST(CpuForwardTest, DumpNamesEveryLayerLikeLlamaCpp) {
+  Harness h = MakeHarness();
+  auto blocks = *h.kv->Allocate(1);
+  std::set<std::string> names;
+  StepOutput out;
+  StepBatch batch;
+  batch.sequences.push_back({.tokens = kPromptB, .start_position = 0, .block_table = blocks});
+  ASSERT_TRUE(h.forward
+                  ->Step(batch, h.kv.get(), &out,
+                         [&](absl::string_view name, const float* data, int64_t rows, int64_t cols) {
+                           names.insert(std::string(name));
+                           EXPECT_GT(rows, 0);
+                           EXPECT_GT(cols, 0);
+                           EXPECT_TRUE(std::isfinite(data[rows * cols - 1]));
+                         })
+                  .ok());
+  const int64_t layers = DefaultModel().config.num_layers;
+  for (int64_t l : {int64_t{0}, layers - 1}) {
+    for (const char* n : {"attn_norm", "Qcur", "Kcur", "Vcur", "kqv_out", "ffn_inp", "ffn_norm",
+                          "ffn_out", "l_out"}) {
+      EXPECT_TRUE(names.contains(absl::StrCat(n, "-", l))) << n << "-" << l;
+    }
+  }
+  EXPECT_TRUE(names.contains("result_norm"));
+  EXPECT_TRUE(names.contains("result_output"));
+}
+
+TEST(CpuForwardTest, BadBatchesAreInvalidArgument) {
+  Harness h = MakeHarness(16, 4);
+  auto blocks = *h.kv->Allocate(1);
+  const std::vector<int32_t> out_of_vocab = {1, static_cast<int32_t>(DefaultModel().config.vocab_size)};
+  const std::vector<int32_t> negative = {-1};
+  const std::vector<int32_t> seventeen(17, 5);
+  const std::vector<int32_t> bad_block = {99};
+  const std::vector<int32_t> one = {5};
+  struct Case {
+    const char* what;
+    StepSequence seq;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"empty tokens", {.tokens = {}, .block_table = blocks}, "no tokens"},
+      {"id = vocab", {.tokens = out_of_vocab, .block_table = blocks}, "outside the vocabulary"},
+      {"negative id", {.tokens = negative, .block_table = blocks}, "outside the vocabulary"},
+      {"table too short", {.tokens = seventeen, .block_table = blocks}, "cannot hold"},
+      {"block outside pool", {.tokens = one, .block_table = bad_block}, "outside the pool"},
+      {"past the context",
+       {.tokens = one, .start_position = DefaultModel().config.max_context, .block_table = blocks},
+       "context length"},
+  };
+  for (const Case& c : cases) {
+    StepBatch batch;
+    batch.sequences.push_back(c.seq);
+    StepOutput out;
+    const absl::Status s = h.forward->Step(batch, h.kv.get(), &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.what;
+  }
+  StepOutput out;
+  EXPECT_EQ(h.forward->Step(StepBatch{}, h.kv.get(), &out).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A pool shaped for another model.
+  auto other = *KvStorage::Create(KvLayout{.num_blocks = 4, .num_layers = 2, .block_size = 16,
+                                           .num_kv_heads = 3, .head_dim = 64});
+  StepBatch batch;
+  batch.sequences.push_back({.tokens = one, .block_table = blocks});
+  EXPECT_THAT(std::string(h.forward->Step(batch, other.get(), &out).message()),
+              HasSubstr("does not match the model"));
+}
+
+}  // namespace
+}  // namespace tandem
