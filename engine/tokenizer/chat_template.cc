@@ -1,0 +1,135 @@
+#include "engine/tokenizer/chat_template.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/tokenizer/unicode.h"
+
+namespace tandem {
+namespace {
+
+bool IsKnownRole(absl::string_view role) {
+  return role == "system" || role == "user" || role == "assistant" || role == "tool";
+}
+
+// Python's str.isspace(), which Jinja's `trim` filter (str.strip()) uses.
+bool IsPythonSpace(char32_t cp) {
+  return (cp >= 0x1C && cp <= 0x1F) ||
+         (cp != kInvalidCodepoint && (CodepointClass(cp) & kUnicodeWhitespace));
+}
+
+std::string PythonStrip(absl::string_view s) {
+  size_t begin = 0;
+  while (begin < s.size()) {
+    char32_t cp;
+    const int len = DecodeUtf8(s, begin, &cp);
+    if (!IsPythonSpace(cp)) break;
+    begin += len;
+  }
+  size_t end = begin;
+  size_t pos = begin;
+  while (pos < s.size()) {
+    char32_t cp;
+    const int len = DecodeUtf8(s, pos, &cp);
+    pos += len;
+    if (!IsPythonSpace(cp)) end = pos;
+  }
+  return std::string(s.substr(begin, end - begin));
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::Of(ChatTemplateKind kind, std::string default_system) {
+  return ChatTemplate(kind, std::move(default_system));
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(absl::string_view jinja) {
+  if (jinja.empty()) {
+    return absl::InvalidArgumentError("chat template: the model has no chat template");
+  }
+  if (absl::StrContains(jinja, "<|start_header_id|>") &&
+      absl::StrContains(jinja, "<|end_header_id|>") && absl::StrContains(jinja, "<|eot_id|>")) {
+    // Llama 3.1 and later add a dated system preamble and tool calls.
+    if (absl::StrContains(jinja, "tools") || absl::StrContains(jinja, "Cutting Knowledge")) {
+      return absl::UnimplementedError(
+          "chat template: Llama 3.1+ templates (tools, dated system preamble) are not "
+          "supported; only the Llama 3 template is");
+    }
+    return Of(ChatTemplateKind::kLlama3);
+  }
+  if (absl::StrContains(jinja, "<|im_start|>") && absl::StrContains(jinja, "<|im_end|>")) {
+    // A default system message: "{% if loop.first and messages[0]['role'] != 'system' %}
+    // {{ '<|im_start|>system\n...<|im_end|>\n' }}{% endif %}".
+    std::string default_system;
+    constexpr absl::string_view kOpen = "<|im_start|>system\n";
+    const size_t cond = jinja.find("messages[0]['role'] != 'system'");
+    if (cond != absl::string_view::npos) {
+      const size_t open = jinja.find(kOpen, cond);
+      const size_t close =
+          open == absl::string_view::npos ? open : jinja.find("<|im_end|>", open);
+      if (close != absl::string_view::npos) {
+        const absl::string_view text =
+            jinja.substr(open + kOpen.size(), close - open - kOpen.size());
+        // Only literal text; a template that computes the message is not understood.
+        if (absl::StrContains(text, "{") || absl::StrContains(text, "'")) {
+          return absl::UnimplementedError(
+              "chat template: ChatML template with a computed default system message is not "
+              "supported");
+        }
+        default_system = std::string(text);
+      }
+    }
+    // Other logic around system messages or tools (e.g. Qwen2.5's) is not understood: refuse
+    // rather than render something the model was not trained on.
+    if ((default_system.empty() && absl::StrContains(jinja, "<|im_start|>system")) ||
+        absl::StrContains(jinja, "tools")) {
+      return absl::UnimplementedError(
+          "chat template: this ChatML variant (tools or conditional system messages) is not "
+          "supported; supported are plain ChatML, optionally with a fixed default system "
+          "message");
+    }
+    return Of(ChatTemplateKind::kChatMl, std::move(default_system));
+  }
+  return absl::UnimplementedError(
+      "chat template: unsupported template (supported: ChatML with <|im_start|>/<|im_end|>, "
+      "Llama 3 with <|start_header_id|>/<|eot_id|>); give the prompt as plain text instead");
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
+                                                 const RenderOptions& options) const {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (!IsKnownRole(messages[i].role)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chat template: message ", i, " has unknown role '", messages[i].role,
+          "' (expected system, user, assistant or tool)"));
+    }
+  }
+  std::string out;
+  switch (kind_) {
+    case ChatTemplateKind::kChatMl:
+      for (size_t i = 0; i < messages.size(); ++i) {
+        if (i == 0 && !default_system_.empty() && messages[0].role != "system") {
+          absl::StrAppend(&out, "<|im_start|>system\n", default_system_, "<|im_end|>\n");
+        }
+        absl::StrAppend(&out, "<|im_start|>", messages[i].role, "\n", messages[i].content,
+                        "<|im_end|>\n");
+      }
+      if (options.add_generation_prompt) absl::StrAppend(&out, "<|im_start|>assistant\n");
+      break;
+    case ChatTemplateKind::kLlama3:
+      for (size_t i = 0; i < messages.size(); ++i) {
+        if (i == 0) out += options.bos_token;
+        absl::StrAppend(&out, "<|start_header_id|>", messages[i].role, "<|end_header_id|>\n\n",
+                        PythonStrip(messages[i].content), "<|eot_id|>");
+      }
+      if (options.add_generation_prompt) {
+        absl::StrAppend(&out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+      }
+      break;
+  }
+  return out;
+}
+
+}  // namespace tandem

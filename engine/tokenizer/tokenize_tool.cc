@@ -1,0 +1,140 @@
+// tokenize_tool: the tokenizer from the command line, for reference tests and debugging.
+//
+//   tokenize_tool --model=M.gguf [--add-special] [--no-parse-special] < input
+//       input: a JSON list of strings, or (when it is not JSON) the raw text.
+//       output: for a list, [{"ids": [...], "decoded": "...", "streamed": "..."}, ...];
+//               for raw text, the id list. "decoded" is Decode(ids); "streamed" is the text a
+//               StreamingDetokenizer gives token by token.
+//   tokenize_tool --model=M.gguf --decode < [[ids...], ...]
+//       output: the decoded strings (invalid UTF-8 replaced by U+FFFD).
+//   tokenize_tool [--model=M.gguf] --chat < {"messages": [{"role":..., "content":...}],
+//                                            "add_generation_prompt": true, "bos_token": "",
+//                                            "template": "..." (default: the model's)}
+//       output: {"text": "..."} or {"error": "INVALID_ARGUMENT", "message": "..."} (exit 1).
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "engine/model/gguf.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/gguf_tokenizer.h"
+#include "engine/tokenizer/streaming_detokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "engine/tokenizer/unicode.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+int Fail(const absl::Status& status) {
+  json err = {{"error", std::string(absl::StatusCodeToString(status.code()))},
+              {"message", std::string(status.message())}};
+  std::cout << Dump(err) << "\n";
+  std::cerr << "tokenize_tool: " << status << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path;
+  bool add_special = false, parse_special = true, decode = false, chat = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (absl::StartsWith(arg, "--model=")) {
+      model_path = arg.substr(8);
+    } else if (arg == "--add-special") {
+      add_special = true;
+    } else if (arg == "--no-parse-special") {
+      parse_special = false;
+    } else if (arg == "--decode") {
+      decode = true;
+    } else if (arg == "--chat") {
+      chat = true;
+    } else {
+      std::cerr << "tokenize_tool: unknown argument '" << arg << "'\n";
+      return 2;
+    }
+  }
+  const std::string input((std::istreambuf_iterator<char>(std::cin)),
+                          std::istreambuf_iterator<char>());
+
+  std::unique_ptr<tandem::GgufFile> gguf;
+  std::unique_ptr<tandem::Tokenizer> tokenizer;
+  if (!model_path.empty()) {
+    auto file = tandem::GgufFile::Open(model_path);
+    if (!file.ok()) return Fail(file.status());
+    gguf = std::move(file).value();
+    auto tok = tandem::TokenizerFromGguf(*gguf);
+    if (!tok.ok()) return Fail(tok.status());
+    tokenizer = std::move(tok).value();
+  } else if (!chat) {
+    std::cerr << "tokenize_tool: --model is required\n";
+    return 2;
+  }
+
+  if (chat) {
+    const json request = json::parse(input, nullptr, /*allow_exceptions=*/false);
+    if (!request.is_object() || !request.contains("messages")) {
+      return Fail(absl::InvalidArgumentError("chat: expected {\"messages\": [...]}"));
+    }
+    std::string tmpl;
+    if (request.contains("template")) {
+      tmpl = request["template"].get<std::string>();
+    } else if (tokenizer) {
+      tmpl = tokenizer->data().chat_template;
+    }
+    auto chat_template = tandem::ChatTemplate::FromJinja(tmpl);
+    if (!chat_template.ok()) return Fail(chat_template.status());
+    std::vector<tandem::ChatMessage> messages;
+    for (const auto& m : request["messages"]) {
+      messages.push_back({m.value("role", ""), m.value("content", "")});
+    }
+    tandem::ChatTemplate::RenderOptions options;
+    options.add_generation_prompt = request.value("add_generation_prompt", true);
+    options.bos_token = request.value("bos_token", "");
+    auto text = chat_template->Render(messages, options);
+    if (!text.ok()) return Fail(text.status());
+    std::cout << Dump(json{{"text", *text}}) << "\n";
+    return 0;
+  }
+
+  const json parsed = json::parse(input, nullptr, /*allow_exceptions=*/false);
+  if (decode) {
+    if (!parsed.is_array()) return Fail(absl::InvalidArgumentError("decode: expected [[ids]]"));
+    json out = json::array();
+    for (const auto& ids : parsed) {
+      out.push_back(tandem::SanitizeUtf8(tokenizer->Decode(ids.get<std::vector<int32_t>>())));
+    }
+    std::cout << Dump(out) << "\n";
+    return 0;
+  }
+  tandem::EncodeOptions options;
+  options.add_special = add_special;
+  options.parse_special = parse_special;
+  if (!parsed.is_array()) {
+    std::cout << Dump(json(tokenizer->Encode(input, options))) << "\n";
+    return 0;
+  }
+  json out = json::array();
+  for (const auto& item : parsed) {
+    const std::string text = item.get<std::string>();
+    const std::vector<int32_t> ids = tokenizer->Encode(text, options);
+    tandem::StreamingDetokenizer detok(*tokenizer);
+    std::string streamed;
+    for (int32_t id : ids) streamed += detok.Add(id);
+    streamed += detok.Finish();
+    out.push_back({{"ids", ids},
+                   {"decoded", tandem::SanitizeUtf8(tokenizer->Decode(ids))},
+                   {"streamed", streamed}});
+  }
+  std::cout << Dump(out) << "\n";
+  return 0;
+}
