@@ -1,6 +1,7 @@
 // `tandem`: the command-line entry point.
 //
 //   tandem up        start a local cluster (router + prefill + decode workers) on loopback
+//   tandem generate  generate text in this process (single-process mode)
 //   tandem version   print the version, build and accelerators
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "cli/default_model.h"
+#include "cli/generate.h"
 #include "common/device.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -31,6 +33,7 @@ usage: tandem <command> [flags]
 
 commands:
   up        start a local cluster (router, prefill and decode workers) on the default model
+  generate  generate text from --prompt in this process (--chat for the chat template)
   version   print the version, the build and the accelerators this binary can use
   help      print this message)";
 
@@ -102,6 +105,15 @@ int Main(int argc, char** argv) {
   }
   if (command == "version" || command == "--version") return Version();
   if (command == "up") return Up();
+  if (command == "generate") {
+    const auto model =
+        ResolveModelPath(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_models_dir));
+    if (!model.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(model.status().message()).c_str());
+      return 1;
+    }
+    return RunGenerate(*model);
+  }
   if (command == "help") {
     std::printf("%s\n", kUsage.data());
     return 0;
