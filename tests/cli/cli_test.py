@@ -69,3 +69,55 @@ def test_up_with_a_missing_model_names_it(tmp_path):
 def test_up_finds_the_default_model_downloaded_by_setup():
     p = run("up")
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in p.stdout, p.stdout + p.stderr
+
+
+def test_generate_streams_text_and_reports_speed():
+    p = run("generate", "--prompt=The capital of France is", "--max_tokens=8", "--threads=2")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip(), "no text generated"
+    assert "prompt: 5 tokens in" in p.stderr and "tokens/s" in p.stderr
+    assert "generated: 8 tokens" in p.stderr
+
+
+def test_generate_chat_answers_with_the_template():
+    p = run("generate", "--chat", "--prompt=What is the capital of France? Answer in one sentence.",
+            "--max_tokens=40", "--threads=2")
+    assert p.returncode == 0, p.stderr
+    assert "Paris" in p.stdout
+    assert "[stop]" in p.stderr  # ended at <|im_end|>, not by length
+    assert "<|im_end|>" not in p.stdout
+
+
+def test_generate_same_seed_same_text():
+    args = ("generate", "--prompt=Tell me a story.", "--max_tokens=16", "--temperature=0.9",
+            "--seed=7", "--threads=2")
+    a, b = run(*args), run(*args)
+    assert a.returncode == 0 and b.returncode == 0
+    assert a.stdout == b.stdout
+
+
+def test_generate_bad_input_is_a_clear_error():
+    cases = [
+        (("--prompt=",), "empty"),
+        (("--prompt=hi", "--temperature=-1"), "temperature"),
+        (("--prompt=hi", "--top_p=0"), "top_p"),
+        (("--prompt=hi", "--max_tokens=0"), "max_tokens"),
+        (("--prompt=hi", "--max_tokens=100000"), "context"),
+    ]
+    for args, word in cases:
+        p = run("generate", *args)
+        assert p.returncode == 2, (args, p.stderr)
+        assert "INVALID_ARGUMENT" in p.stderr and word in p.stderr, (args, p.stderr)
+
+
+def test_generate_on_a_malformed_model_names_the_file(tmp_path):
+    source = Path(os.environ["TANDEM_SOURCE_DIR"]) / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(source.read_bytes()[:4096])
+    p = run("generate", f"--model={broken}", "--prompt=hi")
+    assert p.returncode == 1
+    assert "broken.gguf" in p.stderr
+    not_gguf = tmp_path / "text.gguf"
+    not_gguf.write_text("this is not a model\n" * 10)
+    p = run("generate", f"--model={not_gguf}", "--prompt=hi")
+    assert p.returncode != 0 and "text.gguf" in p.stderr

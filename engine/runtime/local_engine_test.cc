@@ -1,0 +1,170 @@
+#include "engine/runtime/local_engine.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/version.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+LocalEngine& Engine() {
+  static LocalEngine* engine = [] {
+    LocalEngine::Options options;
+    options.forward.num_threads = 2;
+    options.max_batch = 4;
+    options.kv_blocks = 256;
+    auto e = LocalEngine::Open(absl::StrCat(kSourceDir, "/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+                               options);
+    CHECK(e.ok()) << e.status();
+    return e->release();
+  }();
+  return *engine;
+}
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::string text;
+  sampling::FinishReason finish = sampling::FinishReason::kNone;
+};
+
+std::vector<Result> GenerateAll(const std::vector<GenerationRequest>& requests, absl::Status* status) {
+  std::vector<Result> results(requests.size());
+  *status = Engine().Generate(requests, [&](const GenerationDelta& d) {
+    Result& r = results[d.index];
+    EXPECT_EQ(r.finish, sampling::FinishReason::kNone) << "a delta after the last one";
+    r.tokens.push_back(d.token);
+    r.text += d.text;
+    r.finish = d.finish;
+  });
+  return results;
+}
+
+GenerationRequest Greedy(const std::string& prompt, int64_t max_tokens) {
+  GenerationRequest r;
+  r.prompt = Engine().EncodePrompt(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+TEST(LocalEngineTest, ChatAboutFranceSaysParis) {
+  auto prompt =
+      Engine().EncodeChat({{"user", "What is the capital of France? Answer in one sentence."}});
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  GenerationRequest r;
+  r.prompt = *prompt;
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 32;
+  absl::Status status;
+  const auto results = GenerateAll({r}, &status);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_THAT(results[0].text, HasSubstr("Paris"));
+  ASSERT_EQ(results[0].finish, sampling::FinishReason::kStop);  // <|im_end|>, not the length
+  // The streamed text is the detokenized output, minus the stop token.
+  std::vector<int32_t> body = results[0].tokens;
+  body.pop_back();
+  EXPECT_EQ(results[0].text, Engine().tokenizer().Decode(body));
+}
+
+// Batching changes nothing: each request's greedy output is the one it gets alone.
+TEST(LocalEngineTest, BatchedRequestsMatchEachAlone) {
+  const std::vector<GenerationRequest> requests = {
+      Greedy("The capital of France is", 20), Greedy("def fibonacci(n):", 28),
+      Greedy("Once upon a time, in a small village,", 12),
+      Greedy("1, 2, 3, 4, 5,", 24)};
+  absl::Status status;
+  const auto together = GenerateAll(requests, &status);
+  ASSERT_TRUE(status.ok()) << status;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto alone = GenerateAll({requests[i]}, &status);
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(together[i].tokens, alone[0].tokens) << "request " << i;
+    EXPECT_EQ(together[i].text, alone[0].text) << "request " << i;
+  }
+}
+
+TEST(LocalEngineTest, SameSeedSameTextAndStopStrings) {
+  GenerationRequest r = Greedy("Write a short poem about the sea.", 40);
+  r.sampling.temperature = 0.9f;
+  r.sampling.top_p = 0.95f;
+  r.sampling.seed = 1234;
+  absl::Status status;
+  const auto a = GenerateAll({r, r}, &status);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(a[0].tokens, a[1].tokens);
+  r.sampling.seed = 99;
+  const auto b = GenerateAll({r}, &status);
+  EXPECT_NE(a[0].tokens, b[0].tokens);
+
+  // A stop string cuts the text before it and ends the request.
+  GenerationRequest counting = Greedy("1, 2, 3, 4, 5,", 40);
+  counting.sampling.stop = {"9"};
+  const auto c = GenerateAll({counting}, &status);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(c[0].finish, sampling::FinishReason::kStopString);
+  EXPECT_THAT(c[0].text, ::testing::Not(HasSubstr("9")));
+  EXPECT_THAT(c[0].text, HasSubstr("8"));
+}
+
+TEST(LocalEngineTest, BadRequestsAreRejectedBeforeAnythingRuns) {
+  const int64_t context = Engine().config().max_context;
+  struct Case {
+    const char* what;
+    GenerationRequest request;
+    absl::StatusCode code;
+    const char* message;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"empty prompt", GenerationRequest{}, absl::StatusCode::kInvalidArgument, "empty"});
+  GenerationRequest too_long;
+  too_long.prompt.assign(static_cast<size_t>(context), 100);
+  cases.push_back({"prompt fills the context", too_long, absl::StatusCode::kInvalidArgument,
+                   "context"});
+  GenerationRequest over = Greedy("hello", context);
+  cases.push_back({"prompt + max_tokens over the context", over,
+                   absl::StatusCode::kInvalidArgument, "max_tokens"});
+  GenerationRequest bad_id = Greedy("hello", 4);
+  bad_id.prompt.push_back(static_cast<int32_t>(Engine().config().vocab_size));
+  cases.push_back({"token id out of range", bad_id, absl::StatusCode::kInvalidArgument,
+                   "outside the vocabulary"});
+  GenerationRequest negative_temp = Greedy("hello", 4);
+  negative_temp.sampling.temperature = -1;
+  cases.push_back({"negative temperature", negative_temp, absl::StatusCode::kInvalidArgument,
+                   "temperature"});
+  GenerationRequest bad_top_p = Greedy("hello", 4);
+  bad_top_p.sampling.top_p = 1.5f;
+  cases.push_back({"top_p over 1", bad_top_p, absl::StatusCode::kInvalidArgument, "top_p"});
+  GenerationRequest zero_max = Greedy("hello", 0);
+  cases.push_back({"max_tokens 0", zero_max, absl::StatusCode::kInvalidArgument, "max_tokens"});
+  for (const Case& c : cases) {
+    int deltas = 0;
+    // A valid request first: nothing of it may run when its neighbour is invalid.
+    const absl::Status status = Engine().Generate(
+        {Greedy("fine", 4), c.request}, [&](const GenerationDelta&) { ++deltas; });
+    EXPECT_EQ(status.code(), c.code) << c.what << ": " << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.message)) << c.what;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("request 1")) << c.what;
+    EXPECT_EQ(deltas, 0) << c.what;
+  }
+  // More requests than max_batch, and more KV than the pool.
+  std::vector<GenerationRequest> five(5, Greedy("hi", 2));
+  EXPECT_EQ(Engine().Generate(five, [](const GenerationDelta&) {}).code(),
+            absl::StatusCode::kResourceExhausted);
+  std::vector<GenerationRequest> huge(2, Greedy("hi", context - 8));
+  EXPECT_EQ(Engine().Generate(huge, [](const GenerationDelta&) {}).code(),
+            absl::StatusCode::kResourceExhausted);
+  // The pool is whole again afterwards.
+  absl::Status status;
+  GenerateAll({Greedy("still serving", 3)}, &status);
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+}  // namespace
+}  // namespace tandem
