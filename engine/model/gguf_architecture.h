@@ -27,6 +27,7 @@ struct LlamaFamilyTraits {
   float default_rms_norm_eps;    // when `{arch}.attention.layer_norm_rms_epsilon` is absent
   float default_rope_theta;      // when `{arch}.rope.freq_base` is absent
   bool attention_bias;           // Q/K/V bias tensors are required
+  bool rope_neox;                // ModelConfig::rope_neox for this architecture's files
 };
 absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& file,
                                                       const LlamaFamilyTraits& traits);

@@ -146,6 +146,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_t
   }
   ModelConfig c;
   c.architecture = arch->arch;
+  c.rope_neox = true;  // Hugging Face checkpoints keep the Q/K rows in rotate_half order
   ASSIGN_OR_RETURN(c.vocab_size, r.Int(j, "vocab_size"));
   ASSIGN_OR_RETURN(c.hidden_size, r.Int(j, "hidden_size"));
   ASSIGN_OR_RETURN(c.intermediate_size, r.Int(j, "intermediate_size"));

@@ -39,6 +39,7 @@ TEST(HfConfigTest, MapsLlamaAndQwen2) {
   absl::StatusOr<ModelConfig> c = ModelConfigFromHfConfigJson(SmolLM2Config().dump(), "smol");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->architecture, "llama");
+  EXPECT_TRUE(c->rope_neox);  // every Hugging Face checkpoint
   EXPECT_EQ(c->num_layers, 30);
   EXPECT_EQ(c->hidden_size, 576);
   EXPECT_EQ(c->num_heads, 9);

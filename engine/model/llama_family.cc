@@ -76,6 +76,7 @@ absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& f,
   ModelConfig c;
   c.architecture = std::string(t.arch);
   c.attention_bias = t.attention_bias;
+  c.rope_neox = t.rope_neox;
   ASSIGN_OR_RETURN(c.num_layers, f.GetUint32(Key(t, "block_count")));
   ASSIGN_OR_RETURN(c.hidden_size, f.GetUint32(Key(t, "embedding_length")));
   ASSIGN_OR_RETURN(c.intermediate_size, f.GetUint32(Key(t, "feed_forward_length")));

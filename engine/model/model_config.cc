@@ -94,7 +94,8 @@ std::string ModelConfig::DebugString() const {
     absl::StrAppend(&s, "(", rope_scaling.factor, ")");
   }
   absl::StrAppend(&s, " tied=", tie_word_embeddings ? "yes" : "no",
-                  " qkv_bias=", attention_bias ? "yes" : "no");
+                  " qkv_bias=", attention_bias ? "yes" : "no",
+                  " rope_pairs=", rope_neox ? "neox" : "interleaved");
   return s;
 }
 

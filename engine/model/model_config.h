@@ -45,6 +45,11 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   // Q, K and V projections have biases (Qwen2).
   bool attention_bias = false;
+  // How RoPE pairs the dimensions of a head, which depends on how the file orders the Q/K rows:
+  // true for NeoX / Hugging Face "rotate_half" pairs (i, i + head_dim / 2), false for adjacent
+  // pairs (2i, 2i + 1). Set by the loader: GGUF "llama" files are interleaved (llama.cpp's
+  // converter permutes the Q/K rows), GGUF "qwen2" files and every Hugging Face checkpoint NeoX.
+  bool rope_neox = false;
 
   // INVALID_ARGUMENT naming the first field that is out of range: every size positive, num_heads
   // dividing hidden_size, num_kv_heads dividing num_heads, head_dim even (RoPE rotates pairs),

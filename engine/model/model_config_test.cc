@@ -165,6 +165,7 @@ TEST(ModelLoaderTest, Qwen2NeedsItsQkvBiases) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->config.architecture, "qwen2");
   EXPECT_TRUE(m->config.attention_bias);
+  EXPECT_TRUE(m->config.rope_neox);
   EXPECT_FLOAT_EQ(m->config.rms_norm_eps, 1e-6f);
   for (const LayerWeights& l : m->weights.layers) {
     ASSERT_NE(l.attn_q_bias, nullptr);
@@ -392,6 +393,7 @@ TEST(ModelLoaderTest, LoadsTheDefaultSmolLM2Model) {
   EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-5f);
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_FALSE(c.attention_bias);
+  EXPECT_FALSE(c.rope_neox);  // llama.cpp permuted the Q/K rows for interleaved pairs
   EXPECT_EQ(m->weights.output, m->weights.token_embd);
   EXPECT_EQ(m->weights.token_embd->type, DType::kQ8_0);
   EXPECT_EQ(m->weights.output_norm->type, DType::kF32);

@@ -1,10 +1,15 @@
-// Loading a model file into a ModelConfig and a ModelWeights map of named tensors.
+// Loading a model into a ModelConfig and a ModelWeights map of named tensors, from a GGUF file or
+// from a Hugging Face directory (config.json and *.safetensors).
 //
 //   ASSIGN_OR_RETURN(LoadedModel model, LoadGgufModel("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
 //   const GgufTensor* wq = model.weights.layers[0].attn_q;  // ggml shape {hidden, heads*head_dim}
 //
-// The architecture comes from `general.architecture`; one source file per architecture
-// (arch_llama.cc, arch_qwen2.cc) maps its metadata and tensor names.
+// For GGUF the architecture comes from `general.architecture`; one source file per architecture
+// (arch_llama.cc, arch_qwen2.cc) maps its metadata and tensor names. For Hugging Face directories
+// it comes from config.json (hf_config.h) and hf_model_loader.cc maps the tensor names.
+//
+// Every tensor is a GgufTensor view whatever the file format: for safetensors, `shape` is the
+// reversed PyTorch shape (ggml order) and `file_offset` is the offset in its .safetensors file.
 //
 // Shapes are in ggml order (shape[0] contiguous). With H = hidden_size, F = intermediate_size,
 // V = vocab_size, Dq = num_heads * head_dim, Dkv = num_kv_heads * head_dim:
@@ -27,7 +32,7 @@
 
 namespace tandem {
 
-// One transformer block. Pointers are into the owning GgufFile; never null except the biases,
+// One transformer block. Pointers are into the owning LoadedModel; never null except the biases,
 // which are set exactly when ModelConfig::attention_bias is true.
 struct LayerWeights {
   const GgufTensor* attn_norm = nullptr;
@@ -55,9 +60,14 @@ struct ModelWeights {
 };
 
 // A model ready for a backend. Movable; the tensor pointers stay valid across moves because they
-// point into `file`, which must outlive every use of `weights`.
+// point into `file` or into what `owners` holds, which must outlive every use of `weights`.
 struct LoadedModel {
+  // The GGUF file the model came from (its tokenizer metadata included); null for a model loaded
+  // from a Hugging Face directory.
   std::unique_ptr<GgufFile> file;
+  // Whatever else the tensors point into (for a Hugging Face model: the mapped .safetensors files
+  // and the tensor views). Type-erased: nothing reads it; it only keeps the storage alive.
+  std::vector<std::shared_ptr<const void>> owners;
   ModelConfig config;
   ModelWeights weights;
 };
@@ -70,6 +80,22 @@ struct LoadedModel {
 absl::StatusOr<LoadedModel> LoadGgufModel(const std::string& path);
 // The same for an already-parsed file (takes ownership).
 absl::StatusOr<LoadedModel> LoadGgufModel(std::unique_ptr<GgufFile> file);
+
+// Loads a Hugging Face model directory: `dir`/config.json (see ModelConfigFromHfConfigJson) and
+// every `dir`/*.safetensors (a single file or shards; F32, F16 or BF16 tensors), mapped read-only
+// and used in place (a tensor whose data is not aligned to its element size is copied). Tensor
+// names are Hugging Face's: model.embed_tokens.weight, model.norm.weight, lm_head.weight (absent or
+// ignored when tie_word_embeddings), model.layers.N.{input_layernorm, post_attention_layernorm}
+// .weight, model.layers.N.self_attn.{q,k,v,o}_proj.weight, model.layers.N.self_attn.{q,k,v}_proj
+// .bias (when attention_bias), model.layers.N.mlp.{gate,up,down}_proj.weight; others are ignored.
+// config.rope_neox is true. Errors: those of LoadHfConfig and SafetensorsFile::Open; NOT_FOUND for
+// a directory without .safetensors files or a missing tensor; INVALID_ARGUMENT for a tensor in two
+// files, a wrong shape (naming the tensor, expected and actual shapes in PyTorch order) or a bias
+// the architecture does not have; UNIMPLEMENTED for an o_proj bias.
+absl::StatusOr<LoadedModel> LoadHfModel(const std::string& dir);
+
+// LoadHfModel when `path` is a directory, else LoadGgufModel.
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 
 // Only the config (no tensor mapping), e.g. for planning memory before loading weights.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file);

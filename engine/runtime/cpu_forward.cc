@@ -48,7 +48,7 @@ CpuForward::CpuForward(const LoadedModel* model, const Options& options)
 
 absl::StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(const LoadedModel* model,
                                                                const Options& options) {
-  if (model == nullptr || model->file == nullptr) {
+  if (model == nullptr || model->weights.token_embd == nullptr) {
     return absl::InvalidArgumentError("CpuForward needs a loaded model");
   }
   if (options.block_size <= 0) {
@@ -64,8 +64,7 @@ absl::Status CpuForward::Init() {
   const ModelConfig& c = model_->config;
   RETURN_IF_ERROR(c.Validate());
   pool_ = std::make_unique<cpu::ThreadPool>(cpu::ThreadPool::Options{.num_threads = options_.num_threads});
-  // llama.cpp's converter permutes Llama's Q/K rows for interleaved pairs; Qwen2 keeps NeoX pairs.
-  rope_style_ = c.architecture == "qwen2" ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kInterleaved;
+  rope_style_ = c.rope_neox ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kInterleaved;
 
   inv_freq_.resize(static_cast<size_t>(c.head_dim / 2));
   cpu::RopeInvFreq(c.rope_theta, c.head_dim, inv_freq_.data());

@@ -16,19 +16,10 @@ only the attention summation order changes). So:
     the reference itself is at a near tie (below NEAR_TIE), and for all 32 tokens when there is
     none. Past a near tie either choice is correct and the texts legitimately part.
 """
-import json
-import os
-import subprocess
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-import llama_cpp  # installed by scripts/setup.sh; its absence fails the test, never skips it
-
-SOURCE = Path(os.environ["TANDEM_SOURCE_DIR"])
-BIN = Path(os.environ["TANDEM_BIN_DIR"])
-DEFAULT_MODEL = SOURCE / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+from reference_common import DEFAULT_MODEL, NEAR_TIE, compare, margins, reference, tandem, tokenize
 
 PROMPTS = [
     "The history of the Roman Empire spans more than a thousand years, from the founding of the "
@@ -38,54 +29,7 @@ PROMPTS = [
     "Numbers: 3.14159 2.71828 1.41421; code: for (int i = 0; i < n; ++i) { sum += a[i]; }",
 ]
 
-
-def reference(model_path, tokens, greedy_steps):
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=512, n_batch=512, logits_all=True,
-                          n_threads=2, verbose=False, seed=0)
-    llm.reset()
-    llm.eval(tokens)
-    logits = np.array(llm.scores[: len(tokens)], dtype=np.float32)
-    generated = []
-    last = logits[-1]
-    for _ in range(greedy_steps):
-        nxt = int(np.argmax(last))
-        generated.append(nxt)
-        llm.eval([nxt])
-        last = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-    return logits, generated
-
-
-def tandem(model_path, tokens, greedy_steps, tmp_path, block_size=16):
-    out = tmp_path / "logits.bin"
-    p = subprocess.run([str(BIN / "logits_tool"), str(model_path), ",".join(map(str, tokens)),
-                        str(out), str(greedy_steps), str(block_size)],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
-    info = json.loads(p.stdout)
-    logits = np.fromfile(out, dtype=np.float32).reshape(len(tokens), info["vocab"])
-    return logits, info["greedy"]
-
-
-def tokenize(model_path, text):
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=512, vocab_only=True, verbose=False)
-    return llm.tokenize(text.encode(), add_bos=False, special=True)
-
-
-NEAR_TIE = 0.25  # logits; about the mean quantization-noise difference between the engines
 GREEDY_STEPS = 32
-
-
-def margins(logits):
-    top2 = np.sort(logits, axis=-1)[:, -2:]
-    return top2[:, 1] - top2[:, 0]
-
-
-def compare(ours, ref):
-    assert ours.shape == ref.shape
-    decided = margins(ref) >= NEAR_TIE
-    agree = (ours.argmax(-1) == ref.argmax(-1)) | ~decided
-    diff = np.abs(ours - ref)
-    return agree.mean(), float(diff.max()), float(diff.mean())
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -3,6 +3,8 @@
 //
 //   logits_tool MODEL TOKENS OUT [GREEDY_STEPS] [BLOCK_SIZE]
 //
+// MODEL is a GGUF file or a Hugging Face model directory (config.json and *.safetensors).
+//
 // TOKENS is a comma-separated list of token ids. Writes OUT as float32 [len(TOKENS), vocab]: the
 // logits after every position (teacher forcing: the tokens are fed one step each, through the
 // paged KV cache) and prints one line of JSON, {"vocab": V, "greedy": [ids...]}, with
@@ -34,7 +36,7 @@ absl::Status Run(int argc, char** argv) {
   if (argc > 5 && !absl::SimpleAtoi(argv[5], &block_size)) return absl::InvalidArgumentError("BLOCK");
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens");
 
-  ASSIGN_OR_RETURN(LoadedModel model, LoadGgufModel(argv[1]));
+  ASSIGN_OR_RETURN(LoadedModel model, LoadModel(argv[1]));
   ASSIGN_OR_RETURN(auto forward, CpuForward::Create(&model, {.block_size = block_size}));
   const int64_t total = static_cast<int64_t>(tokens.size()) + greedy;
   ASSIGN_OR_RETURN(auto kv, KvStorage::Create(forward->KvLayoutFor(total / block_size + 1)));

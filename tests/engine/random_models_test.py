@@ -1,0 +1,322 @@
+"""Tandem's CPU forward pass against llama.cpp on small random Llama-family models, one per
+supported layout: GGUF with F32 / F16 / Q8_0 / Q4_1 matrices, for "llama" and "qwen2" (Q/K/V
+biases), with and without grouped-query attention, with tied and untied embeddings, and a head_dim
+that is not hidden / heads; and the same shapes as Hugging Face directories (config.json and two
+.safetensors shards, F32 or BF16) run by Tandem against llama.cpp on a GGUF of the same values.
+
+Each model is generated here: random weights in Hugging Face's orientation and naming (a matrix is
+[out, in], Q/K rows in NeoX "rotate half" order), written as GGUF the way llama.cpp's converter
+does (for "llama" the Q/K rows are permuted for interleaved RoPE pairs). The tokenizer metadata is
+copied from the default model (llama.cpp will not load a file without one), so the vocabulary has
+49152 entries. The weights are scaled so that attention is far from uniform (scores with a
+standard deviation of about 2) and logits are well spread (std about 8), so that a top-1 check
+means something.
+
+Tolerances, measured over 64 random tokens under teacher forcing (logits have a std of 8-12 and a
+largest magnitude of 35-110):
+  - F32 matrices: llama.cpp runs with an F32 KV cache, so both engines compute in float32 and
+    differ only in summation order and the exp / SiLU approximations: max |dlogit| 2e-5..6e-5,
+    at most 1.1e-6 of the largest |logit|. Required: max |dlogit| <= 1e-5 * (1 + max |logit|)
+    and the same top-1 token wherever the reference's margin is at least 1e-3.
+  - F16 matrices: llama.cpp rounds the activations to F16 before every F16 product (Tandem keeps
+    them in float32): max |dlogit| 3e-2..4.5e-2, at most 8.3e-4 of the largest |logit|. Required:
+    max |dlogit| <= 5e-3 * (1 + max |logit|) and the same top-1 wherever the margin is >= 0.1.
+  - Safetensors F32 / BF16 (Tandem) against the F32 GGUF of the same values (llama.cpp): as F32,
+    max |dlogit| 2.4e-5..5.5e-5, at most 1.0e-6 of the largest |logit|; same requirement. (With
+    the Q/K permutation left out of the GGUF, i.e. the wrong RoPE pairing, max |dlogit| is ~60.)
+  - Q8_0 / Q4_1 matrices: both engines quantize activations to 8 bits (llama.cpp rounds each
+    block's scale to F16, Tandem keeps it in float32), and every flipped rounding changes a value
+    by a quantization step; through a random network the two engines' quantization noise becomes
+    nearly independent: mean |dlogit| 0.08..0.14, max 0.7..1.3 (each engine is as far from the
+    exact product of the dequantized weights as from the other). The margin-aware criteria of
+    forward_reference_test.py, with the near-tie margin scaled to this noise: mean |dlogit| < 0.25
+    and the same top-1 at >= 99% of the positions where the reference's margin is >= 0.5 (every
+    position agreed at that margin when measured; at 0.25, 1 in 64 did not).
+"""
+import json
+import struct
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+import pytest
+
+from reference_common import DEFAULT_MODEL, GGML_TYPE_F32, compare, reference, tandem
+
+NUM_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The hyper-parameters of one random model."""
+    name: str
+    arch: str  # "llama" | "qwen2" (Q/K/V biases)
+    hidden: int
+    heads: int
+    kv_heads: int
+    tied: bool
+    head_dim: int = 32
+    ffn: int = 192
+    layers: int = 2
+
+    @property
+    def bias(self):
+        return self.arch == "qwen2"
+
+    @property
+    def rms_eps(self):
+        return 1e-5 if self.arch == "llama" else 1e-6
+
+    @property
+    def rope_theta(self):
+        return 10000.0 if self.arch == "llama" else 1000000.0
+
+
+SHAPES = [
+    Shape("llama_gqa_tied", "llama", hidden=128, heads=4, kv_heads=2, tied=True),
+    # head_dim 32 != hidden / heads = 16.
+    Shape("llama_mha_untied", "llama", hidden=64, heads=4, kv_heads=4, tied=False, layers=3),
+    Shape("qwen2_gqa_untied", "qwen2", hidden=128, heads=4, kv_heads=2, tied=False),
+    Shape("qwen2_mha_tied", "qwen2", hidden=128, heads=4, kv_heads=4, tied=True),
+]
+
+GGUF_TYPES = {
+    "F32": gguf.GGMLQuantizationType.F32,
+    "F16": gguf.GGMLQuantizationType.F16,
+    "Q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "Q4_1": gguf.GGMLQuantizationType.Q4_1,
+}
+
+# Copied from the default model: what llama.cpp needs to build its vocabulary.
+TOKENIZER_KEYS = [
+    "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_metadata():
+    """[(key, value, type, element type)] of TOKENIZER_KEYS in the default model."""
+    reader = gguf.GGUFReader(DEFAULT_MODEL)
+    out = []
+    for key in TOKENIZER_KEYS:
+        field = reader.get_field(key)
+        assert field is not None, key
+        sub_type = field.types[1] if len(field.types) > 1 else None
+        out.append((key, field.contents(), field.types[0], sub_type))
+    return out
+
+
+def vocab_size(tokenizer_metadata):
+    return next(len(v) for k, v, _, _ in tokenizer_metadata if k == "tokenizer.ggml.tokens")
+
+
+def random_weights(shape, vocab, seed):
+    """Hugging Face names -> float32 arrays in PyTorch orientation ([out, in])."""
+    rng = np.random.default_rng(seed)
+    h, f = shape.hidden, shape.ffn
+    dq, dkv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+
+    def matrix(rows, cols, gain):
+        # Rows of unit-RMS inputs map to outputs of std `gain`.
+        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    w = {"model.embed_tokens.weight": rng.standard_normal((vocab, h)).astype(np.float32)}
+    for i in range(shape.layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm(h)
+        w[p + "self_attn.q_proj.weight"] = matrix(dq, h, 1.5)
+        w[p + "self_attn.k_proj.weight"] = matrix(dkv, h, 1.5)
+        w[p + "self_attn.v_proj.weight"] = matrix(dkv, h, 1.0)
+        w[p + "self_attn.o_proj.weight"] = matrix(h, dq, 1.0)
+        if shape.bias:
+            for proj, n in (("q_proj", dq), ("k_proj", dkv), ("v_proj", dkv)):
+                w[p + f"self_attn.{proj}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
+        w[p + "post_attention_layernorm.weight"] = norm(h)
+        w[p + "mlp.gate_proj.weight"] = matrix(f, h, 1.0)
+        w[p + "mlp.up_proj.weight"] = matrix(f, h, 1.0)
+        w[p + "mlp.down_proj.weight"] = matrix(h, f, 1.0)
+    w["model.norm.weight"] = norm(h)
+    if not shape.tied:
+        w["lm_head.weight"] = matrix(vocab, h, 8.0)
+    return w
+
+
+GGUF_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_name(hf_name):
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+           "output_norm.weight", "lm_head.weight": "output.weight"}
+    if hf_name in top:
+        return top[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    return f"blk.{layer}.{GGUF_NAMES[rest]}"
+
+
+def permute_for_interleaved_rope(w, n_head):
+    """llama.cpp's converter (convert_hf_to_gguf.py, LlamaModel.permute): reorders each head's rows
+    from NeoX pairs (i, i + d/2) to adjacent pairs (2i, 2i + 1)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path, shape, weights, type_name, tokenizer_metadata):
+    """Writes `weights` (Hugging Face names and orientation) as a GGUF file whose matrices are in
+    `type_name`; norms and biases stay F32."""
+    qtype = GGUF_TYPES[type_name]
+    writer = gguf.GGUFWriter(path, shape.arch)
+    writer.add_block_count(shape.layers)
+    writer.add_context_length(2048)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_layer_norm_rms_eps(shape.rms_eps)
+    writer.add_rope_freq_base(shape.rope_theta)
+    for key, value, vtype, sub_type in tokenizer_metadata:
+        writer.add_key_value(key, value, vtype, sub_type=sub_type)
+    for name, w in weights.items():
+        if shape.arch == "llama" and name.endswith("q_proj.weight"):
+            w = permute_for_interleaved_rope(w, shape.heads)
+        elif shape.arch == "llama" and name.endswith("k_proj.weight"):
+            w = permute_for_interleaved_rope(w, shape.kv_heads)
+        if w.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name(name), w)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(gguf_name(name), w.astype(np.float16))
+        else:
+            writer.add_tensor(gguf_name(name), gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+# Per matrix type: (max |dlogit| / (1 + max |logit|), near-tie margin, top-1 agreement outside
+# near ties, mean |dlogit|); None where not checked. See the file comment.
+TOLERANCES = {
+    "F32": (1e-5, 1e-3, 1.0, None),
+    "F16": (5e-3, 0.1, 1.0, None),
+    "Q8_0": (None, 0.5, 0.99, 0.25),
+    "Q4_1": (None, 0.5, 0.99, 0.25),
+    "BF16": (1e-5, 1e-3, 1.0, None),  # safetensors BF16 against the same values as F32 GGUF
+}
+
+
+def check_logits(ours, ref, type_name):
+    """Asserts TOLERANCES[type_name]; returns a summary of the differences."""
+    max_rel, near_tie, min_agreement, max_mean = TOLERANCES[type_name]
+    agreement, max_diff, mean_diff = compare(ours, ref, near_tie)
+    scale = 1.0 + float(np.abs(ref).max())
+    summary = (f"max |dlogit| {max_diff:.2e} ({max_diff / scale:.1e} of 1 + max |logit| "
+               f"{scale:.1f}), mean {mean_diff:.2e}, top-1 agreement {agreement:.3f} outside near "
+               f"ties (< {near_tie})")
+    if max_rel is not None:
+        assert max_diff <= max_rel * scale, summary
+    if max_mean is not None:
+        assert mean_diff < max_mean, summary
+    assert agreement >= min_agreement, summary
+    return summary
+
+
+def bf16_round(w):
+    """float32 -> bfloat16 bits (uint16), rounding to nearest even."""
+    u = w.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def write_safetensors(path, tensors, type_name, header_align):
+    """One safetensors file by hand: u64 header length | JSON header | data. The header is padded
+    with spaces to a multiple of `header_align` bytes (1: no padding, so the data may be
+    unaligned)."""
+    header, blobs, offset = {}, [], 0
+    for name, w in tensors.items():
+        data = (bf16_round(w) if type_name == "BF16" else w.astype(np.float32)).tobytes()
+        header[name] = {"dtype": type_name, "shape": list(w.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-(8 + len(text)) % header_align)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+
+
+def write_hf_model(directory, shape, weights, type_name, vocab):
+    """config.json and two shards: the first with an 8-aligned header, the second unaligned."""
+    directory.mkdir()
+    config = {
+        "architectures": ["LlamaForCausalLM" if shape.arch == "llama" else "Qwen2ForCausalLM"],
+        "vocab_size": vocab, "hidden_size": shape.hidden, "intermediate_size": shape.ffn,
+        "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
+        "max_position_embeddings": 2048, "rms_norm_eps": shape.rms_eps,
+        "rope_theta": shape.rope_theta, "tie_word_embeddings": shape.tied,
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    names = list(weights)
+    half = len(names) // 2
+    write_safetensors(directory / "model-00001-of-00002.safetensors",
+                      {n: weights[n] for n in names[:half]}, type_name, header_align=8)
+    write_safetensors(directory / "model-00002-of-00002.safetensors",
+                      {n: weights[n] for n in names[half:]}, type_name, header_align=1)
+
+
+def compare_with_llama_cpp(shape, type_name, ours_path, ref_gguf, vocab, tmp_path):
+    tokens = np.random.default_rng(100 + SHAPES.index(shape)).integers(0, vocab, NUM_TOKENS)
+    ref, _ = reference(ref_gguf, tokens.tolist(), 0, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
+    ours, _ = tandem(ours_path, tokens.tolist(), 0, tmp_path)
+    print(f"\n{shape.name} {type_name}: {check_logits(ours, ref, type_name)}")
+
+
+@pytest.mark.parametrize("type_name", list(GGUF_TYPES))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)
+def test_random_gguf_matches_llama_cpp(shape, type_name, tokenizer_metadata, tmp_path):
+    vocab = vocab_size(tokenizer_metadata)
+    weights = random_weights(shape, vocab, SHAPES.index(shape))
+    path = tmp_path / f"{shape.name}.{type_name}.gguf"
+    write_gguf(path, shape, weights, type_name, tokenizer_metadata)
+    compare_with_llama_cpp(shape, type_name, path, path, vocab, tmp_path)
+
+
+@pytest.mark.parametrize("type_name", ["F32", "BF16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)
+def test_random_safetensors_matches_llama_cpp_on_gguf(shape, type_name, tokenizer_metadata,
+                                                      tmp_path):
+    """Tandem on the Hugging Face layout (NeoX Q/K rows) against llama.cpp on the GGUF conversion
+    (for "llama", Q/K rows permuted for interleaved pairs) of the same values."""
+    vocab = vocab_size(tokenizer_metadata)
+    weights = random_weights(shape, vocab, SHAPES.index(shape))
+    if type_name == "BF16":  # the GGUF holds exactly the BF16 values, in F32
+        weights = {n: (bf16_round(w).astype(np.uint32) << 16).view(np.float32)
+                   for n, w in weights.items()}
+    hf_dir = tmp_path / "hf"
+    write_hf_model(hf_dir, shape, weights, type_name, vocab)
+    gguf_path = tmp_path / f"{shape.name}.gguf"
+    write_gguf(gguf_path, shape, weights, "F32", tokenizer_metadata)
+    compare_with_llama_cpp(shape, type_name, hf_dir, gguf_path, vocab, tmp_path)
