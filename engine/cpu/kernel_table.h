@@ -40,6 +40,13 @@ void QuantizeRowQ8Act(const float* x, BlockQ8Act* out, int64_t k);
 using RowDotFn = void (*)(const void* w_row, const void* x, int64_t x_stride, int64_t m, int64_t k,
                           float* y, int64_t y_stride);
 
+// Dot products of two adjacent weight rows, w_row and (const char*)w_row + w_row_bytes, with `m`
+// activation rows: y[i * y_stride] from the first and y[i * y_stride + 1] from the second.
+// Bit-identical to two RowDotFn calls (same roundings in the same order), so pairing rows changes
+// no result; matmul.cc pairs rows 2j, 2j + 1 of each tile.
+using RowDot2Fn = void (*)(const void* w_row, int64_t w_row_bytes, const void* x, int64_t x_stride,
+                           int64_t m, int64_t k, float* y, int64_t y_stride);
+
 struct KernelTable {
   Isa isa;
   // Indexed by static_cast<int>(DType).
@@ -50,6 +57,9 @@ struct KernelTable {
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);
   // y[i] *= a for i < n.
   void (*scale_f32)(float a, float* y, int64_t n);
+  // Two-row kernels indexed by DType (6 entries), or nullptr where the table has none; an entry
+  // may be nullptr (then row_dot is used for every row).
+  const RowDot2Fn* row_dot2;
 };
 
 const KernelTable& ScalarKernelTable();

@@ -66,5 +66,35 @@ TEST(KernelTableTest, DotAxpyScaleMatchScalar) {
   }
 }
 
+// The two-row kernels equal the one-row kernel bit for bit (same roundings in the same order), so
+// pairing rows changes no result; for every M the row kernels take (1..4, and a tail).
+TEST(KernelTableTest, TwoRowKernelsEqualTheOneRowKernel) {
+  for (Isa isa : kAllIsas) {
+    if (!IsaSupported(isa, HostCpuFeatures())) continue;
+    const KernelTable& table = KernelTableFor(isa);
+    if (table.row_dot2 == nullptr) continue;
+    for (DType type : kAllDTypes) {
+      const RowDot2Fn pair = table.row_dot2[static_cast<int>(type)];
+      if (pair == nullptr) continue;
+      std::mt19937 rng(5);
+      const int64_t k = 32 * 7, nb = k / kQuantBlock;
+      const int64_t row_bytes = *DTypeStorageBytes(type, k);
+      const std::vector<uint8_t> w = testing::RandomWeights(rng, type, 2, k);
+      for (int64_t m : {1, 2, 3, 4, 7}) {
+        const std::vector<float> x = testing::RandomFloats(rng, m * k);
+        std::vector<BlockQ8Act> xq(static_cast<size_t>(m * nb));
+        for (int64_t i = 0; i < m; ++i) QuantizeRowQ8Act(x.data() + i * k, xq.data() + i * nb, k);
+        std::vector<float> paired(static_cast<size_t>(m * 2)), single(static_cast<size_t>(m * 2));
+        pair(w.data(), row_bytes, xq.data(), nb, m, k, paired.data(), 2);
+        for (int64_t n = 0; n < 2; ++n) {
+          table.row_dot[static_cast<int>(type)](w.data() + n * row_bytes, xq.data(), nb, m, k,
+                                                single.data() + n, 2);
+        }
+        EXPECT_EQ(paired, single) << IsaName(isa) << " " << DTypeName(type) << " m=" << m;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::cpu

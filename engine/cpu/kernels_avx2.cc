@@ -39,6 +39,16 @@ inline __m256i DotI8(__m256i u, __m256i s) {
 
 #include "engine/cpu/kernels_x86.inc"
 
+const KernelTable kTable = {
+    kTableIsa,
+    {RowDotFloat<0>, RowDotFloat<1>, RowDotFloat<2>, RowDotQuant<0>, RowDotQuant<1>,
+     RowDotQuant<2>},
+    DotF32,
+    AxpyF32,
+    ScaleF32,
+    nullptr,
+};
+
 float VF::Hsum(T v) { return Hsum8(v); }
 
 }  // namespace

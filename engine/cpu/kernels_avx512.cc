@@ -52,6 +52,138 @@ float VF::Hsum(T v) {
   return Hsum8(_mm256_add_ps(lo, hi));
 }
 
+// ---- two weight rows per 512-bit register ----------------------------------------------------
+// Block b of weight rows 0 and 1 fill the two 256-bit halves of one register; each activation
+// block is broadcast to both halves, so one vpdpbusd / convert / FMA serves both rows.
+
+// [h(p0[0]), h(p0[1]), h(p1[0]), h(p1[1])] from two pairs of f16 values.
+inline __m128 LoadHalfPairs(const uint16_t* p0, const uint16_t* p1) {
+  uint32_t a, b;
+  __builtin_memcpy(&a, p0, 4);
+  __builtin_memcpy(&b, p1, 4);
+  return _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(b), static_cast<int>(a)));
+}
+
+// Two Q4 nibble arrays -> 64 bytes: row 0's elements 0..31, then row 1's (as UnpackNibbles).
+inline __m512i UnpackNibblePair(const uint8_t* qs0, const uint8_t* qs1) {
+  const __m256i both = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)), 1);
+  const __m512i t = _mm512_castsi256_si512(both);
+  const __m512i idx = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+  const __m512i v = _mm512_permutex2var_epi64(t, idx, _mm512_srli_epi16(t, 4));
+  return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+}
+
+// Kind: 1 = Q4_0, 2 = Q4_1 (Q8_0 keeps the one-row kernel: paired, it streamed large matrices
+// from memory at half the speed). acc[r]: both rows' scaled integer dots (8 lanes each);
+// extra[r] lanes 0 / 1: the offset terms of rows 0 / 1.
+template <int Kind, int R>
+__attribute__((always_inline)) inline void QuantBlock2(const char* w0, const char* w1,
+                                                      const BlockQ8Act* x, int64_t xs, int64_t b,
+                                                      __m512* acc, __m128* extra) {
+  __m512i wq;
+  __m512 dvec;
+  __m128 mvec;
+  static_assert(Kind == 1 || Kind == 2);
+  if constexpr (Kind == 1) {
+    const BlockQ4_0& a = reinterpret_cast<const BlockQ4_0*>(w0)[b];
+    const BlockQ4_0& c = reinterpret_cast<const BlockQ4_0*>(w1)[b];
+    wq = UnpackNibblePair(a.qs, c.qs);
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(
+        static_cast<int>(static_cast<uint32_t>(a.d) | (static_cast<uint32_t>(c.d) << 16))));
+    dvec = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(d));
+    mvec = _mm_mul_ps(d, _mm_set1_ps(-8.0f));  // [-8·d0, -8·d1, 0, 0]
+  } else {
+    const BlockQ4_1& a = reinterpret_cast<const BlockQ4_1*>(w0)[b];
+    const BlockQ4_1& c = reinterpret_cast<const BlockQ4_1*>(w1)[b];
+    wq = UnpackNibblePair(a.qs, c.qs);
+    const __m128 dm = LoadHalfPairs(&a.d, &c.d);  // [d0, m0, d1, m1]
+    dvec = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
+                                 _mm512_castps128_ps512(dm));
+    mvec = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(3, 1, 3, 1));  // [m0, m1, m0, m1]
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const BlockQ8Act& xb = x[r * xs + b];
+    const __m512i xv = _mm512_broadcast_i64x4(LoadQs(xb.qs));
+    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xv);
+    const __m512 scale = _mm512_mul_ps(dvec, _mm512_set1_ps(xb.d));
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[r]);
+    // Multiply, then add, as the one-row kernel does: the empty asm keeps GCC from contracting
+    // the two into an FMA (one rounding fewer), which would make the results differ from it.
+    __m128 offset = _mm_mul_ps(mvec, _mm_set1_ps(xb.s));
+    __asm__("" : "+v"(offset));
+    extra[r] = _mm_add_ps(extra[r], offset);
+  }
+}
+
+// Two accumulators per row (even / odd blocks), spelled out so that GCC keeps them in registers.
+template <int Kind, int R>
+void QuantRows2(const char* w0, const char* w1, const BlockQ8Act* x, int64_t xs, int64_t nb,
+                float* y, int64_t ys) {
+  __m512 acc0[R], acc1[R];
+  __m128 extra[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = _mm512_setzero_ps();
+    acc1[r] = _mm512_setzero_ps();
+    extra[r] = _mm_setzero_ps();
+  }
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    QuantBlock2<Kind, R>(w0, w1, x, xs, b, acc0, extra);
+    QuantBlock2<Kind, R>(w0, w1, x, xs, b + 1, acc1, extra);
+  }
+  if (b < nb) QuantBlock2<Kind, R>(w0, w1, x, xs, b, acc0, extra);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m512 sum = _mm512_add_ps(acc0[r], acc1[r]);
+    const __m256 lo = _mm512_castps512_ps256(sum);
+    const __m256 hi = _mm512_maskz_extractf32x8_ps(0xFF, sum, 1);
+    y[r * ys] = Hsum8(lo) + _mm_cvtss_f32(extra[r]);
+    y[r * ys + 1] = Hsum8(hi) + _mm_cvtss_f32(_mm_shuffle_ps(extra[r], extra[r], 1));
+  }
+}
+
+template <int Kind>
+void RowDot2Quant(const void* w_row, int64_t w_row_bytes, const void* x, int64_t xs, int64_t m,
+                  int64_t k, float* y, int64_t ys) {
+  const char* w0 = static_cast<const char*>(w_row);
+  const char* w1 = w0 + w_row_bytes;
+  const auto* xb = static_cast<const BlockQ8Act*>(x);
+  const int64_t nb = k / kQuantBlock;
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) QuantRows2<Kind, 4>(w0, w1, xb + i * xs, xs, nb, y + i * ys, ys);
+  switch (m - i) {
+    case 3:
+      QuantRows2<Kind, 3>(w0, w1, xb + i * xs, xs, nb, y + i * ys, ys);
+      break;
+    case 2:
+      QuantRows2<Kind, 2>(w0, w1, xb + i * xs, xs, nb, y + i * ys, ys);
+      break;
+    case 1:
+      QuantRows2<Kind, 1>(w0, w1, xb + i * xs, xs, nb, y + i * ys, ys);
+      break;
+    default:
+      break;
+  }
+}
+
+const RowDot2Fn kRowDot2[6] = {nullptr, nullptr, nullptr, nullptr, RowDot2Quant<1>,
+                               RowDot2Quant<2>};
+
+const KernelTable kTable = {
+    kTableIsa,
+    {RowDotFloat<0>, RowDotFloat<1>, RowDotFloat<2>, RowDotQuant<0>, RowDotQuant<1>,
+     RowDotQuant<2>},
+    DotF32,
+    AxpyF32,
+    ScaleF32,
+    kRowDot2,
+};
+
 }  // namespace
 
 const KernelTable* Avx512KernelTable() { return &kTable; }

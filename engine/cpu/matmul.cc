@@ -40,56 +40,100 @@ absl::Status Validate(const MatMulParams& p) {
 }  // namespace
 
 absl::Status MatMul(const MatMulParams& p, const KernelContext& context) {
-  if (absl::Status s = Validate(p); !s.ok()) return s;
-  if (p.m == 0 || p.n == 0) return absl::OkStatus();
-  if (p.k == 0) {
-    for (int64_t i = 0; i < p.m; ++i) std::fill_n(p.y + i * p.y_stride, p.n, 0.0f);
+  return MatMulShared(absl::MakeConstSpan(&p, 1), context);
+}
+
+absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelContext& context) {
+  if (params.empty()) return absl::OkStatus();
+  const MatMulParams& first = params[0];
+  for (const MatMulParams& p : params) {
+    if (absl::Status s = Validate(p); !s.ok()) return s;
+    if (p.x != first.x || p.x_stride != first.x_stride || p.m != first.m || p.k != first.k) {
+      return absl::InvalidArgumentError("MatMulShared: the products differ in x, x_stride, m or k");
+    }
+  }
+  const int64_t m = first.m, k = first.k;
+  if (m == 0) return absl::OkStatus();
+  if (k == 0) {
+    for (const MatMulParams& p : params) {
+      for (int64_t i = 0; i < m; ++i) std::fill_n(p.y + i * p.y_stride, p.n, 0.0f);
+    }
     return absl::OkStatus();
   }
   const KernelTable& table = KernelTableFor(context.isa.value_or(ActiveIsa()));
-  const RowDotFn row_dot = table.row_dot[static_cast<int>(p.w_type)];
-  const int64_t w_row_bytes =
-      p.w_row_bytes != 0 ? p.w_row_bytes : *DTypeStorageBytes(p.w_type, p.k);
 
-  // Activations in the form the row kernel takes: the float rows as given, or int8 blocks.
-  const void* xa = p.x;
-  int64_t xa_stride = p.x_stride;
+  // Activations in the forms the row kernels take: the float rows as given, and int8 blocks when
+  // any weight is quantized (once for all products).
+  const int64_t nb = k / kQuantBlock;
   thread_local std::vector<BlockQ8Act> quantized;  // reused across calls on this thread
-  if (IsQuantized(p.w_type)) {
-    const int64_t nb = p.k / kQuantBlock;
-    if (static_cast<int64_t>(quantized.size()) < p.m * nb) quantized.resize(p.m * nb);
+  const bool any_quantized = std::any_of(params.begin(), params.end(),
+                                         [](const MatMulParams& p) { return IsQuantized(p.w_type); });
+  if (any_quantized) {
+    if (static_cast<int64_t>(quantized.size()) < m * nb) quantized.resize(m * nb);
     BlockQ8Act* q = quantized.data();
     auto quantize = [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) QuantizeRowQ8Act(p.x + i * p.x_stride, q + i * nb, p.k);
+      for (int64_t i = begin; i < end; ++i) {
+        QuantizeRowQ8Act(first.x + i * first.x_stride, q + i * nb, k);
+      }
     };
-    if (context.pool != nullptr && p.m >= 16) {
-      context.pool->ParallelFor(p.m, quantize);
+    if (context.pool != nullptr && m >= 16) {
+      context.pool->ParallelFor(m, quantize);
     } else {
-      quantize(0, p.m);
+      quantize(0, m);
     }
-    xa = q;
-    xa_stride = nb;
   }
-  const size_t x_elem_bytes = IsQuantized(p.w_type) ? sizeof(BlockQ8Act) : sizeof(float);
+  const BlockQ8Act* xq = quantized.data();
 
-  auto rows = [&](int64_t n_begin, int64_t n_end) {
-    const char* w = static_cast<const char*>(p.w);
-    for (int64_t n0 = n_begin; n0 < n_end; n0 += kRowTile) {
-      const int64_t n1 = std::min(n_end, n0 + kRowTile);
-      for (int64_t i = 0; i < p.m; i += kMTile) {
-        const int64_t mi = std::min(kMTile, p.m - i);
+  // Work items are tiles of kRowTile weight rows, numbered across the products in order.
+  constexpr int64_t kMaxProducts = 8;
+  if (params.size() > static_cast<size_t>(kMaxProducts)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MatMulShared: at most ", kMaxProducts, " products, got ", params.size()));
+  }
+  int64_t tile_begin[kMaxProducts + 1] = {0};
+  for (size_t j = 0; j < params.size(); ++j) {
+    tile_begin[j + 1] = tile_begin[j] + (params[j].n + kRowTile - 1) / kRowTile;
+  }
+  auto tiles = [&](int64_t t_begin, int64_t t_end) {
+    size_t j = 0;
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      while (t >= tile_begin[j + 1]) ++j;
+      const MatMulParams& p = params[j];
+      const RowDotFn row_dot = table.row_dot[static_cast<int>(p.w_type)];
+      const RowDot2Fn row_dot2 =
+          table.row_dot2 != nullptr ? table.row_dot2[static_cast<int>(p.w_type)] : nullptr;
+      const bool quant = IsQuantized(p.w_type);
+      const void* xa = quant ? static_cast<const void*>(xq) : static_cast<const void*>(p.x);
+      const int64_t xa_stride = quant ? nb : p.x_stride;
+      const size_t x_elem_bytes = quant ? sizeof(BlockQ8Act) : sizeof(float);
+      const int64_t w_row_bytes =
+          p.w_row_bytes != 0 ? p.w_row_bytes : *DTypeStorageBytes(p.w_type, p.k);
+      const char* w = static_cast<const char*>(p.w);
+      const int64_t n0 = (t - tile_begin[j]) * kRowTile;
+      const int64_t n1 = std::min(p.n, n0 + kRowTile);
+      for (int64_t i = 0; i < m; i += kMTile) {
+        const int64_t mi = std::min(kMTile, m - i);
         const void* xi = static_cast<const char*>(xa) + i * xa_stride * x_elem_bytes;
-        for (int64_t n = n0; n < n1; ++n) {
-          row_dot(w + n * w_row_bytes, xi, xa_stride, mi, p.k, p.y + i * p.y_stride + n,
-                  p.y_stride);
+        // Rows n0, n0 + 2, ... start pairs (n0 is a multiple of kRowTile), so whether a row goes
+        // through the two-row kernel depends on its index alone.
+        int64_t n = n0;
+        if (row_dot2 != nullptr) {
+          for (; n + 2 <= n1; n += 2) {
+            row_dot2(w + n * w_row_bytes, w_row_bytes, xi, xa_stride, mi, k,
+                     p.y + i * p.y_stride + n, p.y_stride);
+          }
+        }
+        for (; n < n1; ++n) {
+          row_dot(w + n * w_row_bytes, xi, xa_stride, mi, k, p.y + i * p.y_stride + n, p.y_stride);
         }
       }
     }
   };
+  const int64_t num_tiles = tile_begin[params.size()];
   if (context.pool != nullptr) {
-    context.pool->ParallelFor(p.n, rows, /*min_grain=*/kRowTile);
+    context.pool->ParallelFor(num_tiles, tiles);
   } else {
-    rows(0, p.n);
+    tiles(0, num_tiles);
   }
   return absl::OkStatus();
 }

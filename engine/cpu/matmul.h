@@ -9,7 +9,9 @@
 //
 // Work is split over N across the thread pool. Each thread walks its rows in tiles of 16 weight
 // rows and, for each tile, over all M activation rows 4 at a time, so every weight row is read
-// from memory once per call however large M is.
+// from memory once per call however large M is. With AVX-512, Q4_0 / Q4_1 rows go through the
+// kernel two at a time (rows 2j and 2j + 1 of a tile share each 512-bit register), with results
+// bit-identical to one row at a time.
 //
 // Thread-safe: concurrent calls are fine. The quantized activations go to a per-calling-thread
 // scratch buffer that is kept between calls (M · K / 32 · 40 bytes at its largest).
@@ -19,6 +21,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "engine/core/dtype.h"
 #include "engine/cpu/kernel_context.h"
 
@@ -40,6 +43,12 @@ struct MatMulParams {
 // Computes y[i, n] = Σ_k x[i, k] · W[n, k]. INVALID_ARGUMENT when a size is negative, K is not a
 // whole number of blocks, a stride is too small or a pointer is null (with a nonzero size).
 [[nodiscard]] absl::Status MatMul(const MatMulParams& params, const KernelContext& context = {});
+
+// Several products of the same activations (Q/K/V, or gate/up): y_j = x · W_jᵀ for every
+// params[j], in one pass over the thread pool with x quantized once. Each y_j is bit-identical to
+// MatMul(params[j]). INVALID_ARGUMENT as MatMul, or when the entries differ in x, x_stride, m or k.
+[[nodiscard]] absl::Status MatMulShared(absl::Span<const MatMulParams> params,
+                                        const KernelContext& context = {});
 
 }  // namespace tandem::cpu
 

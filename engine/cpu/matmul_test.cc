@@ -174,6 +174,40 @@ TEST_P(MatMulTest, RowsDoNotDependOnTheBatch) {
   }
 }
 
+// MatMulShared (Q/K/V in one call, mixed weight types, on the pool) equals one MatMul per
+// product, bit for bit.
+TEST_P(MatMulTest, SharedEqualsSeparateCalls) {
+  const auto [type, isa] = GetParam();
+  if (!IsaSupported(isa, HostCpuFeatures())) GTEST_SKIP() << IsaName(isa) << " not on this CPU";
+  std::mt19937 rng(11);
+  const int64_t m = 7, k = 32 * 6;
+  const int64_t ns[] = {37, 16, 65};
+  const DType types[] = {type, DType::kQ8_0, DType::kF32};
+  const std::vector<float> x = RandomFloats(rng, m * k);
+  ThreadPool pool({.num_threads = 3});
+  std::vector<std::vector<uint8_t>> w;
+  std::vector<std::vector<float>> shared, separate;
+  std::vector<MatMulParams> params;
+  for (int j = 0; j < 3; ++j) {
+    w.push_back(RandomWeights(rng, types[j], ns[j], k));
+    shared.emplace_back(static_cast<size_t>(m * ns[j]));
+    separate.emplace_back(static_cast<size_t>(m * ns[j]));
+  }
+  for (int j = 0; j < 3; ++j) {
+    params.push_back({.x = x.data(), .x_stride = k, .w = w[j].data(), .w_type = types[j],
+                      .y = shared[j].data(), .y_stride = ns[j], .m = m, .n = ns[j], .k = k});
+  }
+  ASSERT_TRUE(MatMulShared(params, {.pool = &pool, .isa = isa}).ok());
+  for (int j = 0; j < 3; ++j) {
+    MatMulParams one = params[j];
+    one.y = separate[j].data();
+    ASSERT_TRUE(MatMul(one, {.isa = isa}).ok());
+    EXPECT_EQ(shared[j], separate[j]) << "product " << j;
+  }
+  params[1].m = m - 1;
+  EXPECT_EQ(MatMulShared(params, {.isa = isa}).code(), absl::StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypesAllIsas, MatMulTest,
                          ::testing::Combine(::testing::ValuesIn(kAllDTypes),
                                             ::testing::ValuesIn(kAllIsas)),

@@ -52,13 +52,18 @@ void ThreadPool::WorkerLoop() {
     }
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
+      ++sleeping_workers_;
       cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      --sleeping_workers_;
       gen = generation_.load(std::memory_order_acquire);
     }
     seen = gen;
     if (stop_.load(std::memory_order_acquire)) return;
-    RunChunks(job_);
-    pending_workers_.fetch_sub(1, std::memory_order_acq_rel);
+    // Join only while the caller has not closed the job: announce first, then check (the caller
+    // closes, then waits for the announced workers; sequential consistency orders the two pairs).
+    active_workers_.fetch_add(1, std::memory_order_seq_cst);
+    if (open_generation_.load(std::memory_order_seq_cst) == gen) RunChunks(job_);
+    active_workers_.fetch_sub(1, std::memory_order_release);
   }
 }
 
@@ -76,21 +81,27 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)
   job_.n = n;
   job_.chunk = std::max(min_grain, (n + target_chunks - 1) / target_chunks);
   job_.next.store(0, std::memory_order_relaxed);
-  pending_workers_.store(num_threads_ - 1, std::memory_order_relaxed);
+  const uint64_t gen = generation_.load(std::memory_order_relaxed) + 1;
+  open_generation_.store(gen, std::memory_order_relaxed);
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);  // publishes job_
+    generation_.store(gen, std::memory_order_release);  // publishes job_ and open_generation_
+    wake = sleeping_workers_ > 0;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
   tls_in_parallel_for = true;
   RunChunks(job_);
   tls_in_parallel_for = false;
-  // Every worker must be done with job_ (and fn) before they go out of scope.
-  for (int i = 0; pending_workers_.load(std::memory_order_acquire) != 0; ++i) {
+  // Every range is claimed. Close the job so late workers stay out, then wait for those running a
+  // range (fn and job_ must outlive them). The load that sees 0 reads the last of the workers'
+  // release decrements (one release sequence), so their writes are visible after the loop.
+  open_generation_.store(0, std::memory_order_seq_cst);
+  for (int i = 0; active_workers_.load(std::memory_order_seq_cst) != 0; ++i) {
     if (i < spin_iterations_) {
       TANDEM_CPU_RELAX();
     } else {
-      std::this_thread::yield();  // a worker is being woken or was preempted
+      std::this_thread::yield();  // a worker running a range was preempted
     }
   }
 }

@@ -6,7 +6,9 @@
 // The calling thread takes part in the work, so `num_threads` counts it: a pool of size 1 starts no
 // thread and runs everything inline. Workers are started once; between calls they spin for a short
 // while (so back-to-back kernels of a forward pass do not pay a wake-up) and then block on a
-// condition variable.
+// condition variable. A call never waits for a worker that has not joined it: when the caller has
+// claimed every range itself (a worker still asleep, or descheduled on a busy machine), it only
+// waits for the workers that are running a range of this call, so a late worker costs nothing.
 //
 // Thread-safe: ParallelFor may be called from several threads; the calls are serialized. A call
 // made from inside a ParallelFor body (nested) runs inline on the calling worker. The destructor
@@ -64,11 +66,14 @@ class ThreadPool {
 
   std::mutex call_mu_;  // serializes ParallelFor calls
 
-  std::mutex mu_;  // guards the blocking side of generation_ / stop_
+  std::mutex mu_;  // guards the blocking side of generation_ / stop_, and sleeping_workers_
   std::condition_variable cv_;
-  std::atomic<uint64_t> generation_{0};  // bumped once per ParallelFor
+  int sleeping_workers_ = 0;             // workers blocked on cv_; guarded by mu_
+  std::atomic<uint64_t> generation_{0};  // bumped once per ParallelFor (publishes job_)
   std::atomic<bool> stop_{false};
-  std::atomic<int> pending_workers_{0};  // workers that have not finished the current job
+  // The generation whose job workers may still join; 0 once its caller has claimed every range.
+  std::atomic<uint64_t> open_generation_{0};
+  std::atomic<int> active_workers_{0};  // workers inside (or checking whether to join) a job
   Job job_;
 };
 

@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <numbers>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -148,7 +150,9 @@ absl::Status CpuForward::Validate(const StepBatch& batch, const KvStorage& kv) c
   return absl::OkStatus();
 }
 
-absl::Status CpuForward::Linear(const float* x, int64_t rows, const GgufTensor& w, float* y) {
+namespace {
+
+cpu::MatMulParams LinearParams(const float* x, int64_t rows, const GgufTensor& w, float* y) {
   cpu::MatMulParams p;
   p.x = x;
   p.k = w.shape[0];
@@ -159,7 +163,14 @@ absl::Status CpuForward::Linear(const float* x, int64_t rows, const GgufTensor& 
   p.y = y;
   p.y_stride = p.n;
   p.m = rows;
-  return cpu::MatMul(p, cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa});
+  return p;
+}
+
+}  // namespace
+
+absl::Status CpuForward::Linear(const float* x, int64_t rows, const GgufTensor& w, float* y) {
+  return cpu::MatMul(LinearParams(x, rows, w, y),
+                     cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa});
 }
 
 absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput* out,
@@ -193,6 +204,16 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
     std::copy(table.begin(), table.end(), tables.begin() + s * max_blocks);
   }
 
+  // Products of the same activations (Q/K/V, gate/up) in one kernel call: one quantization of x
+  // and one pass over the thread pool.
+  auto linear_shared = [&](const float* in, int64_t rows,
+                           std::initializer_list<std::pair<const GgufTensor*, float*>> products) {
+    cpu::MatMulParams params[3];
+    size_t n = 0;
+    for (const auto& [wt, y] : products) params[n++] = LinearParams(in, rows, *wt, y);
+    return cpu::MatMulShared(absl::MakeConstSpan(params, n),
+                             cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa});
+  };
   auto emit = [&](const std::string& name, const float* data, int64_t rows, int64_t cols) {
     if (dump) dump(name, data, rows, cols);
   };
@@ -237,9 +258,8 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
 
     norm(x.data(), sl.attn_norm, h.data(), T);
     emit("attn_norm" + suffix, h.data(), T, H);
-    RETURN_IF_ERROR(Linear(h.data(), T, *lw.attn_q, q.data()));
-    RETURN_IF_ERROR(Linear(h.data(), T, *lw.attn_k, k.data()));
-    RETURN_IF_ERROR(Linear(h.data(), T, *lw.attn_v, v.data()));
+    RETURN_IF_ERROR(linear_shared(h.data(), T, {{lw.attn_q, q.data()}, {lw.attn_k, k.data()},
+                                               {lw.attn_v, v.data()}}));
     add_bias(q, sl.q_bias, T);
     add_bias(k, sl.k_bias, T);
     add_bias(v, sl.v_bias, T);
@@ -287,8 +307,8 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
 
     norm(x.data(), sl.ffn_norm, h.data(), T);
     emit("ffn_norm" + suffix, h.data(), T, H);
-    RETURN_IF_ERROR(Linear(h.data(), T, *lw.ffn_gate, gate.data()));
-    RETURN_IF_ERROR(Linear(h.data(), T, *lw.ffn_up, up.data()));
+    RETURN_IF_ERROR(
+        linear_shared(h.data(), T, {{lw.ffn_gate, gate.data()}, {lw.ffn_up, up.data()}}));
     cpu::SiluMul(cpu::SiluMulParams{.gate = gate.data(), .up = up.data(), .out = gate.data(),
                                     .gate_stride = F, .up_stride = F, .out_stride = F,
                                     .rows = T, .dim = F});
