@@ -1,0 +1,397 @@
+// engine_bench: end-to-end speed of LocalEngine on one GGUF model, next to llama.cpp on the same
+// file with the same thread count.
+//
+//   build/release/bin/engine_bench [--threads=2] [--repetitions=5] [--model=PATH]
+//                                  [--llama_bench=PATH|none] [--llama_batched_bench=PATH|none]
+//                                  [--rows=prefill128,decode8,...] [--decode_steps=64]
+// Figures, the machine and what is below target: docs/performance.md.
+//
+// Rows (every figure is the median of --repetitions runs, after one warm-up run):
+//   prefill 128 / 512   one sequence; prompt tokens / prefill time (random token ids)
+//   decode batch B      B sequences of a 128-token prompt, then --decode_steps greedy steps with
+//                       ignore_eos; aggregate generated tokens / decode time
+//   peak RSS            VmHWM of this process after the Tandem rows, against the budget
+//                       model file + KV pool + 100 MB
+// llama.cpp's figures come from `llama-bench -p 128,512 -n 0` (prefill), `llama-bench -p 0 -n
+// <steps>` (decode at batch 1) and `llama-batched-bench -npp 128 -ntg <steps> -npl 8,32` (decode
+// at batch 8 and 32; its S_TG column). bench/build_llama_cpp.sh builds both tools into
+// ~/.cache/tandem/llama.cpp/<version>/build/bin, where this program looks for them by default.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "cli/default_model.h"
+#include "common/flags.h"
+#include "engine/runtime/local_engine.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "", "Model file (GGUF); empty: the default model");
+ABSL_FLAG(int32_t, threads, 2, "Kernel threads, the calling thread included (also llama.cpp's -t)");
+ABSL_FLAG(int32_t, repetitions, 5, "Runs per row; the table shows medians");
+ABSL_FLAG(int32_t, decode_steps, 64, "Decode steps per decode row (llama.cpp's -n / -ntg)");
+ABSL_FLAG(int32_t, decode_prompt, 128, "Prompt tokens per sequence before decoding");
+ABSL_FLAG(std::string, rows, "",
+          "Comma-separated rows to run (prefill128, prefill512, decode1, decode8, decode32); "
+          "empty: all");
+ABSL_FLAG(std::string, llama_bench, "",
+          "llama-bench binary; empty: look in ~/.cache/tandem/llama.cpp and PATH; none: skip");
+ABSL_FLAG(std::string, llama_batched_bench, "",
+          "llama-batched-bench binary; empty: next to llama-bench; none: skip");
+
+namespace tandem {
+namespace {
+
+constexpr const char* kLlamaCppVersion = "0.3.36";  // bench/build_llama_cpp.sh's sdist
+constexpr int64_t kPrefillLengths[] = {128, 512};
+constexpr int64_t kDecodeBatches[] = {1, 8, 32};
+constexpr int64_t kBlockSize = 16;
+constexpr int64_t kMiB = 1 << 20;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One line of the table: Tandem's samples and, when llama.cpp ran, its samples.
+struct Row {
+  std::string key;   // --rows name: prefill128, decode8, ...
+  std::string name;
+  std::vector<double> tandem;  // tokens/s per repetition
+  std::vector<double> peer;    // llama.cpp tokens/s per repetition (empty: no figure)
+  std::string peer_note;       // why there is no peer figure, or where it came from
+};
+
+std::vector<int32_t> RandomPrompt(int64_t length, int64_t vocab_size, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab_size - 1));
+  std::vector<int32_t> prompt(static_cast<size_t>(length));
+  for (int32_t& t : prompt) t = id(rng);
+  return prompt;
+}
+
+// Runs `batch` sequences of `prompt_len` random tokens for `max_tokens` greedy tokens each.
+absl::StatusOr<GenerationStats> RunOnce(LocalEngine& engine, int64_t batch, int64_t prompt_len,
+                                        int64_t max_tokens, std::mt19937& rng) {
+  std::vector<GenerationRequest> requests;
+  for (int64_t b = 0; b < batch; ++b) {
+    GenerationRequest r;
+    r.prompt = RandomPrompt(prompt_len, engine.config().vocab_size, rng);
+    r.sampling.temperature = 0.0f;
+    r.sampling.ignore_eos = true;
+    r.sampling.max_tokens = max_tokens;
+    requests.push_back(std::move(r));
+  }
+  GenerationStats stats;
+  absl::Status s = engine.Generate(requests, [](const GenerationDelta&) {}, &stats);
+  if (!s.ok()) return s;
+  return stats;
+}
+
+int64_t PeakRssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "VmHWM:")) {
+      int64_t kb = 0;
+      std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (parts.size() >= 2 && absl::SimpleAtoi(parts[1], &kb)) return kb * 1024;
+    }
+  }
+  return -1;
+}
+
+// Runs `command` through the shell; its stdout, or an error with the exit status.
+absl::StatusOr<std::string> RunCommand(const std::string& command) {
+  std::fprintf(stderr, "+ %s\n", command.c_str());
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return absl::InternalError(absl::StrCat("cannot run: ", command));
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  if (status != 0) {
+    return absl::InternalError(absl::StrCat("`", command, "` exited with status ",
+                                            WIFEXITED(status) ? WEXITSTATUS(status) : status));
+  }
+  return out;
+}
+
+std::string Quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+bool IsExecutable(const std::string& path) {
+  std::error_code ec;
+  return !path.empty() && std::filesystem::is_regular_file(path, ec) &&
+         (std::filesystem::status(path, ec).permissions() & std::filesystem::perms::owner_exec) !=
+             std::filesystem::perms::none;
+}
+
+// The llama.cpp tool `name`: `flag_value` when set ("none" disables it), else the build cache of
+// bench/build_llama_cpp.sh, else `fallback_dir`, else PATH. Empty when not found.
+std::string FindTool(const std::string& flag_value, const std::string& name,
+                     const std::string& fallback_dir) {
+  if (flag_value == "none") return "";
+  if (!flag_value.empty()) return flag_value;
+  std::vector<std::string> candidates;
+  if (!fallback_dir.empty()) candidates.push_back(absl::StrCat(fallback_dir, "/", name));
+  const char* home = std::getenv("HOME");
+  const char* cache = std::getenv("TANDEM_CACHE");
+  const std::string cache_root =
+      cache != nullptr ? cache : absl::StrCat(home != nullptr ? home : "", "/.cache/tandem");
+  candidates.push_back(
+      absl::StrCat(cache_root, "/llama.cpp/", kLlamaCppVersion, "/build/bin/", name));
+  if (const char* path = std::getenv("PATH"); path != nullptr) {
+    for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+      candidates.push_back(absl::StrCat(dir, "/", name));
+    }
+  }
+  for (const std::string& c : candidates) {
+    if (IsExecutable(c)) return c;
+  }
+  return "";
+}
+
+// llama-bench's JSON: one object per test with n_prompt, n_gen and samples_ts. Returns
+// {n_prompt, n_gen} -> tokens/s samples.
+absl::StatusOr<std::map<std::pair<int64_t, int64_t>, std::vector<double>>> RunLlamaBench(
+    const std::string& tool, const std::string& model, int threads, int reps,
+    const std::string& p, const std::string& n) {
+  const std::string command =
+      absl::StrCat(Quote(tool), " -m ", Quote(model), " -t ", threads, " -r ", reps, " -p ", p,
+                   " -n ", n, " -o json 2>/dev/null");
+  absl::StatusOr<std::string> out = RunCommand(command);
+  if (!out.ok()) return out.status();
+  const nlohmann::json doc = nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false);
+  if (!doc.is_array()) {
+    return absl::InternalError(absl::StrCat("llama-bench printed no JSON array: ", *out));
+  }
+  std::map<std::pair<int64_t, int64_t>, std::vector<double>> result;
+  for (const nlohmann::json& test : doc) {
+    if (!test.contains("n_prompt") || !test.contains("n_gen") || !test.contains("samples_ts")) {
+      continue;
+    }
+    std::vector<double>& samples =
+        result[{test["n_prompt"].get<int64_t>(), test["n_gen"].get<int64_t>()}];
+    for (const nlohmann::json& v : test["samples_ts"]) samples.push_back(v.get<double>());
+  }
+  return result;
+}
+
+// llama-batched-bench --output-format jsonl, once per repetition. Returns batch -> S_TG samples.
+absl::StatusOr<std::map<int64_t, std::vector<double>>> RunLlamaBatchedBench(
+    const std::string& tool, const std::string& model, int threads, int reps, int64_t prompt,
+    int64_t steps, const std::vector<int64_t>& batches) {
+  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+  const std::string command = absl::StrCat(
+      Quote(tool), " -m ", Quote(model), " -t ", threads, " -tb ", threads, " -c ",
+      max_batch * (prompt + steps), " -npp ", prompt, " -ntg ", steps, " -npl ",
+      absl::StrJoin(batches, ","), " --output-format jsonl 2>&1");
+  std::map<int64_t, std::vector<double>> result;
+  for (int r = 0; r < reps; ++r) {
+    absl::StatusOr<std::string> out = RunCommand(command);
+    if (!out.ok()) return out.status();
+    for (absl::string_view line : absl::StrSplit(*out, '\n')) {
+      if (!absl::StartsWith(line, "{") || !absl::StrContains(line, "speed_tg")) continue;
+      const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+      if (!row.is_object()) continue;
+      result[row["pl"].get<int64_t>()].push_back(row["speed_tg"].get<double>());
+    }
+  }
+  if (result.empty()) return absl::InternalError("llama-batched-bench printed no results");
+  return result;
+}
+
+absl::Status Main() {
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const int reps = std::max(1, absl::GetFlag(FLAGS_repetitions));
+  const int64_t steps = absl::GetFlag(FLAGS_decode_steps);
+  const int64_t decode_prompt = absl::GetFlag(FLAGS_decode_prompt);
+  if (threads <= 0 || steps <= 0 || decode_prompt <= 0) {
+    return absl::InvalidArgumentError("--threads, --decode_steps and --decode_prompt must be > 0");
+  }
+  absl::StatusOr<std::string> model_path = ResolveModelPath(absl::GetFlag(FLAGS_model), "");
+  if (!model_path.ok()) return model_path.status();
+
+  // KV pool: enough for the largest row (every sequence's blocks are freed after each run).
+  const int64_t max_decode_batch = kDecodeBatches[std::size(kDecodeBatches) - 1];
+  const int64_t decode_blocks =
+      max_decode_batch * ((decode_prompt + steps + 1 + kBlockSize - 1) / kBlockSize);
+  const int64_t prefill_blocks = (kPrefillLengths[1] + 1 + kBlockSize - 1) / kBlockSize;
+  LocalEngine::Options options;
+  options.forward.num_threads = threads;
+  options.forward.block_size = kBlockSize;
+  options.max_batch = max_decode_batch;
+  options.kv_blocks = std::max(decode_blocks, prefill_blocks);
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(*model_path, options);
+  if (!engine.ok()) return engine.status();
+  LocalEngine& e = **engine;
+
+  std::mt19937 rng(2024);
+  std::vector<Row> rows;
+  {
+    absl::StatusOr<GenerationStats> warm = RunOnce(e, 1, 64, 8, rng);  // page the weights in
+    if (!warm.ok()) return warm.status();
+  }
+  const std::string rows_flag = absl::GetFlag(FLAGS_rows);
+  const std::vector<std::string> wanted = absl::StrSplit(rows_flag, ',', absl::SkipEmpty());
+  auto want = [&](const std::string& key) {
+    return wanted.empty() || std::find(wanted.begin(), wanted.end(), key) != wanted.end();
+  };
+  for (int64_t len : kPrefillLengths) {
+    if (!want(absl::StrCat("prefill", len))) continue;
+    Row row;
+    row.key = absl::StrCat("prefill", len);
+    row.name = absl::StrCat("prefill ", len);
+    for (int r = 0; r < reps; ++r) {
+      absl::StatusOr<GenerationStats> st = RunOnce(e, 1, len, 1, rng);
+      if (!st.ok()) return st.status();
+      row.tandem.push_back(static_cast<double>(st->prompt_tokens) / st->prefill_seconds);
+    }
+    rows.push_back(std::move(row));
+  }
+  for (int64_t batch : kDecodeBatches) {
+    if (!want(absl::StrCat("decode", batch))) continue;
+    Row row;
+    row.key = absl::StrCat("decode", batch);
+    row.name = absl::StrCat("decode batch ", batch);
+    for (int r = 0; r < reps; ++r) {
+      absl::StatusOr<GenerationStats> st = RunOnce(e, batch, decode_prompt, steps + 1, rng);
+      if (!st.ok()) return st.status();
+      const double decoded = static_cast<double>(st->generated_tokens - batch);
+      row.tandem.push_back(decoded / st->decode_seconds);
+    }
+    rows.push_back(std::move(row));
+  }
+  const int64_t peak_rss = PeakRssBytes();
+  const int64_t model_bytes = static_cast<int64_t>(std::filesystem::file_size(*model_path));
+  const int64_t kv_bytes = e.kv_pool_bytes();
+  const int64_t budget = model_bytes + kv_bytes + 100 * kMiB;
+
+  // llama.cpp on the same file and thread count.
+  const std::string llama_bench = FindTool(absl::GetFlag(FLAGS_llama_bench), "llama-bench", "");
+  const std::string batched_bench = FindTool(
+      absl::GetFlag(FLAGS_llama_batched_bench), "llama-batched-bench",
+      llama_bench.empty() ? "" : std::filesystem::path(llama_bench).parent_path().string());
+  std::string peer_status;
+  if (llama_bench.empty()) {
+    peer_status = "llama-bench not found (run bench/build_llama_cpp.sh or pass --llama_bench)";
+  } else {
+    auto prefill = RunLlamaBench(llama_bench, *model_path, threads, reps,
+                                 absl::StrJoin(kPrefillLengths, ","), "0");
+    auto decode = RunLlamaBench(llama_bench, *model_path, threads, reps, "0", absl::StrCat(steps));
+    if (!prefill.ok()) return prefill.status();
+    if (!decode.ok()) return decode.status();
+    std::optional<std::map<int64_t, std::vector<double>>> batched;
+    if (!batched_bench.empty()) {
+      auto b = RunLlamaBatchedBench(batched_bench, *model_path, threads, reps, decode_prompt, steps,
+                                    {kDecodeBatches[1], kDecodeBatches[2]});
+      if (!b.ok()) return b.status();
+      batched = *std::move(b);
+    }
+    for (Row& row : rows) {
+      for (int64_t len : kPrefillLengths) {
+        if (row.key == absl::StrCat("prefill", len)) {
+          row.peer = (*prefill)[{len, 0}];
+          row.peer_note = absl::StrCat("llama-bench pp", len);
+        }
+      }
+      if (row.key == "decode1") {
+        row.peer = (*decode)[{0, steps}];
+        row.peer_note = absl::StrCat("llama-bench tg", steps, " (empty context)");
+      }
+      for (int64_t batch : {kDecodeBatches[1], kDecodeBatches[2]}) {
+        if (row.key != absl::StrCat("decode", batch)) continue;
+        if (batched.has_value()) {
+          row.peer = (*batched)[batch];
+          row.peer_note = absl::StrCat("llama-batched-bench S_TG, pp", decode_prompt);
+        } else {
+          row.peer_note = "no peer: llama-batched-bench not found";
+        }
+      }
+    }
+    peer_status = absl::StrCat("llama.cpp: ", llama_bench);
+  }
+
+  // The table.
+  std::printf("\nengine_bench: %s\nthreads=%d repetitions=%d (medians; min..max in brackets) "
+              "decode: %lld-token prompts, %lld greedy steps\n%s\n\n",
+              model_path->c_str(), threads, reps, static_cast<long long>(decode_prompt),
+              static_cast<long long>(steps), peer_status.c_str());
+  std::printf("| %-15s | %-26s | %-26s | %-7s | %s\n", "row", "Tandem tok/s", "llama.cpp tok/s",
+              "ratio", "peer");
+  std::printf("|-----------------|----------------------------|----------------------------|"
+              "---------|-----\n");
+  auto cell = [](const std::vector<double>& v) -> std::string {
+    if (v.empty()) return "-";
+    return absl::StrFormat("%.1f [%.1f..%.1f]", Median(v), *std::min_element(v.begin(), v.end()),
+                           *std::max_element(v.begin(), v.end()));
+  };
+  for (const Row& row : rows) {
+    const std::string ratio =
+        row.peer.empty() ? "-" : absl::StrFormat("%.2fx", Median(row.tandem) / Median(row.peer));
+    std::printf("| %-15s | %-26s | %-26s | %-7s | %s\n", row.name.c_str(), cell(row.tandem).c_str(),
+                cell(row.peer).c_str(), ratio.c_str(), row.peer_note.c_str());
+  }
+  auto find = [&](const std::string& key) -> const Row* {
+    for (const Row& row : rows) {
+      if (row.key == key) return &row;
+    }
+    return nullptr;
+  };
+  const Row* b1 = find("decode1");
+  const Row* b8 = find("decode8");
+  if (b1 != nullptr && b8 != nullptr) {
+    std::printf("\nbatch-8 / batch-1 aggregate decode: %.2fx (target >= 5x)\n",
+                Median(b8->tandem) / Median(b1->tandem));
+    if (!b8->peer.empty() && !b1->peer.empty()) {
+      std::printf("llama.cpp batch-8 / batch-1 (tg%lld): %.2fx\n", static_cast<long long>(steps),
+                  Median(b8->peer) / Median(b1->peer));
+    }
+  }
+  std::printf("peak RSS (VmHWM): %.1f MiB; budget = model %.1f + KV pool %.1f + 100 MiB = %.1f "
+              "MiB: %s\n",
+              static_cast<double>(peak_rss) / kMiB, static_cast<double>(model_bytes) / kMiB,
+              static_cast<double>(kv_bytes) / kMiB, static_cast<double>(budget) / kMiB,
+              peak_rss <= budget ? "within" : "OVER");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  tandem::ParseFlagsWithEnvironment(
+      argc, argv,
+      "engine_bench: Tandem's prefill / decode tokens/s and peak memory, next to llama.cpp.\n"
+      "usage: engine_bench [--threads=2] [--repetitions=5] [--model=PATH] [--llama_bench=PATH]");
+  if (absl::Status s = tandem::Main(); !s.ok()) {
+    std::fprintf(stderr, "engine_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
