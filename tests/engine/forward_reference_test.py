@@ -4,11 +4,13 @@ greedy continuation.
 
 Tolerances. Both engines quantize activations to 8 bits before every quantized matrix product.
 Any difference in float rounding (summation order, F16 vs F32 KV cache, RoPE angles) flips some of
-those 8-bit roundings, so the two engines differ by quantization noise: about 0.2 logits on average
-and up to ~1.5 at a few positions on this model (measured; the same size as Tandem's own spread when
-only the attention summation order changes). So:
-  - the mean |logit difference| must stay below 0.25 (a real bug, such as a wrong RoPE pairing or
-    a missing bias, gives differences of several logits and changes the top-1 token);
+those 8-bit roundings, so the two engines differ by quantization noise: 0.16 to 0.25 logits on
+average and up to ~1.9 at a few positions on this model, depending on the kernel ISA (measured for
+scalar, AVX2 and AVX-512; the same size as Tandem's own spread when only the attention summation
+order changes). So:
+  - the mean |logit difference| must stay below MAX_MEAN_DIFF = 0.35 (a real bug, such as a wrong
+    RoPE pairing or a missing bias, gives differences of several logits: ~6 on average for a
+    missing Q/K permutation);
   - the top-1 token must agree wherever the reference's two best logits are more than NEAR_TIE
     apart, at >= 99% of positions, over the prompt and over the reference's 32-token greedy
     continuation (teacher forcing);
@@ -20,6 +22,8 @@ import numpy as np
 import pytest
 
 from reference_common import DEFAULT_MODEL, NEAR_TIE, compare, margins, reference, tandem, tokenize
+
+MAX_MEAN_DIFF = 0.35  # logits
 
 PROMPTS = [
     "The history of the Roman Empire spans more than a thousand years, from the founding of the "
@@ -45,7 +49,7 @@ def test_default_model_matches_llama_cpp(prompt, tmp_path):
     print(f"\n{len(forced)} positions: top-1 agreement {agreement:.4f}, "
           f"max |dlogit| {max_diff:.3f}, mean {mean_diff:.4f}")
     assert agreement >= 0.99
-    assert mean_diff < 0.25, "logits drift beyond quantization noise"
+    assert mean_diff < MAX_MEAN_DIFF, "logits drift beyond quantization noise"
 
     # Free-running greedy decoding through Tandem's own KV cache.
     _, our_greedy = tandem(DEFAULT_MODEL, tokens, GREEDY_STEPS, tmp_path)
