@@ -91,6 +91,13 @@ absl::Status LocalEngine::Generate(absl::Span<const GenerationRequest> requests,
                                                      options_.max_batch));
   }
 
+  // KV blocks a request reserves: its prompt plus max_tokens, or the whole context without one.
+  auto blocks_for = [&](const GenerationRequest& r) {
+    const int64_t prompt_len = static_cast<int64_t>(r.prompt.size());
+    const int64_t total = r.sampling.max_tokens ? prompt_len + *r.sampling.max_tokens : c.max_context;
+    return BlocksFor(std::min(total, c.max_context), block_size);
+  };
+
   // Everything is checked before anything runs.
   struct Sequence {
     size_t index;
@@ -130,8 +137,7 @@ absl::Status LocalEngine::Generate(absl::Span<const GenerationRequest> requests,
         !s.ok()) {
       return invalid(s);
     }
-    const int64_t total = r.sampling.max_tokens ? prompt_len + *r.sampling.max_tokens : c.max_context;
-    blocks_needed += BlocksFor(std::min(total, c.max_context), block_size);
+    blocks_needed += blocks_for(r);
   }
   if (blocks_needed > kv_->num_free_blocks()) {
     return absl::ResourceExhaustedError(absl::StrCat("the requests need ", blocks_needed,
@@ -149,9 +155,7 @@ absl::Status LocalEngine::Generate(absl::Span<const GenerationRequest> requests,
                      sampling::StopChecker::Create(r.sampling, {.eos_token_ids = eos_ids_,
                                                                 .prompt_tokens = prompt_len,
                                                                 .max_context = c.max_context}));
-    const int64_t total = r.sampling.max_tokens ? prompt_len + *r.sampling.max_tokens : c.max_context;
-    ASSIGN_OR_RETURN(std::vector<int32_t> blocks,
-                     kv_->Allocate(BlocksFor(std::min(total, c.max_context), block_size)));
+    ASSIGN_OR_RETURN(std::vector<int32_t> blocks, kv_->Allocate(blocks_for(r)));
     seqs.push_back(Sequence{i, r.prompt, prompt_len, std::move(blocks), std::move(sampler),
                             std::move(stop), StreamingDetokenizer(*tokenizer_)});
   }
