@@ -245,7 +245,7 @@ absl::Status Main() {
   LocalEngine::Options options;
   options.forward.num_threads = threads;
   options.forward.block_size = kBlockSize;
-  options.max_batch = max_decode_batch;
+  options.scheduler.max_running = max_decode_batch;
   options.kv_blocks = std::max(decode_blocks, prefill_blocks);
   absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(*model_path, options);
   if (!engine.ok()) return engine.status();
@@ -282,8 +282,7 @@ absl::Status Main() {
     for (int r = 0; r < reps; ++r) {
       absl::StatusOr<GenerationStats> st = RunOnce(e, batch, decode_prompt, steps + 1, rng);
       if (!st.ok()) return st.status();
-      const double decoded = static_cast<double>(st->generated_tokens - batch);
-      row.tandem.push_back(decoded / st->decode_seconds);
+      row.tandem.push_back(static_cast<double>(st->decode_tokens) / st->decode_seconds);
     }
     rows.push_back(std::move(row));
   }

@@ -34,7 +34,6 @@ int ExitCode(const absl::Status& status) {
 int RunGenerate(const std::string& model_path) {
   LocalEngine::Options options;
   options.forward.num_threads = absl::GetFlag(FLAGS_threads);
-  options.max_batch = 1;
   auto engine = LocalEngine::Open(model_path, options);
   if (!engine.ok()) return ExitCode(engine.status());
 

@@ -40,30 +40,13 @@ absl::StatusOr<std::unique_ptr<KvStorage>> KvStorage::Create(const KvLayout& lay
   return std::unique_ptr<KvStorage>(new KvStorage(layout, static_cast<float*>(data)));
 }
 
-KvStorage::KvStorage(const KvLayout& layout, float* data)
-    : layout_(layout), data_(data), in_use_(static_cast<size_t>(layout.num_blocks), false) {
-  free_.reserve(static_cast<size_t>(layout.num_blocks));
-  for (int64_t b = layout.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
-}
+KvStorage::KvStorage(const KvLayout& layout, float* data) : layout_(layout), data_(data) {}
 
-absl::StatusOr<std::vector<int32_t>> KvStorage::Allocate(int64_t n) {
-  if (n < 0 || n > num_free_blocks()) {
-    return absl::ResourceExhaustedError(absl::StrCat("need ", n, " KV blocks, ",
-                                                     num_free_blocks(), " free"));
-  }
-  std::vector<int32_t> blocks(free_.end() - n, free_.end());
-  free_.resize(free_.size() - static_cast<size_t>(n));
-  for (int32_t b : blocks) in_use_[static_cast<size_t>(b)] = true;
-  return blocks;
-}
-
-void KvStorage::Free(const std::vector<int32_t>& blocks) {
-  for (int32_t b : blocks) {
-    CHECK(b >= 0 && b < layout_.num_blocks && in_use_[static_cast<size_t>(b)])
-        << "freeing block " << b << " that is not allocated";
-    in_use_[static_cast<size_t>(b)] = false;
-    free_.push_back(b);
-  }
+void KvStorage::CopyBlock(int32_t src, int32_t dst) {
+  CHECK(src >= 0 && src < layout_.num_blocks && dst >= 0 && dst < layout_.num_blocks)
+      << "block copy " << src << " -> " << dst << " outside the pool of " << layout_.num_blocks;
+  const int64_t n = layout_.block_stride();
+  std::memcpy(data_.get() + dst * n, data_.get() + src * n, static_cast<size_t>(n) * sizeof(float));
 }
 
 }  // namespace tandem

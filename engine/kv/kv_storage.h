@@ -8,14 +8,13 @@
 //   [num_blocks][num_layers][2 (K, V)][block_size][num_kv_heads][head_dim]
 //
 // so one block's slice for one layer (K then V) is contiguous, and so is the whole block across
-// layers. docs/kv_layout.md will carry the full contract once the block pool grows refcounts and
-// prefix reuse; this file is the storage and a plain free list.
+// layers. docs/kv_layout.md carries the full contract. This file is only the memory; BlockPool
+// (block_pool.h) decides which block belongs to whom.
 #ifndef TANDEM_ENGINE_KV_KV_STORAGE_H_
 #define TANDEM_ENGINE_KV_KV_STORAGE_H_
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -40,8 +39,7 @@ struct KvLayout {
   absl::Status Validate() const;
 };
 
-// Owns the KV region and hands out blocks from a free list. Not thread-safe: one engine thread
-// owns it.
+// Owns the KV region. Not thread-safe: one engine thread owns it.
 class KvStorage {
  public:
   static absl::StatusOr<std::unique_ptr<KvStorage>> Create(const KvLayout& layout);
@@ -58,11 +56,8 @@ class KvStorage {
   float* LayerKeys(int64_t layer) { return KeyBlock(0, layer); }
   float* LayerValues(int64_t layer) { return KeyBlock(0, layer) + layout_.kv_stride(); }
 
-  int64_t num_free_blocks() const { return static_cast<int64_t>(free_.size()); }
-  // Takes `n` blocks; RESOURCE_EXHAUSTED (and nothing taken) when fewer are free.
-  absl::StatusOr<std::vector<int32_t>> Allocate(int64_t n);
-  // Returns blocks to the free list. REQUIRES: each was allocated and not yet freed.
-  void Free(const std::vector<int32_t>& blocks);
+  // Copies all of block `src` (every layer, K and V) onto block `dst`.
+  void CopyBlock(int32_t src, int32_t dst);
 
  private:
   struct FreeDeleter {
@@ -72,8 +67,6 @@ class KvStorage {
 
   KvLayout layout_;
   std::unique_ptr<float, FreeDeleter> data_;
-  std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
-  std::vector<bool> in_use_;
 };
 
 }  // namespace tandem

@@ -40,21 +40,18 @@ TEST(KvStorageTest, LayoutStridesTileTheRegionExactly) {
   EXPECT_EQ((*storage)->LayerValues(2) - (*storage)->LayerKeys(2), l.kv_stride());
 }
 
-TEST(KvStorageTest, AllocateAndFree) {
+TEST(KvStorageTest, CopyBlockCopiesEveryLayer) {
   auto storage = *KvStorage::Create(SmallLayout());
-  auto a = storage->Allocate(5);
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(storage->num_free_blocks(), 3);
-  EXPECT_EQ(storage->Allocate(4).status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(storage->num_free_blocks(), 3);  // nothing taken on failure
-  auto b = storage->Allocate(3);
-  ASSERT_TRUE(b.ok());
-  std::set<int32_t> all(a->begin(), a->end());
-  all.insert(b->begin(), b->end());
-  EXPECT_EQ(all.size(), 8u);
-  storage->Free(*a);
-  EXPECT_EQ(storage->num_free_blocks(), 5);
-  EXPECT_DEATH(storage->Free({(*a)[0]}), "not allocated");
+  const KvLayout& l = storage->layout();
+  float* src = storage->data() + 3 * l.block_stride();
+  for (int64_t i = 0; i < l.block_stride(); ++i) src[i] = static_cast<float>(i + 1);
+  storage->CopyBlock(3, 6);
+  const float* dst = storage->data() + 6 * l.block_stride();
+  for (int64_t i = 0; i < l.block_stride(); ++i) ASSERT_EQ(dst[i], static_cast<float>(i + 1));
+  // Neighbours are untouched.
+  EXPECT_EQ(storage->data()[5 * l.block_stride() + l.block_stride() - 1], 0.0f);
+  EXPECT_EQ(storage->data()[7 * l.block_stride()], 0.0f);
+  EXPECT_DEATH(storage->CopyBlock(0, 8), "outside the pool");
 }
 
 TEST(KvStorageTest, BadLayouts) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -47,11 +48,17 @@ const std::vector<int32_t> kPromptA = {1, 9690, 198, 2683, 359, 253, 5356, 5646,
                                        3437, 314, 2, 198, 1, 4093, 198, 2683, 2113, 281};
 const std::vector<int32_t> kPromptB = {504, 3458, 282, 4649, 314, 3724, 30, 216, 4093, 15};
 
+// Blocks first .. first+n-1 of the pool (these tests place sequences by hand).
+std::vector<int32_t> Blocks(int32_t first, int64_t n) {
+  std::vector<int32_t> blocks(static_cast<size_t>(n));
+  std::iota(blocks.begin(), blocks.end(), first);
+  return blocks;
+}
+
 // Logits after the last token of `tokens`, prefilled in chunks of `chunk` tokens.
 std::vector<float> PrefillLogits(Harness& h, const std::vector<int32_t>& tokens, size_t chunk) {
   const int64_t bs = h.kv->layout().block_size;
-  auto blocks = h.kv->Allocate((static_cast<int64_t>(tokens.size()) + bs - 1) / bs);
-  CHECK(blocks.ok());
+  const std::vector<int32_t> blocks = Blocks(0, (static_cast<int64_t>(tokens.size()) + bs - 1) / bs);
   StepOutput out;
   for (size_t start = 0; start < tokens.size(); start += chunk) {
     const size_t n = std::min(chunk, tokens.size() - start);
@@ -59,11 +66,10 @@ std::vector<float> PrefillLogits(Harness& h, const std::vector<int32_t>& tokens,
     batch.sequences.push_back(StepSequence{
         .tokens = absl::MakeConstSpan(tokens).subspan(start, n),
         .start_position = static_cast<int64_t>(start),
-        .block_table = *blocks,
+        .block_table = blocks,
         .compute_logits = start + n == tokens.size()});
     CHECK_OK(h.forward->Step(batch, h.kv.get(), &out));
   }
-  h.kv->Free(*blocks);
   return std::vector<float>(out.logits.begin(), out.logits.begin() + out.vocab_size);
 }
 
@@ -116,8 +122,8 @@ TEST(CpuForwardTest, MixedBatchMatchesSequencesAlone) {
   const std::vector<float> alone_a = PrefillLogits(h, kPromptA, kPromptA.size());
   const std::vector<float> alone_b = PrefillLogits(h, kPromptB, kPromptB.size());
 
-  auto blocks_a = *h.kv->Allocate(2);
-  auto blocks_b = *h.kv->Allocate(2);
+  const std::vector<int32_t> blocks_a = Blocks(10, 2);
+  const std::vector<int32_t> blocks_b = Blocks(12, 2);
   StepOutput out;
   // B's prompt except its last token first, alone.
   StepBatch first;
@@ -139,7 +145,7 @@ TEST(CpuForwardTest, MixedBatchMatchesSequencesAlone) {
 
 TEST(CpuForwardTest, DumpNamesEveryLayerLikeLlamaCpp) {
   Harness h = MakeHarness();
-  auto blocks = *h.kv->Allocate(1);
+  const std::vector<int32_t> blocks = Blocks(0, 1);
   std::set<std::string> names;
   StepOutput out;
   StepBatch batch;
@@ -166,7 +172,7 @@ TEST(CpuForwardTest, DumpNamesEveryLayerLikeLlamaCpp) {
 
 TEST(CpuForwardTest, BadBatchesAreInvalidArgument) {
   Harness h = MakeHarness(16, 4);
-  auto blocks = *h.kv->Allocate(1);
+  const std::vector<int32_t> blocks = Blocks(0, 1);
   const std::vector<int32_t> out_of_vocab = {1, static_cast<int32_t>(DefaultModel().config.vocab_size)};
   const std::vector<int32_t> negative = {-1};
   const std::vector<int32_t> seventeen(17, 5);

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
 #include "engine/tokenizer/streaming_detokenizer.h"
@@ -11,11 +13,11 @@
 namespace tandem {
 namespace {
 
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
+using Clock = std::chrono::steady_clock;
 
-int64_t BlocksFor(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // Tokens that end a generation besides the tokenizer's EOS, as llama.cpp counts them.
 constexpr const char* kEndOfGenerationTokens[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>",
@@ -23,18 +25,35 @@ constexpr const char* kEndOfGenerationTokens[] = {"<|im_end|>", "<|eot_id|>", "<
 
 }  // namespace
 
+struct LocalEngine::Request {
+  uint64_t id;
+  sampling::Sampler sampler;
+  sampling::StopChecker stop;
+  StreamingDetokenizer detokenizer;
+  DeltaCallback on_delta;
+};
+
 LocalEngine::LocalEngine(LoadedModel model, const Options& options)
     : model_(std::move(model)),
       options_(options),
       chat_template_(absl::UnimplementedError("no chat template")) {}
 
+LocalEngine::~LocalEngine() = default;
+
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(const std::string& model_path,
                                                                const Options& options) {
-  if (options.max_batch <= 0 || options.prefill_chunk <= 0 || options.kv_blocks < 0) {
-    return absl::InvalidArgumentError("max_batch and prefill_chunk must be positive");
+  const SchedulerOptions& so = options.scheduler;
+  if (so.max_running <= 0 || so.max_tokens_per_step <= 0 || so.max_prefill_chunk < 0 ||
+      so.admission_reserve_blocks < 0 || options.kv_blocks < 0 || options.kv_cache_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        "max_running, max_tokens_per_step and kv_cache_bytes must be positive; max_prefill_chunk, "
+        "admission_reserve_blocks and kv_blocks must not be negative");
   }
   ASSIGN_OR_RETURN(LoadedModel model, LoadGgufModel(model_path));
   auto engine = std::unique_ptr<LocalEngine>(new LocalEngine(std::move(model), options));
+  engine->model_id_ = options.model_id.empty()
+                          ? std::filesystem::path(model_path).stem().string()
+                          : options.model_id;
   ASSIGN_OR_RETURN(engine->tokenizer_, TokenizerFromGguf(*engine->model_.file));
   if (engine->tokenizer_->vocab_size() != engine->model_.config.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -46,10 +65,20 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(const std::string
   ASSIGN_OR_RETURN(engine->forward_, CpuForward::Create(&engine->model_, options.forward));
   int64_t blocks = options.kv_blocks;
   if (blocks == 0) {
-    const int64_t context = std::min<int64_t>(engine->model_.config.max_context, 4096);
-    blocks = options.max_batch * BlocksFor(context, options.forward.block_size);
+    const int64_t block_bytes =
+        engine->forward_->KvLayoutFor(1).block_stride() * static_cast<int64_t>(sizeof(float));
+    blocks = options.kv_cache_bytes / block_bytes;
+    if (blocks == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("kv_cache_bytes ", options.kv_cache_bytes,
+                                                     " holds no KV block of ", block_bytes,
+                                                     " bytes"));
+    }
   }
-  ASSIGN_OR_RETURN(engine->kv_, KvStorage::Create(engine->forward_->KvLayoutFor(blocks)));
+  ASSIGN_OR_RETURN(engine->pool_,
+                   BlockPool::Create(engine->forward_->KvLayoutFor(blocks),
+                                     {.model_id = engine->model_id_,
+                                      .enable_prefix_caching = options.enable_prefix_caching}));
+  engine->scheduler_ = std::make_unique<Scheduler>(engine->pool_.get(), options.scheduler);
   const int32_t eos = engine->tokenizer_->eos_id();
   if (eos >= 0) engine->eos_ids_.push_back(eos);
   for (const char* text : kEndOfGenerationTokens) {
@@ -63,7 +92,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(const std::string
 }
 
 int64_t LocalEngine::kv_pool_bytes() const {
-  return kv_->layout().total_floats() * static_cast<int64_t>(sizeof(float));
+  return pool_->layout().total_floats() * static_cast<int64_t>(sizeof(float));
 }
 
 std::vector<int32_t> LocalEngine::EncodePrompt(absl::string_view text) const {
@@ -81,163 +110,195 @@ absl::StatusOr<std::vector<int32_t>> LocalEngine::EncodeChat(
   return tokenizer_->Encode(text, {.add_special = false, .parse_special = true});
 }
 
+absl::Status LocalEngine::Validate(const GenerationRequest& r) const {
+  const ModelConfig& c = model_.config;
+  if (r.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t t : r.prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  const int64_t prompt_len = static_cast<int64_t>(r.prompt.size());
+  if (prompt_len >= c.max_context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt has ", prompt_len, " tokens; the context holds ", c.max_context,
+                     " including at least one generated token"));
+  }
+  RETURN_IF_ERROR(
+      sampling::ValidateSamplingOptions(r.sampling, c.vocab_size, static_cast<int>(c.max_context)));
+  RETURN_IF_ERROR(
+      sampling::ValidatePromptLength(r.sampling, prompt_len, static_cast<int>(c.max_context)));
+  // The pool must hold the request at its longest, or it could never finish.
+  const int64_t longest = std::min<int64_t>(
+      c.max_context, prompt_len + r.sampling.max_tokens.value_or(c.max_context));
+  const int64_t bs = pool_->block_size();
+  if ((longest + bs - 1) / bs > pool_->num_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the request may grow to ", longest, " tokens; the KV pool holds ",
+        pool_->num_blocks() * bs, " (set max_tokens lower or give the pool more memory)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalEngine::Add(uint64_t id, GenerationRequest request, DeltaCallback on_delta) {
+  RETURN_IF_ERROR(Validate(request));
+  if (requests_.contains(id)) {
+    return absl::InvalidArgumentError(absl::StrCat("request id ", id, " is in use"));
+  }
+  const ModelConfig& c = model_.config;
+  const int64_t prompt_len = static_cast<int64_t>(request.prompt.size());
+  ASSIGN_OR_RETURN(sampling::Sampler sampler,
+                   sampling::Sampler::Create(request.sampling,
+                                             {.vocab_size = static_cast<int>(c.vocab_size),
+                                              .eos_token_ids = eos_ids_,
+                                              .prompt_tokens = request.prompt}));
+  ASSIGN_OR_RETURN(sampling::StopChecker stop,
+                   sampling::StopChecker::Create(request.sampling,
+                                                 {.eos_token_ids = eos_ids_,
+                                                  .prompt_tokens = prompt_len,
+                                                  .max_context = c.max_context}));
+  const int64_t max_new =
+      std::min<int64_t>(c.max_context, prompt_len + request.sampling.max_tokens.value_or(c.max_context)) -
+      prompt_len;
+  RETURN_IF_ERROR(scheduler_->Add(id, std::move(request.prompt), max_new, request.priority));
+  requests_.emplace(id, std::make_unique<Request>(Request{id, std::move(sampler), std::move(stop),
+                                                          StreamingDetokenizer(*tokenizer_),
+                                                          std::move(on_delta)}));
+  return absl::OkStatus();
+}
+
+bool LocalEngine::Cancel(uint64_t id) {
+  if (requests_.erase(id) == 0) return false;
+  CHECK(scheduler_->Finish(id));
+  return true;
+}
+
+absl::StatusOr<bool> LocalEngine::Advance(Request& r, const float* logits) {
+  const ModelConfig& c = model_.config;
+  ASSIGN_OR_RETURN(sampling::SampledToken next,
+                   r.sampler.Sample(absl::MakeConstSpan(logits, static_cast<size_t>(c.vocab_size))));
+  RETURN_IF_ERROR(r.sampler.Accept(next.id));
+  const std::string piece = r.detokenizer.Add(next.id);
+  sampling::StopStep step = r.stop.Append(next.id, piece);
+  GenerationDelta delta{.index = r.id, .token = next.id, .text = std::move(step.text),
+                        .logprob = next.logprob, .top_logprobs = std::move(next.top_logprobs),
+                        .finish = step.finish};
+  const bool done = step.finish != sampling::FinishReason::kNone;
+  // Bytes the detokenizer still holds (an unfinished character) end the text.
+  if (done && step.finish != sampling::FinishReason::kStop &&
+      step.finish != sampling::FinishReason::kStopString) {
+    delta.text += r.detokenizer.Finish();
+  }
+  if (!done) scheduler_->AppendToken(r.id, next.id);
+  r.on_delta(delta);
+  return done;
+}
+
+absl::Status LocalEngine::Step(StepInfo* info) {
+  const auto start = Clock::now();
+  StepInfo local;
+  StepInfo& in = info != nullptr ? *info : local;
+  in = StepInfo{};
+  ScheduledStep step = scheduler_->Schedule();
+  in.schedule_seconds = SecondsSince(start);
+  in.batch_size = static_cast<int64_t>(step.items.size());
+  in.prefill_tokens = step.num_prefill_tokens;
+  in.decode_tokens = step.num_decode_tokens;
+  in.preempted = static_cast<int64_t>(step.preempted.size());
+  if (step.items.empty()) {
+    in.total_seconds = SecondsSince(start);
+    return absl::OkStatus();
+  }
+  StepBatch batch;
+  batch.sequences.reserve(step.items.size());
+  for (const ScheduledItem& item : step.items) {
+    batch.sequences.push_back(StepSequence{.tokens = item.tokens,
+                                           .start_position = item.start,
+                                           .block_table = item.block_table,
+                                           .compute_logits = item.samples});
+    in.context_tokens += item.start + static_cast<int64_t>(item.tokens.size());
+  }
+  StepOutput out;
+  const auto forward_start = Clock::now();
+  const absl::Status forward = forward_->Step(batch, &pool_->storage(), &out);
+  in.forward_seconds = SecondsSince(forward_start);
+  if (!forward.ok()) {
+    // Nothing of this step can be trusted: end its requests.
+    for (const ScheduledItem& item : step.items) {
+      auto it = requests_.find(item.id);
+      if (it == requests_.end()) continue;
+      it->second->on_delta(GenerationDelta{.index = item.id, .token = -1,
+                                           .finish = sampling::FinishReason::kError});
+      requests_.erase(it);
+      scheduler_->Finish(item.id);
+    }
+    return Annotate(forward, "engine step");
+  }
+  const auto commit_start = Clock::now();
+  scheduler_->Commit(step);
+  in.schedule_seconds += SecondsSince(commit_start);
+  int64_t row = 0;
+  absl::Status first_error;
+  for (const ScheduledItem& item : step.items) {
+    if (!item.samples) continue;
+    const float* logits = out.Logits(row++);
+    auto it = requests_.find(item.id);
+    CHECK(it != requests_.end()) << "scheduled request " << item.id << " is unknown";
+    absl::StatusOr<bool> done = Advance(*it->second, logits);
+    if (!done.ok()) {
+      it->second->on_delta(GenerationDelta{.index = item.id, .token = -1,
+                                           .finish = sampling::FinishReason::kError});
+      first_error.Update(Annotate(done.status(), absl::StrCat("request ", item.id)));
+    }
+    if (!done.ok() || *done) {
+      requests_.erase(it);
+      scheduler_->Finish(item.id);
+    }
+  }
+  in.total_seconds = SecondsSince(start);
+  return first_error;
+}
+
 absl::Status LocalEngine::Generate(absl::Span<const GenerationRequest> requests,
                                    const std::function<void(const GenerationDelta&)>& on_delta,
                                    GenerationStats* stats) {
-  const ModelConfig& c = model_.config;
-  const int64_t block_size = kv_->layout().block_size;
-  if (static_cast<int64_t>(requests.size()) > options_.max_batch) {
-    return absl::ResourceExhaustedError(absl::StrCat(requests.size(), " requests exceed max_batch ",
-                                                     options_.max_batch));
-  }
-
-  // KV blocks a request reserves: its prompt plus max_tokens, or the whole context without one.
-  auto blocks_for = [&](const GenerationRequest& r) {
-    const int64_t prompt_len = static_cast<int64_t>(r.prompt.size());
-    const int64_t total = r.sampling.max_tokens ? prompt_len + *r.sampling.max_tokens : c.max_context;
-    return BlocksFor(std::min(total, c.max_context), block_size);
-  };
-
+  CHECK(!HasWork()) << "Generate while other requests are queued";
   // Everything is checked before anything runs.
-  struct Sequence {
-    size_t index;
-    std::vector<int32_t> tokens;  // prompt, then generated
-    int64_t prompt_len;
-    std::vector<int32_t> blocks;
-    sampling::Sampler sampler;
-    sampling::StopChecker stop;
-    StreamingDetokenizer detokenizer;
-    bool done = false;
-  };
-  std::vector<Sequence> seqs;
-  int64_t blocks_needed = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
-    const GenerationRequest& r = requests[i];
-    auto invalid = [&](const absl::Status& s) { return Annotate(s, absl::StrCat("request ", i)); };
-    if (r.prompt.empty()) return invalid(absl::InvalidArgumentError("the prompt is empty"));
-    for (int32_t t : r.prompt) {
-      if (t < 0 || t >= c.vocab_size) {
-        return invalid(absl::InvalidArgumentError(
-            absl::StrCat("prompt token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")")));
-      }
+    if (absl::Status s = Validate(requests[i]); !s.ok()) {
+      return Annotate(s, absl::StrCat("request ", i));
     }
-    const int64_t prompt_len = static_cast<int64_t>(r.prompt.size());
-    if (prompt_len >= c.max_context) {
-      return invalid(absl::InvalidArgumentError(absl::StrCat(
-          "the prompt has ", prompt_len, " tokens; the context holds ", c.max_context,
-          " including at least one generated token")));
-    }
-    if (absl::Status s = sampling::ValidateSamplingOptions(r.sampling, c.vocab_size,
-                                                           static_cast<int>(c.max_context));
-        !s.ok()) {
-      return invalid(s);
-    }
-    if (absl::Status s = sampling::ValidatePromptLength(r.sampling, prompt_len,
-                                                        static_cast<int>(c.max_context));
-        !s.ok()) {
-      return invalid(s);
-    }
-    blocks_needed += blocks_for(r);
   }
-  if (blocks_needed > kv_->num_free_blocks()) {
-    return absl::ResourceExhaustedError(absl::StrCat("the requests need ", blocks_needed,
-                                                     " KV blocks; the pool has ",
-                                                     kv_->num_free_blocks(), " free"));
-  }
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const GenerationRequest& r = requests[i];
-    const int64_t prompt_len = static_cast<int64_t>(r.prompt.size());
-    ASSIGN_OR_RETURN(sampling::Sampler sampler,
-                     sampling::Sampler::Create(r.sampling, {.vocab_size = static_cast<int>(c.vocab_size),
-                                                            .eos_token_ids = eos_ids_,
-                                                            .prompt_tokens = r.prompt}));
-    ASSIGN_OR_RETURN(sampling::StopChecker stop,
-                     sampling::StopChecker::Create(r.sampling, {.eos_token_ids = eos_ids_,
-                                                                .prompt_tokens = prompt_len,
-                                                                .max_context = c.max_context}));
-    ASSIGN_OR_RETURN(std::vector<int32_t> blocks, kv_->Allocate(blocks_for(r)));
-    seqs.push_back(Sequence{i, r.prompt, prompt_len, std::move(blocks), std::move(sampler),
-                            std::move(stop), StreamingDetokenizer(*tokenizer_)});
-  }
-  // Blocks go back to the pool however this function returns.
-  struct Release {
-    KvStorage* kv;
-    std::vector<Sequence>* seqs;
-    ~Release() {
-      for (Sequence& s : *seqs) kv->Free(s.blocks);
-    }
-  } release{kv_.get(), &seqs};
-
   GenerationStats local_stats;
   GenerationStats& st = stats != nullptr ? *stats : local_stats;
   st = GenerationStats{};
-
-  // Samples the next token of `s` from `logits`, reports it, and marks the sequence done when it
-  // stops.
-  auto advance = [&](Sequence& s, const float* logits) -> absl::Status {
-    ASSIGN_OR_RETURN(sampling::SampledToken next,
-                     s.sampler.Sample(absl::MakeConstSpan(logits, static_cast<size_t>(c.vocab_size))));
-    RETURN_IF_ERROR(s.sampler.Accept(next.id));
-    s.tokens.push_back(next.id);
-    ++st.generated_tokens;
-    const std::string piece = s.detokenizer.Add(next.id);
-    sampling::StopStep step = s.stop.Append(next.id, piece);
-    GenerationDelta delta{.index = s.index, .token = next.id, .text = std::move(step.text),
-                          .logprob = next.logprob, .top_logprobs = std::move(next.top_logprobs),
-                          .finish = step.finish};
-    if (step.finish != sampling::FinishReason::kNone) {
-      s.done = true;
-      // Bytes the detokenizer still holds (an unfinished character) end the text.
-      if (step.finish != sampling::FinishReason::kStop &&
-          step.finish != sampling::FinishReason::kStopString) {
-        delta.text += s.detokenizer.Finish();
-      }
-    }
-    on_delta(delta);
-    return absl::OkStatus();
-  };
-
-  // Prefill: every prompt, in chunks; the last chunk of each yields its first token.
-  StepOutput out;
-  const auto prefill_start = std::chrono::steady_clock::now();
-  for (Sequence& s : seqs) {
-    st.prompt_tokens += s.prompt_len;
-    for (int64_t start = 0; start < s.prompt_len; start += options_.prefill_chunk) {
-      const int64_t n = std::min(options_.prefill_chunk, s.prompt_len - start);
-      StepBatch batch;
-      batch.sequences.push_back(StepSequence{
-          .tokens = absl::MakeConstSpan(s.tokens).subspan(static_cast<size_t>(start),
-                                                          static_cast<size_t>(n)),
-          .start_position = start,
-          .block_table = s.blocks,
-          .compute_logits = start + n == s.prompt_len});
-      RETURN_IF_ERROR(forward_->Step(batch, kv_.get(), &out));
-    }
-    RETURN_IF_ERROR(advance(s, out.Logits(0)));
-  }
-  st.prefill_seconds = SecondsSince(prefill_start);
-
-  // Decode: one token of every running sequence per step.
-  const auto decode_start = std::chrono::steady_clock::now();
-  while (true) {
-    StepBatch batch;
-    std::vector<Sequence*> running;
-    for (Sequence& s : seqs) {
-      if (s.done) continue;
-      running.push_back(&s);
-      batch.sequences.push_back(StepSequence{
-          .tokens = absl::MakeConstSpan(s.tokens).last(1),
-          .start_position = static_cast<int64_t>(s.tokens.size()) - 1,
-          .block_table = s.blocks});
-    }
-    if (running.empty()) break;
-    RETURN_IF_ERROR(forward_->Step(batch, kv_.get(), &out));
-    ++st.decode_steps;
-    for (size_t i = 0; i < running.size(); ++i) {
-      RETURN_IF_ERROR(advance(*running[i], out.Logits(static_cast<int64_t>(i))));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    st.prompt_tokens += static_cast<int64_t>(requests[i].prompt.size());
+    absl::Status s = Add(i, requests[i], [&](const GenerationDelta& d) {
+      ++st.generated_tokens;
+      on_delta(d);
+    });
+    if (!s.ok()) {
+      for (size_t j = 0; j < i; ++j) Cancel(j);
+      return Annotate(s, absl::StrCat("request ", i));
     }
   }
-  st.decode_seconds = SecondsSince(decode_start);
+  while (HasWork()) {
+    StepInfo info;
+    const absl::Status s = Step(&info);
+    if (!s.ok()) {
+      for (size_t j = 0; j < requests.size(); ++j) Cancel(j);
+      return s;
+    }
+    if (info.prefill_tokens > 0) {
+      st.prefill_seconds += info.total_seconds;
+    } else {
+      st.decode_seconds += info.total_seconds;
+      ++st.decode_steps;
+      st.decode_tokens += info.decode_tokens;
+    }
+  }
   return absl::OkStatus();
 }
 

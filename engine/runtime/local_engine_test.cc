@@ -18,7 +18,7 @@ LocalEngine& Engine() {
   static LocalEngine* engine = [] {
     LocalEngine::Options options;
     options.forward.num_threads = 2;
-    options.max_batch = 4;
+    options.scheduler.max_running = 4;
     options.kv_blocks = 256;
     auto e = LocalEngine::Open(absl::StrCat(kSourceDir, "/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
                                options);
@@ -153,13 +153,12 @@ TEST(LocalEngineTest, BadRequestsAreRejectedBeforeAnythingRuns) {
     EXPECT_THAT(std::string(status.message()), HasSubstr("request 1")) << c.what;
     EXPECT_EQ(deltas, 0) << c.what;
   }
-  // More requests than max_batch, and more KV than the pool.
-  std::vector<GenerationRequest> five(5, Greedy("hi", 2));
-  EXPECT_EQ(Engine().Generate(five, [](const GenerationDelta&) {}).code(),
-            absl::StatusCode::kResourceExhausted);
-  std::vector<GenerationRequest> huge(2, Greedy("hi", context - 8));
-  EXPECT_EQ(Engine().Generate(huge, [](const GenerationDelta&) {}).code(),
-            absl::StatusCode::kResourceExhausted);
+  // A request the whole KV pool could never hold is refused up front, naming the pool.
+  std::vector<GenerationRequest> huge = {Greedy("hi", 2), Greedy("hi", context - 8)};
+  const absl::Status refused = Engine().Generate(huge, [](const GenerationDelta&) {});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("KV pool"));
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("request 1"));
   // The pool is whole again afterwards.
   absl::Status status;
   GenerateAll({Greedy("still serving", 3)}, &status);

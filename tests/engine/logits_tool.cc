@@ -11,6 +11,7 @@
 // GREEDY_STEPS greedy tokens continuing TOKENS.
 #include <cstdio>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,8 @@ absl::Status Run(int argc, char** argv) {
   ASSIGN_OR_RETURN(auto forward, CpuForward::Create(&model, {.block_size = block_size}));
   const int64_t total = static_cast<int64_t>(tokens.size()) + greedy;
   ASSIGN_OR_RETURN(auto kv, KvStorage::Create(forward->KvLayoutFor(total / block_size + 1)));
-  ASSIGN_OR_RETURN(std::vector<int32_t> blocks, kv->Allocate(total / block_size + 1));
+  std::vector<int32_t> blocks(static_cast<size_t>(total / block_size + 1));
+  std::iota(blocks.begin(), blocks.end(), 0);
   const int64_t vocab = model.config.vocab_size;
 
   std::ofstream out(argv[3], std::ios::binary);

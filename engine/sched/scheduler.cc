@@ -1,0 +1,297 @@
+#include "engine/sched/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace tandem {
+
+struct Scheduler::Sequence {
+  Sequence(SequenceId id, std::vector<int32_t> tokens, int64_t max_total, int priority,
+           uint64_t arrival, BlockPool* pool)
+      : id(id),
+        tokens(std::move(tokens)),
+        max_total(max_total),
+        priority(priority),
+        arrival(arrival),
+        table(pool) {}
+
+  SequenceId id;
+  std::vector<int32_t> tokens;  // prompt, then generated
+  int64_t max_total;            // longest the sequence may grow
+  int priority;
+  uint64_t arrival;             // order of Add; kept across preemptions
+  int64_t num_computed = 0;     // leading tokens whose K/V are in `table`
+  std::vector<BlockHash> hashes;  // of the full blocks of `tokens`
+  BlockTable table;
+  bool running = false;
+
+  int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
+};
+
+namespace {
+
+// Scheduling order: higher priority first, then earlier arrival.
+template <typename S>
+bool Before(const S* a, const S* b) {
+  if (a->priority != b->priority) return a->priority > b->priority;
+  return a->arrival < b->arrival;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(BlockPool* pool, const SchedulerOptions& options)
+    : pool_(pool), options_(options) {
+  CHECK(options_.max_running > 0 && options_.max_tokens_per_step > 0 &&
+        options_.max_prefill_chunk >= 0 && options_.admission_reserve_blocks >= 0)
+      << "invalid scheduler options";
+}
+
+Scheduler::~Scheduler() = default;
+
+absl::Status Scheduler::Add(SequenceId id, std::vector<int32_t> prompt, int64_t max_new_tokens,
+                            int priority) {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (max_new_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens ", max_new_tokens, " < 0"));
+  }
+  if (sequences_.contains(id)) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence id ", id, " is in use"));
+  }
+  const int64_t max_total = static_cast<int64_t>(prompt.size()) + max_new_tokens;
+  const int64_t bs = pool_->block_size();
+  const int64_t blocks = (max_total + bs - 1) / bs;
+  if (blocks > pool_->num_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the sequence may grow to ", max_total, " tokens (", blocks, " KV blocks); the pool has ",
+        pool_->num_blocks(), " blocks of ", bs, " tokens"));
+  }
+  auto seq = std::make_unique<Sequence>(id, std::move(prompt), max_total, priority,
+                                        next_arrival_++, pool_);
+  if (pool_->prefix_caching()) ExtendBlockHashes(pool_->model_hash(), seq->tokens, bs, &seq->hashes);
+  waiting_.push_back(seq.get());
+  sequences_.emplace(id, std::move(seq));
+  return absl::OkStatus();
+}
+
+bool Scheduler::Finish(SequenceId id) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return false;
+  Sequence* seq = it->second.get();
+  auto& list = seq->running ? running_ : waiting_;
+  list.erase(std::find(list.begin(), list.end(), seq));
+  seq->table.Release();
+  sequences_.erase(it);
+  return true;
+}
+
+absl::Span<const int32_t> Scheduler::tokens(SequenceId id) const {
+  auto it = sequences_.find(id);
+  CHECK(it != sequences_.end()) << "unknown sequence " << id;
+  return it->second->tokens;
+}
+
+int64_t Scheduler::ChunkFor(const Sequence& seq, int64_t budget) const {
+  int64_t n = std::min(seq.remaining(), budget);
+  if (seq.remaining() > 1 && options_.max_prefill_chunk > 0) {
+    n = std::min(n, options_.max_prefill_chunk);
+  }
+  return n;
+}
+
+Scheduler::Sequence* Scheduler::PreemptionVictim() const {
+  Sequence* victim = nullptr;
+  for (Sequence* s : running_) {
+    if (victim == nullptr || Before(victim, s)) victim = s;
+  }
+  return victim;
+}
+
+void Scheduler::Preempt(Sequence* seq, ScheduledStep* step, int64_t* budget) {
+  for (auto it = step->items.begin(); it != step->items.end(); ++it) {
+    if (it->id != seq->id) continue;
+    const int64_t n = static_cast<int64_t>(it->tokens.size());
+    *budget += n;
+    step->num_tokens -= n;
+    (it->is_decode ? step->num_decode_tokens : step->num_prefill_tokens) -= n;
+    step->items.erase(it);
+    break;
+  }
+  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  seq->running = false;
+  seq->table.Release();
+  seq->num_computed = 0;
+  waiting_.push_back(seq);
+  step->preempted.push_back(seq->id);
+  ++counters_.preemptions;
+}
+
+void Scheduler::AddItem(Sequence* seq, int64_t n, bool is_decode, ScheduledStep* step,
+                        int64_t* budget) {
+  const int64_t size = static_cast<int64_t>(seq->tokens.size());
+  step->items.push_back(ScheduledItem{
+      .id = seq->id,
+      .start = seq->num_computed,
+      .tokens = absl::MakeConstSpan(seq->tokens).subspan(static_cast<size_t>(seq->num_computed),
+                                                         static_cast<size_t>(n)),
+      .block_table = seq->table.blocks(),
+      .samples = seq->num_computed + n == size,
+      .is_decode = is_decode});
+  step->num_tokens += n;
+  (is_decode ? step->num_decode_tokens : step->num_prefill_tokens) += n;
+  *budget -= n;
+}
+
+bool Scheduler::ScheduleRunning(Sequence* seq, bool decoding, ScheduledStep* step,
+                                int64_t* budget) {
+  const int64_t n = ChunkFor(*seq, *budget);
+  if (n <= 0) return false;
+  while (seq->table.BlocksNeededFor(n) > pool_->num_available()) {
+    Sequence* victim = PreemptionVictim();
+    Preempt(victim, step, budget);
+    if (victim == seq) return false;
+  }
+  CHECK_OK(seq->table.AppendSlots(n));
+  AddItem(seq, n, decoding, step, budget);
+  return true;
+}
+
+bool Scheduler::TryAdmit(Sequence* seq, ScheduledStep* step, int64_t* budget) {
+  const int64_t bs = pool_->block_size();
+  // At least the last token is computed, for its logits: a fully cached prompt reuses all but
+  // its last block.
+  const size_t reusable = std::min(seq->hashes.size(), (seq->tokens.size() - 1) / static_cast<size_t>(bs));
+  seq->table.AdoptCachedPrefix(
+      pool_->AcquirePrefix(absl::MakeConstSpan(seq->hashes).first(reusable)));
+  seq->num_computed = seq->table.num_tokens();
+  const int64_t n = ChunkFor(*seq, *budget);
+  const int64_t reserve = running_.empty() ? 0 : options_.admission_reserve_blocks;
+  while (seq->table.BlocksNeededFor(n) + reserve > pool_->num_available()) {
+    // Only a strictly more important sequence takes blocks from running ones.
+    Sequence* victim = PreemptionVictim();
+    if (victim == nullptr || victim->priority >= seq->priority) {
+      seq->table.Release();
+      seq->num_computed = 0;
+      return false;
+    }
+    Preempt(victim, step, budget);
+  }
+  const int64_t cached_tokens = seq->num_computed;
+  CHECK_OK(seq->table.AppendSlots(n));
+  waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
+  running_.push_back(seq);
+  seq->running = true;
+  AddItem(seq, n, /*is_decode=*/false, step, budget);
+  counters_.admitted_tokens += static_cast<int64_t>(seq->tokens.size());
+  counters_.prefix_hit_tokens += cached_tokens;
+  return true;
+}
+
+ScheduledStep Scheduler::Schedule() {
+  ScheduledStep step;
+  int64_t budget = options_.max_tokens_per_step;
+  std::sort(running_.begin(), running_.end(), Before<Sequence>);
+  // Decoding sequences first, then prompts in progress; both in priority order. Preemption
+  // changes running_, so walk a copy and skip what left it.
+  const std::vector<Sequence*> order = running_;
+  for (const bool decoding : {true, false}) {
+    for (Sequence* seq : order) {
+      if (!seq->running || (seq->remaining() == 1) != decoding) continue;
+      if (budget <= 0) break;
+      ScheduleRunning(seq, decoding, &step, &budget);
+    }
+  }
+  if (step.preempted.empty()) {
+    std::sort(waiting_.begin(), waiting_.end(), Before<Sequence>);
+    const std::vector<Sequence*> queue = waiting_;
+    for (Sequence* seq : queue) {
+      if (budget <= 0 || static_cast<int64_t>(running_.size()) >= options_.max_running) break;
+      if (seq->running) continue;
+      if (!TryAdmit(seq, &step, &budget)) break;
+    }
+  }
+  return step;
+}
+
+void Scheduler::Commit(const ScheduledStep& step) {
+  for (const ScheduledItem& item : step.items) {
+    auto it = sequences_.find(item.id);
+    if (it == sequences_.end()) continue;  // finished since Schedule
+    Sequence* seq = it->second.get();
+    CHECK(seq->num_computed == item.start) << "sequence " << item.id << " committed out of order";
+    seq->num_computed += static_cast<int64_t>(item.tokens.size());
+    CHECK(seq->num_computed == seq->table.num_tokens());
+    if (pool_->prefix_caching()) seq->table.RegisterFullBlocks(seq->hashes);
+  }
+  ++counters_.steps;
+  counters_.step_tokens += step.num_tokens;
+  counters_.last_step_tokens = step.num_tokens;
+}
+
+void Scheduler::AppendToken(SequenceId id, int32_t token) {
+  auto it = sequences_.find(id);
+  CHECK(it != sequences_.end()) << "unknown sequence " << id;
+  Sequence* seq = it->second.get();
+  CHECK(seq->running && seq->remaining() == 0)
+      << "sequence " << id << " gets a token before its last one was computed";
+  CHECK(static_cast<int64_t>(seq->tokens.size()) < seq->max_total)
+      << "sequence " << id << " grows past the " << seq->max_total << " tokens it was added with";
+  seq->tokens.push_back(token);
+  if (pool_->prefix_caching()) {
+    ExtendBlockHashes(pool_->model_hash(), seq->tokens, pool_->block_size(), &seq->hashes);
+    seq->table.RegisterFullBlocks(seq->hashes);
+  }
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s = counters_;
+  s.total_blocks = pool_->num_blocks();
+  s.free_blocks = pool_->num_free();
+  s.cached_blocks = pool_->num_cached();
+  s.used_blocks = pool_->num_used();
+  s.running = static_cast<int64_t>(running_.size());
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.wasted_slots = 0;
+  for (const Sequence* seq : running_) s.wasted_slots += seq->table.capacity() - seq->table.num_tokens();
+  return s;
+}
+
+void Scheduler::CheckInvariants() const {
+  pool_->CheckInvariants();
+  std::vector<int32_t> holders(static_cast<size_t>(pool_->num_blocks()), 0);
+  for (const auto& [id, seq] : sequences_) {
+    const bool in_running = std::find(running_.begin(), running_.end(), seq.get()) != running_.end();
+    const bool in_waiting = std::find(waiting_.begin(), waiting_.end(), seq.get()) != waiting_.end();
+    CHECK(in_running != in_waiting) << "sequence " << id << " is in " << (in_running ? "both" : "no")
+                                    << " queue";
+    CHECK(in_running == seq->running);
+    CHECK(static_cast<int64_t>(seq->tokens.size()) <= seq->max_total);
+    if (!seq->running) {
+      CHECK(seq->table.blocks().empty() && seq->num_computed == 0)
+          << "waiting sequence " << id << " holds blocks";
+      continue;
+    }
+    CHECK(seq->table.num_tokens() == seq->num_computed);
+    CHECK(seq->table.capacity() >= seq->num_computed);
+    CHECK(seq->table.capacity() - seq->num_computed < pool_->block_size())
+        << "sequence " << id << " holds a block it does not need";
+    for (int32_t b : seq->table.blocks()) ++holders[static_cast<size_t>(b)];
+  }
+  CHECK(sequences_.size() == running_.size() + waiting_.size());
+  for (size_t b = 0; b < holders.size(); ++b) {
+    CHECK(holders[b] == pool_->ref_count(static_cast<int32_t>(b)))
+        << "block " << b << " has a reference count that no sequence accounts for";
+  }
+  // A block shared by two sequences is full in both: nobody writes into it.
+  for (const Sequence* seq : running_) {
+    const auto blocks = seq->table.blocks();
+    const int64_t full = seq->num_computed / pool_->block_size();
+    for (size_t k = static_cast<size_t>(full); k < blocks.size(); ++k) {
+      CHECK(pool_->ref_count(blocks[k]) == 1)
+          << "sequence " << seq->id << " writes into block " << blocks[k] << " that it shares";
+    }
+  }
+}
+
+}  // namespace tandem

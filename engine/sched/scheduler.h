@@ -1,0 +1,154 @@
+// Continuous (in-flight) batching over a BlockPool: which sequences run in the next engine step
+// and which tokens of each, within a token budget. Every step:
+//
+//   1. sequences that are decoding get their one token first, so a long prompt never stalls them;
+//   2. sequences still prefilling get the next chunk of their prompt that fits the budget;
+//   3. waiting sequences are admitted, highest priority then oldest first, reusing the longest
+//      prefix of their tokens that the prefix cache holds, while the budget, the cap on running
+//      sequences and the free blocks allow.
+//
+// When a running sequence needs a block and none is left, the lowest-priority, newest running
+// sequence is preempted: its blocks go back to the pool (its full blocks stay cached) and it
+// waits to be recomputed from its tokens later. An allocation never fails a request.
+//
+//   Scheduler sched(pool, {.max_running = 64, .max_tokens_per_step = 512});
+//   RETURN_IF_ERROR(sched.Add(id, prompt, /*max_new_tokens=*/128, /*priority=*/0));
+//   while (sched.HasWork()) {
+//     ScheduledStep step = sched.Schedule();
+//     ... run the model on step.items; sample where item.samples ...
+//     sched.Commit(step);
+//     sched.AppendToken(id, token);  // per sampled sequence; Finish(id) when it stops
+//   }
+//
+// Not thread-safe: the engine thread owns it.
+#ifndef TANDEM_ENGINE_SCHED_SCHEDULER_H_
+#define TANDEM_ENGINE_SCHED_SCHEDULER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "engine/kv/block_pool.h"
+#include "engine/kv/block_table.h"
+
+namespace tandem {
+
+using SequenceId = uint64_t;
+
+struct SchedulerOptions {
+  // Most sequences in one step's batch (vLLM's max_num_seqs).
+  int64_t max_running = 64;
+  // Most tokens computed in one step, prefill chunks and decode tokens together (vLLM's
+  // max_num_batched_tokens). When it is below max_running, some decoding sequences skip a step.
+  int64_t max_tokens_per_step = 512;
+  // Longest piece of one sequence's prompt computed in one step; 0: the token budget.
+  int64_t max_prefill_chunk = 0;
+  // Blocks kept free when admitting a new sequence, so running ones can grow without an
+  // immediate preemption.
+  int64_t admission_reserve_blocks = 1;
+};
+
+// The part of one sequence computed in a step.
+struct ScheduledItem {
+  SequenceId id = 0;
+  // Tokens at positions start .. start + tokens.size() - 1; their K/V go into block_table.
+  int64_t start = 0;
+  absl::Span<const int32_t> tokens;
+  absl::Span<const int32_t> block_table;
+  // Whether this piece ends at the sequence's last token, so its logits give the next token.
+  bool samples = false;
+  // One token of a running sequence that is generating (not a prompt or recompute chunk).
+  bool is_decode = false;
+};
+
+struct ScheduledStep {
+  std::vector<ScheduledItem> items;
+  // Sequences preempted while scheduling this step (they wait to be recomputed).
+  std::vector<SequenceId> preempted;
+  int64_t num_tokens = 0;          // sum of items' tokens
+  int64_t num_prefill_tokens = 0;  // tokens of items that are not single decode tokens
+  int64_t num_decode_tokens = 0;
+};
+
+struct SchedulerStats {
+  int64_t total_blocks = 0;
+  int64_t free_blocks = 0;    // unreferenced, nothing cached
+  int64_t cached_blocks = 0;  // unreferenced, reusable by prefix
+  int64_t used_blocks = 0;    // held by sequences
+  int64_t running = 0;
+  int64_t waiting = 0;
+  // Over all admissions (a recomputed sequence counts again): tokens of the sequence when it was
+  // admitted, and those of them found in the prefix cache.
+  int64_t admitted_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+  int64_t step_tokens = 0;       // tokens of all steps
+  int64_t last_step_tokens = 0;
+  // Slots that running sequences hold but have not filled, now.
+  int64_t wasted_slots = 0;
+  double prefix_hit_rate() const {
+    return admitted_tokens == 0 ? 0.0 : static_cast<double>(prefix_hit_tokens) / admitted_tokens;
+  }
+};
+
+class Scheduler {
+ public:
+  // `pool` must outlive the scheduler.
+  Scheduler(BlockPool* pool, const SchedulerOptions& options);
+  ~Scheduler();
+
+  // Queues a sequence that starts with `prompt` and may grow by `max_new_tokens`. INVALID_ARGUMENT
+  // for an empty prompt, a negative max_new_tokens or an id in use; RESOURCE_EXHAUSTED when the
+  // whole pool could not hold the sequence at its longest.
+  absl::Status Add(SequenceId id, std::vector<int32_t> prompt, int64_t max_new_tokens,
+                   int priority = 0);
+  // Drops a sequence, running or waiting, and releases its blocks at once. False for an unknown id.
+  bool Finish(SequenceId id);
+
+  // Picks the next step. Items point into the scheduler's state: valid until the next call of a
+  // non-const method.
+  ScheduledStep Schedule();
+  // Records that the step's tokens were computed (their K/V written): registers newly full blocks
+  // in the prefix cache.
+  void Commit(const ScheduledStep& step);
+  // Appends a generated token to a sequence whose item sampled in the last step.
+  void AppendToken(SequenceId id, int32_t token);
+
+  bool HasWork() const { return !sequences_.empty(); }
+  bool Contains(SequenceId id) const { return sequences_.contains(id); }
+  // The sequence's tokens so far (prompt, then generated).
+  absl::Span<const int32_t> tokens(SequenceId id) const;
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return options_; }
+
+  // CHECK-fails when a sequence's state and its blocks disagree.
+  void CheckInvariants() const;
+
+ private:
+  struct Sequence;
+  bool ScheduleRunning(Sequence* seq, bool decoding, ScheduledStep* step, int64_t* budget);
+  // Appends the next `n` tokens of `seq` (their slots already in its table) to the step.
+  void AddItem(Sequence* seq, int64_t n, bool is_decode, ScheduledStep* step, int64_t* budget);
+  bool TryAdmit(Sequence* seq, ScheduledStep* step, int64_t* budget);
+  void Preempt(Sequence* seq, ScheduledStep* step, int64_t* budget);
+  // The running sequence that a preemption takes first: lowest priority, then newest.
+  Sequence* PreemptionVictim() const;
+  int64_t ChunkFor(const Sequence& seq, int64_t budget) const;
+
+  BlockPool* pool_;
+  SchedulerOptions options_;
+  absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
+  std::vector<Sequence*> running_;  // in admission order
+  std::vector<Sequence*> waiting_;  // unordered; Schedule sorts
+  uint64_t next_arrival_ = 0;
+  SchedulerStats counters_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_ENGINE_SCHED_SCHEDULER_H_
