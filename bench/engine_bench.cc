@@ -10,11 +10,18 @@
 //   prefill 128 / 512   one sequence; prompt tokens / prefill time (random token ids)
 //   decode batch B      B sequences of a 128-token prompt, then --decode_steps greedy steps with
 //                       ignore_eos; aggregate generated tokens / decode time
-//   peak RSS            VmHWM of this process after the Tandem rows, against the budget
+//   peak RSS            VmHWM of this process after the rows above, against the budget
 //                       model file + KV pool + 100 MB
+//   serve N             continuous batching: N requests of 128 random tokens queued at once, 64
+//                       greedy tokens each; output tokens / wall time of the whole run. Also
+//                       printed: scheduler time per step at 64 sequences (share of the step and
+//                       us per sequence) and the unfilled KV slots held per running sequence
+//   ttft                time to first token of a 512-token prefix + 16 new tokens, prefix not
+//                       cached vs cached (the same prefix sent just before)
 // llama.cpp's figures come from `llama-bench -p 128,512 -n 0` (prefill), `llama-bench -p 0 -n
 // <steps>` (decode at batch 1) and `llama-batched-bench -npp 128 -ntg <steps> -npl 8,32` (decode
-// at batch 8 and 32; its S_TG column). bench/build_llama_cpp.sh builds both tools into
+// at batch 8 and 32; its S_TG column), and for the serve rows `llama-batched-bench -npp 128 -ntg 64
+// -npl 1,8,32,64` (pl*tg/t: all of a lockstep batch's output over its whole time). bench/build_llama_cpp.sh builds both tools into
 // ~/.cache/tandem/llama.cpp/<version>/build/bin, where this program looks for them by default.
 #include <sys/wait.h>
 
@@ -25,6 +32,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -51,8 +59,8 @@ ABSL_FLAG(int32_t, repetitions, 5, "Runs per row; the table shows medians");
 ABSL_FLAG(int32_t, decode_steps, 64, "Decode steps per decode row (llama.cpp's -n / -ntg)");
 ABSL_FLAG(int32_t, decode_prompt, 128, "Prompt tokens per sequence before decoding");
 ABSL_FLAG(std::string, rows, "",
-          "Comma-separated rows to run (prefill128, prefill512, decode1, decode8, decode32); "
-          "empty: all");
+          "Comma-separated rows to run (prefill128, prefill512, decode1, decode8, decode32, "
+          "serve1, serve8, serve32, serve64, ttft); empty: all");
 ABSL_FLAG(std::string, llama_bench, "",
           "llama-bench binary; empty: look in ~/.cache/tandem/llama.cpp and PATH; none: skip");
 ABSL_FLAG(std::string, llama_batched_bench, "",
@@ -202,8 +210,9 @@ absl::StatusOr<std::map<std::pair<int64_t, int64_t>, std::vector<double>>> RunLl
   return result;
 }
 
-// llama-batched-bench --output-format jsonl, once per repetition. Returns batch -> S_TG samples.
-absl::StatusOr<std::map<int64_t, std::vector<double>>> RunLlamaBatchedBench(
+// llama-batched-bench --output-format jsonl, once per repetition. Returns batch -> one JSON row per
+// repetition (fields pp, tg, pl, t_tg, speed_tg, t, speed, ...).
+absl::StatusOr<std::map<int64_t, std::vector<nlohmann::json>>> RunLlamaBatchedBench(
     const std::string& tool, const std::string& model, int threads, int reps, int64_t prompt,
     int64_t steps, const std::vector<int64_t>& batches) {
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
@@ -211,19 +220,214 @@ absl::StatusOr<std::map<int64_t, std::vector<double>>> RunLlamaBatchedBench(
       Quote(tool), " -m ", Quote(model), " -t ", threads, " -tb ", threads, " -c ",
       max_batch * (prompt + steps), " -npp ", prompt, " -ntg ", steps, " -npl ",
       absl::StrJoin(batches, ","), " --output-format jsonl 2>&1");
-  std::map<int64_t, std::vector<double>> result;
+  std::map<int64_t, std::vector<nlohmann::json>> result;
   for (int r = 0; r < reps; ++r) {
     absl::StatusOr<std::string> out = RunCommand(command);
     if (!out.ok()) return out.status();
     for (absl::string_view line : absl::StrSplit(*out, '\n')) {
       if (!absl::StartsWith(line, "{") || !absl::StrContains(line, "speed_tg")) continue;
-      const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
-      if (!row.is_object()) continue;
-      result[row["pl"].get<int64_t>()].push_back(row["speed_tg"].get<double>());
+      nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+      if (!row.is_object() || !row.contains("pl")) continue;
+      result[row["pl"].get<int64_t>()].push_back(std::move(row));
     }
   }
   if (result.empty()) return absl::InternalError("llama-batched-bench printed no results");
   return result;
+}
+
+// Samples of `field` of the rows of llama-batched-bench for batch `pl`.
+std::vector<double> BatchedField(const std::map<int64_t, std::vector<nlohmann::json>>& rows,
+                                 int64_t pl, const std::function<double(const nlohmann::json&)>& f) {
+  std::vector<double> out;
+  auto it = rows.find(pl);
+  if (it == rows.end()) return out;
+  for (const nlohmann::json& row : it->second) out.push_back(f(row));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving rows: continuous batching, scheduler cost, prefix reuse.
+// ---------------------------------------------------------------------------------------------
+
+struct ServeRun {
+  double output_tokens_per_s = 0;
+  // Over steps whose batch held every request (the steady state): scheduler time / step time,
+  // and scheduler time per sequence.
+  std::vector<double> overhead_fraction;
+  std::vector<double> overhead_us_per_seq;
+  // Over all steps: unfilled slots held per running sequence.
+  double max_wasted_per_seq = 0;
+  double mean_wasted_per_seq = 0;
+};
+
+// `n` requests of `prompt_len` random tokens and `max_tokens` greedy tokens each, all queued at
+// once; runs until every one finished.
+absl::StatusOr<ServeRun> RunServe(LocalEngine& engine, int64_t n, int64_t prompt_len,
+                                  int64_t max_tokens, std::mt19937& rng) {
+  int64_t outputs = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    GenerationRequest r;
+    r.prompt = RandomPrompt(prompt_len, engine.config().vocab_size, rng);
+    r.sampling.temperature = 0.0f;
+    r.sampling.ignore_eos = true;
+    r.sampling.max_tokens = max_tokens;
+    absl::Status s = engine.Add(static_cast<uint64_t>(i), std::move(r),
+                                [&](const GenerationDelta&) { ++outputs; });
+    if (!s.ok()) return s;
+  }
+  ServeRun run;
+  double wasted_sum = 0;
+  int64_t wasted_samples = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (engine.HasWork()) {
+    StepInfo info;
+    if (absl::Status s = engine.Step(&info); !s.ok()) return s;
+    if (info.batch_size == n && info.prefill_tokens == 0) {
+      run.overhead_fraction.push_back(info.schedule_seconds / info.total_seconds);
+      run.overhead_us_per_seq.push_back(1e6 * info.schedule_seconds / static_cast<double>(n));
+    }
+    const SchedulerStats st = engine.scheduler_stats();
+    if (st.running > 0) {
+      const double per_seq = static_cast<double>(st.wasted_slots) / static_cast<double>(st.running);
+      run.max_wasted_per_seq = std::max(run.max_wasted_per_seq, per_seq);
+      wasted_sum += per_seq;
+      ++wasted_samples;
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  run.output_tokens_per_s = static_cast<double>(outputs) / seconds;
+  run.mean_wasted_per_seq = wasted_samples > 0 ? wasted_sum / static_cast<double>(wasted_samples) : 0;
+  return run;
+}
+
+// Seconds from queuing a request of `prompt` (max_tokens 1) to its first token.
+absl::StatusOr<double> TimeToFirstToken(LocalEngine& engine, std::vector<int32_t> prompt) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = 1;
+  bool got = false;
+  const auto start = std::chrono::steady_clock::now();
+  if (absl::Status s = engine.Add(0, std::move(r), [&](const GenerationDelta&) { got = true; });
+      !s.ok()) {
+    return s;
+  }
+  while (!got) {
+    if (absl::Status s = engine.Step(); !s.ok()) return s;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  while (engine.HasWork()) {
+    if (absl::Status s = engine.Step(); !s.ok()) return s;
+  }
+  return seconds;
+}
+
+std::string Cell(const std::vector<double>& v, const char* format = "%.1f") {
+  if (v.empty()) return "-";
+  return absl::StrFormat("%s [%s..%s]", absl::StrFormat(format, Median(v)),
+                         absl::StrFormat(format, *std::min_element(v.begin(), v.end())),
+                         absl::StrFormat(format, *std::max_element(v.begin(), v.end())));
+}
+
+absl::Status RunServingRows(const std::string& model_path, int threads, int reps,
+                            const std::string& batched_bench,
+                            const std::function<bool(const std::string&)>& want) {
+  constexpr int64_t kServePrompt = 128, kServeOutput = 64, kPrefix = 512, kSuffix = 16;
+  const int64_t kConcurrency[] = {1, 8, 32, 64};
+  LocalEngine::Options options;
+  options.forward.num_threads = threads;
+  options.forward.block_size = kBlockSize;
+  options.scheduler.max_running = 64;
+  options.scheduler.max_tokens_per_step = 512;
+  options.kv_blocks = 64 * ((kServePrompt + kServeOutput + kBlockSize - 1) / kBlockSize) + 8;
+  absl::StatusOr<std::unique_ptr<LocalEngine>> opened = LocalEngine::Open(model_path, options);
+  if (!opened.ok()) return opened.status();
+  LocalEngine& engine = **opened;
+  std::mt19937 rng(77);
+
+  std::vector<Row> rows;
+  std::vector<int64_t> served;
+  std::vector<double> overhead_64, overhead_us_64, wasted_max, wasted_mean;
+  for (int64_t n : kConcurrency) {
+    if (!want(absl::StrCat("serve", n))) continue;
+    Row row;
+    row.key = absl::StrCat("serve", n);
+    row.name = absl::StrCat("serve ", n, " conc.");
+    for (int r = 0; r < reps; ++r) {
+      absl::StatusOr<ServeRun> run = RunServe(engine, n, kServePrompt, kServeOutput, rng);
+      if (!run.ok()) return run.status();
+      row.tandem.push_back(run->output_tokens_per_s);
+      wasted_max.push_back(run->max_wasted_per_seq);
+      wasted_mean.push_back(run->mean_wasted_per_seq);
+      if (n == 64) {
+        overhead_64.push_back(Median(run->overhead_fraction) * 100);
+        overhead_us_64.push_back(Median(run->overhead_us_per_seq));
+      }
+    }
+    served.push_back(n);
+    rows.push_back(std::move(row));
+  }
+  std::string peer_status = "no peer: llama-batched-bench not found";
+  if (!batched_bench.empty() && !served.empty()) {
+    auto batched = RunLlamaBatchedBench(batched_bench, model_path, threads, reps, kServePrompt,
+                                        kServeOutput, served);
+    if (!batched.ok()) return batched.status();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      // Output tokens over the whole run (prompts included), as the Tandem figure counts them.
+      rows[i].peer = BatchedField(*batched, served[i], [](const nlohmann::json& j) {
+        return j["pl"].get<double>() * j["tg"].get<double>() / j["t"].get<double>();
+      });
+      rows[i].peer_note = "llama-batched-bench pl*tg/t (lockstep batch, all prompts at once)";
+    }
+    peer_status = absl::StrCat("peer: ", batched_bench);
+  }
+
+  std::printf("\nserving (continuous batching): %lld-token random prompts, %lld greedy tokens "
+              "each, all queued at once; max_running 64, 512 tokens per step\n%s\n\n",
+              static_cast<long long>(kServePrompt), static_cast<long long>(kServeOutput),
+              peer_status.c_str());
+  std::printf("| %-15s | %-26s | %-26s | %-7s | %s\n", "row", "Tandem output tok/s",
+              "llama.cpp output tok/s", "ratio", "peer");
+  std::printf("|-----------------|----------------------------|----------------------------|"
+              "---------|-----\n");
+  for (const Row& row : rows) {
+    const std::string ratio =
+        row.peer.empty() ? "-" : absl::StrFormat("%.2fx", Median(row.tandem) / Median(row.peer));
+    std::printf("| %-15s | %-26s | %-26s | %-7s | %s\n", row.name.c_str(), Cell(row.tandem).c_str(),
+                Cell(row.peer).c_str(), ratio.c_str(), row.peer_note.c_str());
+  }
+  if (!overhead_64.empty()) {
+    std::printf("\nscheduler overhead at 64 sequences (decode steps): %s %% of step time "
+                "(target < 2 %%), %s us per sequence per step\n",
+                Cell(overhead_64, "%.3f").c_str(), Cell(overhead_us_64, "%.2f").c_str());
+  }
+  if (!wasted_max.empty()) {
+    std::printf("wasted token slots per running sequence: mean %s, max %s (target < %lld, one "
+                "block)\n",
+                Cell(wasted_mean, "%.2f").c_str(), Cell(wasted_max, "%.2f").c_str(),
+                static_cast<long long>(kBlockSize));
+  }
+
+  if (want("ttft")) {
+    std::vector<double> cold, warm;
+    for (int r = 0; r < reps; ++r) {
+      const std::vector<int32_t> prefix = RandomPrompt(kPrefix, engine.config().vocab_size, rng);
+      for (std::vector<double>* out : {&cold, &warm}) {
+        std::vector<int32_t> prompt = prefix;
+        for (int32_t t : RandomPrompt(kSuffix, engine.config().vocab_size, rng)) prompt.push_back(t);
+        absl::StatusOr<double> ttft = TimeToFirstToken(engine, std::move(prompt));
+        if (!ttft.ok()) return ttft.status();
+        out->push_back(*ttft * 1e3);
+      }
+    }
+    std::printf("\nTTFT, %lld-token prefix + %lld new tokens: not cached %s ms, prefix cached %s "
+                "ms: %.1fx faster (target >= 5x)\n",
+                static_cast<long long>(kPrefix), static_cast<long long>(kSuffix),
+                Cell(cold).c_str(), Cell(warm, "%.2f").c_str(), Median(cold) / Median(warm));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Main() {
@@ -299,13 +503,13 @@ absl::Status Main() {
   std::string peer_status;
   if (llama_bench.empty()) {
     peer_status = "llama-bench not found (run bench/build_llama_cpp.sh or pass --llama_bench)";
-  } else {
+  } else if (!rows.empty()) {
     auto prefill = RunLlamaBench(llama_bench, *model_path, threads, reps,
                                  absl::StrJoin(kPrefillLengths, ","), "0");
     auto decode = RunLlamaBench(llama_bench, *model_path, threads, reps, "0", absl::StrCat(steps));
     if (!prefill.ok()) return prefill.status();
     if (!decode.ok()) return decode.status();
-    std::optional<std::map<int64_t, std::vector<double>>> batched;
+    std::optional<std::map<int64_t, std::vector<nlohmann::json>>> batched;
     if (!batched_bench.empty()) {
       auto b = RunLlamaBatchedBench(batched_bench, *model_path, threads, reps, decode_prompt, steps,
                                     {kDecodeBatches[1], kDecodeBatches[2]});
@@ -326,7 +530,9 @@ absl::Status Main() {
       for (int64_t batch : {kDecodeBatches[1], kDecodeBatches[2]}) {
         if (row.key != absl::StrCat("decode", batch)) continue;
         if (batched.has_value()) {
-          row.peer = (*batched)[batch];
+          row.peer = BatchedField(*batched, batch, [](const nlohmann::json& j) {
+            return j["speed_tg"].get<double>();
+          });
           row.peer_note = absl::StrCat("llama-batched-bench S_TG, pp", decode_prompt);
         } else {
           row.peer_note = "no peer: llama-batched-bench not found";
@@ -377,7 +583,8 @@ absl::Status Main() {
               static_cast<double>(peak_rss) / kMiB, static_cast<double>(model_bytes) / kMiB,
               static_cast<double>(kv_bytes) / kMiB, static_cast<double>(budget) / kMiB,
               peak_rss <= budget ? "within" : "OVER");
-  return absl::OkStatus();
+  engine->reset();  // the serving rows open an engine of their own
+  return RunServingRows(*model_path, threads, reps, batched_bench, want);
 }
 
 }  // namespace
