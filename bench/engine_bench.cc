@@ -98,17 +98,23 @@ std::vector<int32_t> RandomPrompt(int64_t length, int64_t vocab_size, std::mt199
   return prompt;
 }
 
+// A request of `prompt_len` random tokens for exactly `max_tokens` greedy tokens.
+GenerationRequest RandomRequest(const LocalEngine& engine, int64_t prompt_len, int64_t max_tokens,
+                                std::mt19937& rng) {
+  GenerationRequest r;
+  r.prompt = RandomPrompt(prompt_len, engine.config().vocab_size, rng);
+  r.sampling.temperature = 0.0f;
+  r.sampling.ignore_eos = true;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
 // Runs `batch` sequences of `prompt_len` random tokens for `max_tokens` greedy tokens each.
 absl::StatusOr<GenerationStats> RunOnce(LocalEngine& engine, int64_t batch, int64_t prompt_len,
                                         int64_t max_tokens, std::mt19937& rng) {
   std::vector<GenerationRequest> requests;
   for (int64_t b = 0; b < batch; ++b) {
-    GenerationRequest r;
-    r.prompt = RandomPrompt(prompt_len, engine.config().vocab_size, rng);
-    r.sampling.temperature = 0.0f;
-    r.sampling.ignore_eos = true;
-    r.sampling.max_tokens = max_tokens;
-    requests.push_back(std::move(r));
+    requests.push_back(RandomRequest(engine, prompt_len, max_tokens, rng));
   }
   GenerationStats stats;
   absl::Status s = engine.Generate(requests, [](const GenerationDelta&) {}, &stats);
@@ -266,12 +272,8 @@ absl::StatusOr<ServeRun> RunServe(LocalEngine& engine, int64_t n, int64_t prompt
                                   int64_t max_tokens, std::mt19937& rng) {
   int64_t outputs = 0;
   for (int64_t i = 0; i < n; ++i) {
-    GenerationRequest r;
-    r.prompt = RandomPrompt(prompt_len, engine.config().vocab_size, rng);
-    r.sampling.temperature = 0.0f;
-    r.sampling.ignore_eos = true;
-    r.sampling.max_tokens = max_tokens;
-    absl::Status s = engine.Add(static_cast<uint64_t>(i), std::move(r),
+    absl::Status s = engine.Add(static_cast<uint64_t>(i),
+                                RandomRequest(engine, prompt_len, max_tokens, rng),
                                 [&](const GenerationDelta&) { ++outputs; });
     if (!s.ok()) return s;
   }
