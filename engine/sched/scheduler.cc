@@ -23,6 +23,9 @@ struct Scheduler::Sequence {
   int priority;
   uint64_t arrival;             // order of Add; kept across preemptions
   int64_t num_computed = 0;     // leading tokens whose K/V are in `table`
+  // Every known token was computed once since the last admission: the sequence is generating,
+  // and its next single token is a decode (not the end of a prompt or recompute chunk).
+  bool decoding = false;
   std::vector<BlockHash> hashes;  // of the full blocks of `tokens`
   BlockTable table;
   bool running = false;
@@ -100,6 +103,20 @@ int64_t Scheduler::ChunkFor(const Sequence& seq, int64_t budget) const {
   return n;
 }
 
+int64_t Scheduler::BlocksFreedByPreempting(int priority) const {
+  // A block comes free when every reference to it belongs to a preempted sequence.
+  absl::flat_hash_map<int32_t, int32_t> references;
+  for (const Sequence* s : running_) {
+    if (s->priority >= priority) continue;
+    for (int32_t b : s->table.blocks()) ++references[b];
+  }
+  int64_t freed = 0;
+  for (const auto& [block, count] : references) {
+    if (count == pool_->ref_count(block)) ++freed;
+  }
+  return freed;
+}
+
 Scheduler::Sequence* Scheduler::PreemptionVictim() const {
   Sequence* victim = nullptr;
   for (Sequence* s : running_) {
@@ -122,6 +139,7 @@ void Scheduler::Preempt(Sequence* seq, ScheduledStep* step, int64_t* budget) {
   seq->running = false;
   seq->table.Release();
   seq->num_computed = 0;
+  seq->decoding = false;
   waiting_.push_back(seq);
   step->preempted.push_back(seq->id);
   ++counters_.preemptions;
@@ -132,6 +150,7 @@ void Scheduler::AddItem(Sequence* seq, int64_t n, bool is_decode, ScheduledStep*
   const int64_t size = static_cast<int64_t>(seq->tokens.size());
   step->items.push_back(ScheduledItem{
       .id = seq->id,
+      .serial = seq->arrival,
       .start = seq->num_computed,
       .tokens = absl::MakeConstSpan(seq->tokens).subspan(static_cast<size_t>(seq->num_computed),
                                                          static_cast<size_t>(n)),
@@ -167,15 +186,18 @@ bool Scheduler::TryAdmit(Sequence* seq, ScheduledStep* step, int64_t* budget) {
   seq->num_computed = seq->table.num_tokens();
   const int64_t n = ChunkFor(*seq, *budget);
   const int64_t reserve = running_.empty() ? 0 : options_.admission_reserve_blocks;
-  while (seq->table.BlocksNeededFor(n) + reserve > pool_->num_available()) {
-    // Only a strictly more important sequence takes blocks from running ones.
-    Sequence* victim = PreemptionVictim();
-    if (victim == nullptr || victim->priority >= seq->priority) {
+  const int64_t needed = seq->table.BlocksNeededFor(n) + reserve;
+  if (needed > pool_->num_available()) {
+    // Only a strictly more important sequence takes blocks from running ones, and only when
+    // preempting all of those would free enough: nobody loses work for nothing.
+    if (needed > pool_->num_available() + BlocksFreedByPreempting(seq->priority)) {
       seq->table.Release();
       seq->num_computed = 0;
       return false;
     }
-    Preempt(victim, step, budget);
+    while (seq->table.BlocksNeededFor(n) + reserve > pool_->num_available()) {
+      Preempt(PreemptionVictim(), step, budget);
+    }
   }
   const int64_t cached_tokens = seq->num_computed;
   CHECK_OK(seq->table.AppendSlots(n));
@@ -197,7 +219,7 @@ ScheduledStep Scheduler::Schedule() {
   const std::vector<Sequence*> order = running_;
   for (const bool decoding : {true, false}) {
     for (Sequence* seq : order) {
-      if (!seq->running || (seq->remaining() == 1) != decoding) continue;
+      if (!seq->running || (seq->decoding && seq->remaining() == 1) != decoding) continue;
       if (budget <= 0) break;
       ScheduleRunning(seq, decoding, &step, &budget);
     }
@@ -208,7 +230,10 @@ ScheduledStep Scheduler::Schedule() {
     for (Sequence* seq : queue) {
       if (budget <= 0 || static_cast<int64_t>(running_.size()) >= options_.max_running) break;
       if (seq->running) continue;
-      if (!TryAdmit(seq, &step, &budget)) break;
+      const bool admitted = TryAdmit(seq, &step, &budget);
+      // A sequence preempted for this one ranks above everything after it in the queue: those
+      // wait, or they would take the blocks the preempted one needs next.
+      if (!admitted || !step.preempted.empty()) break;
     }
   }
   return step;
@@ -219,8 +244,10 @@ void Scheduler::Commit(const ScheduledStep& step) {
     auto it = sequences_.find(item.id);
     if (it == sequences_.end()) continue;  // finished since Schedule
     Sequence* seq = it->second.get();
+    if (seq->arrival != item.serial) continue;  // finished, and the id reused, since Schedule
     CHECK(seq->num_computed == item.start) << "sequence " << item.id << " committed out of order";
     seq->num_computed += static_cast<int64_t>(item.tokens.size());
+    if (seq->remaining() == 0) seq->decoding = true;
     CHECK(seq->num_computed == seq->table.num_tokens());
     if (pool_->prefix_caching()) seq->table.RegisterFullBlocks(seq->hashes);
   }
@@ -272,9 +299,10 @@ void Scheduler::CheckInvariants() const {
           << "waiting sequence " << id << " holds blocks";
       continue;
     }
-    CHECK(seq->table.num_tokens() == seq->num_computed);
-    CHECK(seq->table.capacity() >= seq->num_computed);
-    CHECK(seq->table.capacity() - seq->num_computed < pool_->block_size())
+    // Between Schedule and Commit a scheduled sequence holds slots for tokens not yet computed.
+    CHECK(seq->table.num_tokens() >= seq->num_computed);
+    CHECK(seq->table.capacity() >= seq->table.num_tokens());
+    CHECK(seq->table.capacity() - seq->table.num_tokens() < pool_->block_size())
         << "sequence " << id << " holds a block it does not need";
     for (int32_t b : seq->table.blocks()) ++holders[static_cast<size_t>(b)];
   }

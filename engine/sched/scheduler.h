@@ -55,6 +55,8 @@ struct SchedulerOptions {
 // The part of one sequence computed in a step.
 struct ScheduledItem {
   SequenceId id = 0;
+  // Tells this sequence apart from a later one that reuses its id.
+  uint64_t serial = 0;
   // Tokens at positions start .. start + tokens.size() - 1; their K/V go into block_table.
   int64_t start = 0;
   absl::Span<const int32_t> tokens;
@@ -136,6 +138,8 @@ class Scheduler {
   void AddItem(Sequence* seq, int64_t n, bool is_decode, ScheduledStep* step, int64_t* budget);
   bool TryAdmit(Sequence* seq, ScheduledStep* step, int64_t* budget);
   void Preempt(Sequence* seq, ScheduledStep* step, int64_t* budget);
+  // Blocks that preempting every running sequence of priority below `priority` would free.
+  int64_t BlocksFreedByPreempting(int priority) const;
   // The running sequence that a preemption takes first: lowest priority, then newest.
   Sequence* PreemptionVictim() const;
   int64_t ChunkFor(const Sequence& seq, int64_t budget) const;
