@@ -545,6 +545,10 @@ absl::Status Main() {
   }
 
   // The table.
+  if (rows.empty()) {
+    engine->reset();
+    return RunServingRows(*model_path, threads, reps, batched_bench, want);
+  }
   std::printf("\nengine_bench: %s\nthreads=%d repetitions=%d (medians; min..max in brackets) "
               "decode: %lld-token prompts, %lld greedy steps\n%s\n\n",
               model_path->c_str(), threads, reps, static_cast<long long>(decode_prompt),
