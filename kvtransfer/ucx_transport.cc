@@ -226,6 +226,13 @@ class UcxTransport final : public KvTransport {
   uint64_t next_conn_id_ = 1;
   uint64_t next_op_id_ = 1;
   std::vector<Reply> replies_;
+  struct Closing {
+    ucp_ep_h ep;
+    ucp_rkey_h rkey;
+    bool force;
+  };
+  std::vector<Closing> closing_;
+  void CloseEndpoints();
 };
 
 class UcxConnection final : public Connection {
@@ -364,6 +371,7 @@ void UcxTransport::Loop() {
     replies.swap(replies_);
     for (Reply& r : replies) SendAm(r.ep, r.id, std::move(r.payload), nullptr, 0, false);
     ExpireDeadlines();
+    CloseEndpoints();
     if (!replies.empty()) continue;
     // Sleep until UCX or a caller has something, or the next deadline (at most 50 ms).
     absl::Time wake = absl::Now() + absl::Milliseconds(50);
@@ -383,9 +391,26 @@ void UcxTransport::Loop() {
   std::vector<std::shared_ptr<ConnState>> all;
   for (auto& [id, conn] : conns_) all.push_back(conn);
   for (auto& conn : all) Break(conn.get(), absl::CancelledError("the transport is shutting down"));
+  CloseEndpoints();
   for (int i = 0; i < 100 && ucp_worker_progress(worker_) != 0; ++i) {
   }
   conns_.clear();
+}
+
+void UcxTransport::CloseEndpoints() {
+  std::vector<Closing> closing;
+  closing.swap(closing_);
+  for (const Closing& c : closing) {
+    if (c.rkey != nullptr) ucp_rkey_destroy(c.rkey);
+    if (c.ep == nullptr) continue;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    // Forced where UCX allows it (peer error mode): what is still queued is dropped. Without it
+    // (shared memory) puts were done by this CPU inside ucp_put_nbx, so nothing is queued.
+    p.flags = c.force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(c.ep, &p);
+    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+  }
 }
 
 ConnState* UcxTransport::Find(uint64_t conn_id) {
@@ -416,21 +441,10 @@ void UcxTransport::Break(ConnState* conn, absl::Status why, std::optional<uint64
       absl::MutexLock lock(&conn->mu);
       conn->usable = false;
     }
-    if (conn->rkey != nullptr) {
-      ucp_rkey_destroy(conn->rkey);
-      conn->rkey = nullptr;
-    }
-    if (conn->ep != nullptr) {
-      // Forced: nothing still queued on it may land in the peer's memory after this.
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      // Forced where UCX allows it (peer error mode): what is still queued is dropped. Without
-      // it (shared memory) puts were done by this CPU inside ucp_put_nbx, so nothing is queued.
-      p.flags = conn->peer_errors ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-      ucs_status_ptr_t r = ucp_ep_close_nbx(conn->ep, &p);
-      if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
-      conn->ep = nullptr;
-    }
+    // UCX objects are released outside UCX callbacks, after the current progress call.
+    closing_.push_back({conn->ep, conn->rkey, conn->peer_errors});
+    conn->ep = nullptr;
+    conn->rkey = nullptr;
     LOG(INFO) << "kvtransfer " << options_.name << ": connection to " << conn->peer
               << " closed: " << why;
   }
