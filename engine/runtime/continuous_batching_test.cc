@@ -2,7 +2,9 @@
 // chunked prompts beside running streams, prefix reuse, preemption and cancellation all give each
 // request exactly the greedy output it gets alone on an engine without any of that.
 #include <algorithm>
+#include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -260,6 +262,108 @@ TEST(ContinuousBatchingTest, DuplicateIdIsRefused) {
   EXPECT_EQ(engine->Add(1, Greedy(Tokens(kTexts[0]), 2), [](const GenerationDelta&) {}).code(),
             absl::StatusCode::kInvalidArgument);
   while (engine->HasWork()) ASSERT_TRUE(engine->Step().ok());
+}
+
+// Disaggregated prefill between two engines in one process: the "prefill" engine computes the
+// prompt and hands each layer's K/V to the "decode" engine's reserved blocks as soon as the layer
+// is done (a memcpy standing in for the transfer); the decode engine continues from the first
+// token. Both engines keep their own prefix caches.
+class Disaggregated {
+ public:
+  Disaggregated()
+      : prefill_(OpenEngine({.kv_blocks = 128, .max_running = 4, .budget = 64})),
+        decode_(OpenEngine({.kv_blocks = 128, .max_running = 4, .budget = 64})) {}
+
+  // Runs `r` prefilled remotely; returns every token the client sees.
+  std::vector<int32_t> Run(uint64_t id, GenerationRequest r, int64_t* transferred_blocks) {
+    std::vector<int32_t> out;
+    auto plan = decode_->AddRemotePrefill(id, r, [&](const GenerationDelta& d) {
+      out.push_back(d.token);
+    });
+    CHECK(plan.ok()) << plan.status();
+    const int64_t bs = decode_->kv_pool().block_size();
+    KvStorage& src = prefill_->kv_pool().storage();
+    KvStorage& dst = decode_->kv_pool().storage();
+    const size_t slice = static_cast<size_t>(src.layout().layer_stride()) * sizeof(float);
+    std::set<int64_t> sent;  // logical blocks that reached the decode pool
+    bool first = true;
+    GenerationRequest p = r;
+    p.sampling.max_tokens = 1;
+    p.on_kv_layer = [&](const KvLayerDone& done) {
+      // Logical block k of the prompt lives in done.block_table[k] here and plan->blocks[k] there;
+      // the decode side needs blocks from plan->cached_tokens on.
+      auto copy = [&](int64_t k, int64_t first_layer, int64_t layers) {
+        if ((k + 1) * bs <= plan->cached_tokens) return;  // the decode side has it cached
+        for (int64_t l = first_layer; l < first_layer + layers; ++l) {
+          std::memcpy(dst.KeyBlock(plan->blocks[static_cast<size_t>(k)], l),
+                      src.KeyBlock(done.block_table[static_cast<size_t>(k)], l), slice);
+        }
+        sent.insert(k);
+      };
+      if (first && done.layer == 0) {
+        // What the prefill engine's own cache held was not computed: send all of it now.
+        for (int64_t k = 0; k < done.first_position / bs; ++k) copy(k, 0, src.layout().num_layers);
+      }
+      first = false;
+      const int64_t end = done.first_position + done.num_tokens;
+      for (int64_t k = done.first_position / bs; k * bs < end; ++k) copy(k, done.layer, 1);
+    };
+    int32_t first_token = -1;
+    CHECK_OK(prefill_->Add(id, p, [&](const GenerationDelta& d) { first_token = d.token; }));
+    while (prefill_->HasWork()) CHECK_OK(prefill_->Step());
+    CHECK_OK(decode_->CompleteRemotePrefill(id, first_token));
+    while (decode_->HasWork()) CHECK_OK(decode_->Step());
+    *transferred_blocks = static_cast<int64_t>(sent.size());
+    return out;
+  }
+
+  LocalEngine& decode() { return *decode_; }
+
+ private:
+  std::unique_ptr<LocalEngine> prefill_;
+  std::unique_ptr<LocalEngine> decode_;
+};
+
+TEST(DisaggregatedPrefillTest, DecodeContinuesFromThePeersKvExactly) {
+  Disaggregated d;
+  std::vector<int32_t> prefix = LongPrompt();
+  prefix.resize(160);
+  std::vector<int32_t> a = prefix, b = prefix;
+  for (int32_t t : Tokens(" Question: what did the fox do?")) a.push_back(t);
+  for (int32_t t : Tokens(" Summarize the paragraphs above in five words.")) b.push_back(t);
+  int64_t sent_a = 0, sent_b = 0;
+  EXPECT_EQ(d.Run(1, Greedy(a, 12), &sent_a), AloneTokens(Greedy(a, 12)));
+  EXPECT_EQ(sent_a, (static_cast<int64_t>(a.size()) + 15) / 16);
+  // The shared prefix is cached on both sides now: only the new blocks travel.
+  EXPECT_EQ(d.Run(2, Greedy(b, 12), &sent_b), AloneTokens(Greedy(b, 12)));
+  EXPECT_EQ(sent_b, (static_cast<int64_t>(b.size()) + 15) / 16 - 160 / 16);
+  EXPECT_EQ(d.decode().scheduler_stats().used_blocks, 0);
+}
+
+TEST(DisaggregatedPrefillTest, FallBackToLocalPrefillGivesTheSameOutput) {
+  auto engine = OpenEngine({.kv_blocks = 64, .max_running = 4, .budget = 64});
+  const GenerationRequest r = Greedy(Tokens(kTexts[2]), 10);
+  std::vector<int32_t> got;
+  auto plan = engine->AddRemotePrefill(5, r, [&](const GenerationDelta& d) { got.push_back(d.token); });
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GT(engine->scheduler_stats().used_blocks, 0);
+  ASSERT_TRUE(engine->Step().ok());
+  EXPECT_TRUE(got.empty()) << "a request waiting for its remote prefill ran";
+  EXPECT_EQ(engine->CompleteRemotePrefill(6, 1).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(engine->FallBackToLocalPrefill(5).ok());
+  while (engine->HasWork()) ASSERT_TRUE(engine->Step().ok());
+  EXPECT_EQ(got, AloneTokens(r));
+}
+
+TEST(DisaggregatedPrefillTest, ABadFirstTokenFromThePeerIsRefusedAndPrefilledHere) {
+  auto engine = OpenEngine({.kv_blocks = 64, .max_running = 4, .budget = 64});
+  const GenerationRequest r = Greedy(Tokens(kTexts[4]), 6);
+  std::vector<int32_t> got;
+  ASSERT_TRUE(engine->AddRemotePrefill(1, r, [&](const GenerationDelta& d) { got.push_back(d.token); }).ok());
+  const absl::Status bad = engine->CompleteRemotePrefill(1, -3);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  while (engine->HasWork()) ASSERT_TRUE(engine->Step().ok());
+  EXPECT_EQ(got, AloneTokens(r));
 }
 
 }  // namespace

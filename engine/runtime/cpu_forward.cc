@@ -278,6 +278,8 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
       std::memcpy(kdst + layout.kv_stride(), v.data() + t * Dkv,
                   static_cast<size_t>(Dkv) * sizeof(float));
     }
+    // This layer of the cache is final for the step: a transfer may take it now.
+    if (batch.on_layer_done) batch.on_layer_done(l);
     cpu::PagedAttentionParams ap;
     ap.q = q.data();
     ap.q_token_stride = Dq;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <set>
 #include <string>
@@ -211,6 +212,44 @@ TEST(CpuForwardTest, BadBatchesAreInvalidArgument) {
   batch.sequences.push_back({.tokens = one, .block_table = blocks});
   EXPECT_THAT(std::string(h.forward->Step(batch, other.get(), &out).message()),
               HasSubstr("does not match the model"));
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Each layer is reported once, in order, as soon as its K/V are final and before any later layer
+// is written, so a transfer can send it while the rest of the step runs.
+TEST(CpuForwardTest, LayerDoneComesAsEachLayerIsInTheCache) {
+  Harness h = MakeHarness(16, 8);
+  const KvLayout& l = h.kv->layout();
+  std::memset(h.kv->data(), 0, static_cast<size_t>(l.total_floats()) * sizeof(float));
+  const std::vector<int32_t> blocks = Blocks(0, 2);
+  std::vector<int64_t> reported;
+  std::vector<std::vector<float>> at_report;  // block 0's slice of each layer when reported
+  StepBatch batch;
+  batch.sequences.push_back({.tokens = kPromptA, .start_position = 0, .block_table = blocks});
+  batch.on_layer_done = [&](int64_t layer) {
+    reported.push_back(layer);
+    const float* k = h.kv->KeyBlock(0, layer);
+    at_report.emplace_back(k, k + l.layer_stride());
+    if (layer + 1 < l.num_layers) {
+      const float* next = h.kv->KeyBlock(0, layer + 1);
+      EXPECT_TRUE(std::all_of(next, next + l.layer_stride(), [](float f) { return f == 0.0f; }))
+          << "layer " << layer + 1 << " was written before layer " << layer << " was reported";
+    }
+  };
+  StepOutput out;
+  ASSERT_TRUE(h.forward->Step(batch, h.kv.get(), &out).ok());
+  ASSERT_EQ(static_cast<int64_t>(reported.size()), l.num_layers);
+  for (int64_t layer = 0; layer < l.num_layers; ++layer) {
+    EXPECT_EQ(reported[static_cast<size_t>(layer)], layer);
+    const float* k = h.kv->KeyBlock(0, layer);
+    EXPECT_EQ(at_report[static_cast<size_t>(layer)], std::vector<float>(k, k + l.layer_stride()))
+        << "layer " << layer << " changed after it was reported";
+  }
 }
 
 }  // namespace

@@ -31,6 +31,8 @@ struct LocalEngine::Request {
   sampling::StopChecker stop;
   StreamingDetokenizer detokenizer;
   DeltaCallback on_delta;
+  std::function<void(const KvLayerDone&)> on_kv_layer;
+  bool remote = false;  // waiting for a peer's prefill
 };
 
 LocalEngine::LocalEngine(LoadedModel model, const Options& options)
@@ -146,26 +148,87 @@ absl::Status LocalEngine::Add(uint64_t id, GenerationRequest request, DeltaCallb
   if (requests_.contains(id)) {
     return absl::InvalidArgumentError(absl::StrCat("request id ", id, " is in use"));
   }
-  const ModelConfig& c = model_.config;
+  ASSIGN_OR_RETURN(std::unique_ptr<Request> r, MakeRequest(id, request, std::move(on_delta)));
+  RETURN_IF_ERROR(scheduler_->Add(id, std::move(request.prompt), MaxNewTokens(request),
+                                  request.priority));
+  requests_.emplace(id, std::move(r));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RemotePrefillPlan> LocalEngine::AddRemotePrefill(uint64_t id,
+                                                                GenerationRequest request,
+                                                                DeltaCallback on_delta) {
+  RETURN_IF_ERROR(Validate(request));
+  if (requests_.contains(id)) {
+    return absl::InvalidArgumentError(absl::StrCat("request id ", id, " is in use"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Request> r, MakeRequest(id, request, std::move(on_delta)));
+  ASSIGN_OR_RETURN(RemotePrefillPlan plan,
+                   scheduler_->AddRemotePrefill(id, std::move(request.prompt),
+                                                MaxNewTokens(request), request.priority));
+  r->remote = true;
+  requests_.emplace(id, std::move(r));
+  return plan;
+}
+
+absl::Status LocalEngine::CompleteRemotePrefill(uint64_t id, int32_t first_token) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || !it->second->remote) {
+    return absl::NotFoundError(absl::StrCat("request ", id, " waits for no remote prefill"));
+  }
+  Request& r = *it->second;
+  if (first_token < 0 || first_token >= model_.config.vocab_size) {
+    r.remote = false;
+    scheduler_->FallBackToLocalPrefill(id);
+    return absl::InvalidArgumentError(absl::StrCat("the peer's first token ", first_token,
+                                                   " is outside the vocabulary"));
+  }
+  r.remote = false;
+  scheduler_->CompleteRemotePrefill(id);
+  sampling::SampledToken token;
+  token.id = first_token;
+  absl::StatusOr<bool> done = Deliver(r, std::move(token));
+  if (!done.ok() || *done) {
+    requests_.erase(it);
+    scheduler_->Finish(id);
+  }
+  return done.status();
+}
+
+absl::Status LocalEngine::FallBackToLocalPrefill(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || !it->second->remote) {
+    return absl::NotFoundError(absl::StrCat("request ", id, " waits for no remote prefill"));
+  }
+  it->second->remote = false;
+  scheduler_->FallBackToLocalPrefill(id);
+  return absl::OkStatus();
+}
+
+int64_t LocalEngine::MaxNewTokens(const GenerationRequest& request) const {
+  const int64_t context = model_.config.max_context;
   const int64_t prompt_len = static_cast<int64_t>(request.prompt.size());
+  return std::min<int64_t>(context, prompt_len + request.sampling.max_tokens.value_or(context)) -
+         prompt_len;
+}
+
+absl::StatusOr<std::unique_ptr<LocalEngine::Request>> LocalEngine::MakeRequest(
+    uint64_t id, const GenerationRequest& request, DeltaCallback on_delta) const {
+  const ModelConfig& c = model_.config;
   ASSIGN_OR_RETURN(sampling::Sampler sampler,
                    sampling::Sampler::Create(request.sampling,
                                              {.vocab_size = static_cast<int>(c.vocab_size),
                                               .eos_token_ids = eos_ids_,
                                               .prompt_tokens = request.prompt}));
   ASSIGN_OR_RETURN(sampling::StopChecker stop,
-                   sampling::StopChecker::Create(request.sampling,
-                                                 {.eos_token_ids = eos_ids_,
-                                                  .prompt_tokens = prompt_len,
-                                                  .max_context = c.max_context}));
-  const int64_t max_new =
-      std::min<int64_t>(c.max_context, prompt_len + request.sampling.max_tokens.value_or(c.max_context)) -
-      prompt_len;
-  RETURN_IF_ERROR(scheduler_->Add(id, std::move(request.prompt), max_new, request.priority));
-  requests_.emplace(id, std::make_unique<Request>(Request{id, std::move(sampler), std::move(stop),
-                                                          StreamingDetokenizer(*tokenizer_),
-                                                          std::move(on_delta)}));
-  return absl::OkStatus();
+                   sampling::StopChecker::Create(
+                       request.sampling,
+                       {.eos_token_ids = eos_ids_,
+                        .prompt_tokens = static_cast<int64_t>(request.prompt.size()),
+                        .max_context = c.max_context}));
+  return std::make_unique<Request>(Request{id, std::move(sampler), std::move(stop),
+                                           StreamingDetokenizer(*tokenizer_), std::move(on_delta),
+                                           request.on_kv_layer});
 }
 
 bool LocalEngine::Cancel(uint64_t id) {
@@ -178,6 +241,10 @@ absl::StatusOr<bool> LocalEngine::Advance(Request& r, const float* logits) {
   const ModelConfig& c = model_.config;
   ASSIGN_OR_RETURN(sampling::SampledToken next,
                    r.sampler.Sample(absl::MakeConstSpan(logits, static_cast<size_t>(c.vocab_size))));
+  return Deliver(r, std::move(next));
+}
+
+absl::StatusOr<bool> LocalEngine::Deliver(Request& r, sampling::SampledToken next) {
   RETURN_IF_ERROR(r.sampler.Accept(next.id));
   const std::string piece = r.detokenizer.Add(next.id);
   sampling::StopStep step = r.stop.Append(next.id, piece);
@@ -218,6 +285,22 @@ absl::Status LocalEngine::Step(StepInfo* info) {
                                            .block_table = item.block_table,
                                            .compute_logits = item.samples});
     in.context_tokens += item.start + static_cast<int64_t>(item.tokens.size());
+  }
+  // Per-request layer hooks (a prefill worker's transfers).
+  std::vector<std::pair<const ScheduledItem*, Request*>> hooked;
+  for (const ScheduledItem& item : step.items) {
+    auto it = requests_.find(item.id);
+    if (it != requests_.end() && it->second->on_kv_layer) hooked.emplace_back(&item, it->second.get());
+  }
+  if (!hooked.empty()) {
+    batch.on_layer_done = [&hooked](int64_t layer) {
+      for (const auto& [item, request] : hooked) {
+        request->on_kv_layer(KvLayerDone{.layer = layer,
+                                         .first_position = item->start,
+                                         .num_tokens = static_cast<int64_t>(item->tokens.size()),
+                                         .block_table = item->block_table});
+      }
+    };
   }
   StepOutput out;
   const auto forward_start = Clock::now();

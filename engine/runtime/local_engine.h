@@ -35,11 +35,24 @@
 
 namespace tandem {
 
+// This request's K/V of one layer for the tokens a step computed are in the cache.
+struct KvLayerDone {
+  int64_t layer = 0;
+  int64_t first_position = 0;  // the step computed positions first_position ..
+  int64_t num_tokens = 0;      // .. first_position + num_tokens - 1
+  absl::Span<const int32_t> block_table;  // the request's blocks, position order
+};
+
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids, not empty
   sampling::SamplingOptions sampling;
   // Higher runs first and is preempted last (GenerateRequest.priority).
   int priority = 0;
+  // Called during Step for every layer, as soon as the layer's K/V of this request's tokens in
+  // the step are in the cache (a prefill worker sends each layer to the decode worker then).
+  // Positions before the first call's first_position came from the prefix cache. On the
+  // stepping thread; must not block.
+  std::function<void(const KvLayerDone&)> on_kv_layer = nullptr;
 };
 
 // One new token of request `index` (the id given to Add, or the request's index in Generate). `text` holds whole UTF-8 characters only and omits stop
@@ -117,6 +130,20 @@ class LocalEngine {
   // unknown id.
   bool Cancel(uint64_t id);
   bool HasWork() const { return scheduler_->HasWork(); }
+  // Disaggregated prefill, decode side: validates like Add and reserves the request's blocks
+  // (after its cached prefix) for a peer to write the rest of the prompt's K/V into. The request
+  // waits until CompleteRemotePrefill or FallBackToLocalPrefill. RESOURCE_EXHAUSTED (nothing
+  // added) when the batch or the pool is full now; Add queues it instead.
+  absl::StatusOr<RemotePrefillPlan> AddRemotePrefill(uint64_t id, GenerationRequest request,
+                                                     DeltaCallback on_delta);
+  // The peer wrote the prompt's K/V and sampled `first_token` from it: the token is reported like
+  // any other (it may end the request), and the request decodes here. INVALID_ARGUMENT for a token
+  // outside the vocabulary (the request is then prefilled here instead); NOT_FOUND for an id that
+  // is not waiting for a remote prefill.
+  absl::Status CompleteRemotePrefill(uint64_t id, int32_t first_token);
+  // The peer failed: the request is prefilled here. NOT_FOUND as above.
+  absl::Status FallBackToLocalPrefill(uint64_t id);
+
   // Runs one step of the batch. An error of the model (not of a request) ends every request of
   // the step with FinishReason::kError and is returned.
   absl::Status Step(StepInfo* info = nullptr);
@@ -138,6 +165,12 @@ class LocalEngine {
   absl::Status Validate(const GenerationRequest& request) const;
   // Samples the next token of `r` from `logits` and reports it; true when the request ended.
   absl::StatusOr<bool> Advance(Request& r, const float* logits);
+  // Reports `next` as the request's new token; true when the request ended.
+  absl::StatusOr<bool> Deliver(Request& r, sampling::SampledToken next);
+  absl::StatusOr<std::unique_ptr<Request>> MakeRequest(uint64_t id, const GenerationRequest& request,
+                                                       DeltaCallback on_delta) const;
+  // How many tokens the request may add to its prompt.
+  int64_t MaxNewTokens(const GenerationRequest& request) const;
 
   LoadedModel model_;
   Options options_;

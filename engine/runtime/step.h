@@ -30,6 +30,10 @@ struct StepSequence {
 
 struct StepBatch {
   std::vector<StepSequence> sequences;
+  // Called with each layer index as soon as that layer's K/V of every token of the step are in
+  // the cache (before the layer's attention runs), so a transfer of the layer can start while the
+  // later layers are computed. On the stepping thread; it must not block.
+  std::function<void(int64_t layer)> on_layer_done;
 };
 
 // Called with each named intermediate tensor, [rows, cols] floats, row-major, valid only during the

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 
@@ -29,6 +30,8 @@ struct Scheduler::Sequence {
   std::vector<BlockHash> hashes;  // of the full blocks of `tokens`
   BlockTable table;
   bool running = false;
+  // Its prompt's K/V are being written by another worker into `table` (disaggregated prefill).
+  bool remote = false;
 
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
 };
@@ -82,7 +85,7 @@ bool Scheduler::Finish(SequenceId id) {
   auto it = sequences_.find(id);
   if (it == sequences_.end()) return false;
   Sequence* seq = it->second.get();
-  auto& list = seq->running ? running_ : waiting_;
+  auto& list = seq->running ? running_ : seq->remote ? remote_ : waiting_;
   list.erase(std::find(list.begin(), list.end(), seq));
   seq->table.Release();
   sequences_.erase(it);
@@ -210,6 +213,65 @@ bool Scheduler::TryAdmit(Sequence* seq, ScheduledStep* step, int64_t* budget) {
   return true;
 }
 
+absl::StatusOr<RemotePrefillPlan> Scheduler::AddRemotePrefill(SequenceId id,
+                                                             std::vector<int32_t> prompt,
+                                                             int64_t max_new_tokens, int priority) {
+  if (static_cast<int64_t>(running_.size() + remote_.size()) >= options_.max_running) {
+    return absl::ResourceExhaustedError(absl::StrCat("the batch is full (", options_.max_running,
+                                                     " sequences)"));
+  }
+  RETURN_IF_ERROR(Add(id, std::move(prompt), max_new_tokens, priority));
+  Sequence* seq = sequences_.at(id).get();
+  const int64_t bs = pool_->block_size();
+  const size_t reusable =
+      std::min(seq->hashes.size(), (seq->tokens.size() - 1) / static_cast<size_t>(bs));
+  seq->table.AdoptCachedPrefix(
+      pool_->AcquirePrefix(absl::MakeConstSpan(seq->hashes).first(reusable)));
+  const int64_t cached = seq->table.num_tokens();
+  const int64_t rest = static_cast<int64_t>(seq->tokens.size()) - cached;
+  const int64_t reserve = running_.empty() ? 0 : options_.admission_reserve_blocks;
+  if (seq->table.BlocksNeededFor(rest) + reserve > pool_->num_available()) {
+    Finish(id);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no KV blocks for a ", rest, "-token remote prefill now"));
+  }
+  CHECK_OK(seq->table.AppendSlots(rest));
+  waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
+  remote_.push_back(seq);
+  seq->remote = true;
+  seq->num_computed = cached;
+  counters_.admitted_tokens += static_cast<int64_t>(seq->tokens.size());
+  counters_.prefix_hit_tokens += cached;
+  const auto blocks = seq->table.blocks();
+  return RemotePrefillPlan{.cached_tokens = cached,
+                           .blocks = std::vector<int32_t>(blocks.begin(), blocks.end())};
+}
+
+void Scheduler::CompleteRemotePrefill(SequenceId id) {
+  auto it = sequences_.find(id);
+  CHECK(it != sequences_.end() && it->second->remote) << "sequence " << id << " is not remote";
+  Sequence* seq = it->second.get();
+  remote_.erase(std::find(remote_.begin(), remote_.end(), seq));
+  seq->remote = false;
+  seq->running = true;
+  seq->decoding = true;
+  seq->num_computed = static_cast<int64_t>(seq->tokens.size());
+  running_.push_back(seq);
+  if (pool_->prefix_caching()) seq->table.RegisterFullBlocks(seq->hashes);
+}
+
+void Scheduler::FallBackToLocalPrefill(SequenceId id) {
+  auto it = sequences_.find(id);
+  CHECK(it != sequences_.end() && it->second->remote) << "sequence " << id << " is not remote";
+  Sequence* seq = it->second.get();
+  remote_.erase(std::find(remote_.begin(), remote_.end(), seq));
+  seq->remote = false;
+  // What the peer wrote cannot be trusted: only the cached prefix stays, as for a preemption.
+  seq->table.Release();
+  seq->num_computed = 0;
+  waiting_.push_back(seq);
+}
+
 ScheduledStep Scheduler::Schedule() {
   ScheduledStep step;
   int64_t budget = options_.max_tokens_per_step;
@@ -228,7 +290,10 @@ ScheduledStep Scheduler::Schedule() {
     std::sort(waiting_.begin(), waiting_.end(), Before<Sequence>);
     const std::vector<Sequence*> queue = waiting_;
     for (Sequence* seq : queue) {
-      if (budget <= 0 || static_cast<int64_t>(running_.size()) >= options_.max_running) break;
+      if (budget <= 0 ||
+          static_cast<int64_t>(running_.size() + remote_.size()) >= options_.max_running) {
+        break;
+      }
       if (seq->running) continue;
       const bool admitted = TryAdmit(seq, &step, &budget);
       // A sequence preempted for this one ranks above everything after it in the queue: those
@@ -278,6 +343,7 @@ SchedulerStats Scheduler::stats() const {
   s.cached_blocks = pool_->num_cached();
   s.used_blocks = pool_->num_used();
   s.running = static_cast<int64_t>(running_.size());
+  s.remote_prefills = static_cast<int64_t>(remote_.size());
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.wasted_slots = 0;
   for (const Sequence* seq : running_) s.wasted_slots += seq->table.capacity() - seq->table.num_tokens();
@@ -290,9 +356,17 @@ void Scheduler::CheckInvariants() const {
   for (const auto& [id, seq] : sequences_) {
     const bool in_running = std::find(running_.begin(), running_.end(), seq.get()) != running_.end();
     const bool in_waiting = std::find(waiting_.begin(), waiting_.end(), seq.get()) != waiting_.end();
-    CHECK(in_running != in_waiting) << "sequence " << id << " is in " << (in_running ? "both" : "no")
-                                    << " queue";
+    const bool in_remote = std::find(remote_.begin(), remote_.end(), seq.get()) != remote_.end();
+    CHECK(int{in_running} + int{in_waiting} + int{in_remote} == 1)
+        << "sequence " << id << " is not in exactly one queue";
     CHECK(in_running == seq->running);
+    CHECK(in_remote == seq->remote);
+    if (seq->remote) {
+      // Slots for the whole prompt; what the peer writes is not computed here yet.
+      CHECK(seq->table.num_tokens() == static_cast<int64_t>(seq->tokens.size()));
+      for (int32_t b : seq->table.blocks()) ++holders[static_cast<size_t>(b)];
+      continue;
+    }
     CHECK(static_cast<int64_t>(seq->tokens.size()) <= seq->max_total);
     if (!seq->running) {
       CHECK(seq->table.blocks().empty() && seq->num_computed == 0)
@@ -306,7 +380,7 @@ void Scheduler::CheckInvariants() const {
         << "sequence " << id << " holds a block it does not need";
     for (int32_t b : seq->table.blocks()) ++holders[static_cast<size_t>(b)];
   }
-  CHECK(sequences_.size() == running_.size() + waiting_.size());
+  CHECK(sequences_.size() == running_.size() + waiting_.size() + remote_.size());
   for (size_t b = 0; b < holders.size(); ++b) {
     CHECK(holders[b] == pool_->ref_count(static_cast<int32_t>(b)))
         << "block " << b << " has a reference count that no sequence accounts for";

@@ -31,6 +31,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/kv/block_pool.h"
 #include "engine/kv/block_table.h"
@@ -76,6 +77,15 @@ struct ScheduledStep {
   int64_t num_decode_tokens = 0;
 };
 
+// Where another worker writes a sequence's prompt K/V (disaggregated prefill).
+struct RemotePrefillPlan {
+  // Leading prompt tokens this pool's prefix cache already holds (whole blocks); the peer writes
+  // the rest.
+  int64_t cached_tokens = 0;
+  // The sequence's blocks for its whole prompt, in position order.
+  std::vector<int32_t> blocks;
+};
+
 struct SchedulerStats {
   int64_t total_blocks = 0;
   int64_t free_blocks = 0;    // unreferenced, nothing cached
@@ -83,6 +93,7 @@ struct SchedulerStats {
   int64_t used_blocks = 0;    // held by sequences
   int64_t running = 0;
   int64_t waiting = 0;
+  int64_t remote_prefills = 0;  // sequences whose prompt K/V a peer is writing
   // Over all admissions (a recomputed sequence counts again): tokens of the sequence when it was
   // admitted, and those of them found in the prefix cache.
   int64_t admitted_tokens = 0;
@@ -109,7 +120,21 @@ class Scheduler {
   // whole pool could not hold the sequence at its longest.
   absl::Status Add(SequenceId id, std::vector<int32_t> prompt, int64_t max_new_tokens,
                    int priority = 0);
-  // Drops a sequence, running or waiting, and releases its blocks at once. False for an unknown id.
+  // Disaggregated prefill. Adds a sequence whose prompt K/V another worker writes: takes its
+  // cached prefix and allocates blocks for the rest of the prompt now. The sequence takes no part
+  // in steps (and is never preempted) until CompleteRemotePrefill or FallBackToLocalPrefill; it
+  // counts against max_running. Errors as Add, and RESOURCE_EXHAUSTED (nothing added) when the
+  // batch is full or the blocks are not free now: the caller queues it with Add instead.
+  absl::StatusOr<RemotePrefillPlan> AddRemotePrefill(SequenceId id, std::vector<int32_t> prompt,
+                                                     int64_t max_new_tokens, int priority = 0);
+  // The peer wrote the whole prompt: the sequence joins the batch, ready for AppendToken with the
+  // first token (which the peer sampled).
+  void CompleteRemotePrefill(SequenceId id);
+  // The peer failed: the sequence releases its blocks and waits to be prefilled here.
+  void FallBackToLocalPrefill(SequenceId id);
+
+  // Drops a sequence, running, waiting or remote, and releases its blocks at once. False for an
+  // unknown id.
   bool Finish(SequenceId id);
 
   // Picks the next step. Items point into the scheduler's state: valid until the next call of a
@@ -149,6 +174,7 @@ class Scheduler {
   absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
   std::vector<Sequence*> running_;  // in admission order
   std::vector<Sequence*> waiting_;  // unordered; Schedule sorts
+  std::vector<Sequence*> remote_;   // being prefilled by a peer
   uint64_t next_arrival_ = 0;
   SchedulerStats counters_;
 };

@@ -1321,3 +1321,135 @@ INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerStressTest, ::testing::Range<uint32_t>(
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+std::vector<int32_t> Range(int32_t first, int32_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = first + i;
+  return v;
+}
+
+// Runs `sched` (no remote sequences left) until every sequence finished, generating with
+// NextToken, finishing a sequence when it reaches `total[id]` tokens.
+void RunToEnd(Scheduler& sched, std::map<SequenceId, size_t> total) {
+  for (int steps = 0; sched.HasWork(); ++steps) {
+    ASSERT_LT(steps, 1000);
+    ScheduledStep step = sched.Schedule();
+    sched.CheckInvariants();
+    sched.Commit(step);
+    for (const ScheduledItem& item : step.items) {
+      if (!item.samples) continue;
+      const auto tokens = sched.tokens(item.id);
+      if (tokens.size() + 1 >= total[item.id]) {
+        sched.Finish(item.id);
+      } else {
+        sched.AppendToken(item.id, NextToken(tokens));
+      }
+    }
+    sched.CheckInvariants();
+  }
+}
+
+// A remote prefill takes the cached prefix and blocks for the rest of the prompt at once, sits out
+// the steps while a peer writes, and then decodes from the end of its prompt.
+TEST(SchedulerRemotePrefillTest, ReservesThenJoinsTheBatchDecoding) {
+  auto pool = MakePool(32);
+  Scheduler sched(pool.get(), {.max_running = 4, .max_tokens_per_step = 64});
+  // A first sequence computes and caches the shared prefix (3 full blocks).
+  ASSERT_TRUE(sched.Add(1, Range(100, 14), 3).ok());
+  RunToEnd(sched, {{1, 17}});
+  ASSERT_GE(pool->num_cached(), 3);
+
+  std::vector<int32_t> prompt = Range(100, 12);  // the cached 3 blocks
+  for (int32_t t : Range(500, 9)) prompt.push_back(t);  // + 9 new tokens
+  auto plan = sched.AddRemotePrefill(2, prompt, 5);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->cached_tokens, 12);
+  ASSERT_EQ(plan->blocks.size(), 6u);  // 21 tokens
+  EXPECT_EQ(sched.stats().remote_prefills, 1);
+  sched.CheckInvariants();
+  // While the peer writes, nothing of it is scheduled.
+  EXPECT_THAT(sched.Schedule().items, IsEmpty());
+
+  sched.CompleteRemotePrefill(2);
+  sched.AppendToken(2, NextToken(prompt));  // the peer's first token
+  sched.CheckInvariants();
+  ScheduledStep step = sched.Schedule();
+  ASSERT_EQ(step.items.size(), 1u);
+  EXPECT_EQ(step.items[0].start, 21);
+  EXPECT_TRUE(step.items[0].is_decode);
+  EXPECT_THAT(step.items[0].block_table.first(6), ElementsAreArray(plan->blocks));
+  sched.Commit(step);
+  // Its prompt's full blocks are now in the prefix cache too.
+  std::vector<BlockHash> hashes = HashFullBlocks(pool->model_hash(), prompt, kBlockSize);
+  EXPECT_EQ(pool->CachedPrefixLength(hashes), 5);
+  sched.Finish(2);
+  sched.CheckInvariants();
+  EXPECT_EQ(pool->num_used(), 0);
+}
+
+TEST(SchedulerRemotePrefillTest, RefusedWhenTheBatchOrThePoolIsFull) {
+  auto pool = MakePool(6);  // 24 slots
+  Scheduler sched(pool.get(), {.max_running = 1, .max_tokens_per_step = 64});
+  ASSERT_TRUE(sched.AddRemotePrefill(1, Range(0, 8), 4).ok());
+  auto full_batch = sched.AddRemotePrefill(2, Range(50, 4), 4);
+  EXPECT_EQ(full_batch.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(sched.Contains(2));
+  Scheduler other(pool.get(), {.max_running = 4, .max_tokens_per_step = 64});
+  auto no_blocks = other.AddRemotePrefill(3, Range(70, 20), 2);  // 5 blocks; 4 are free
+  EXPECT_EQ(no_blocks.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(other.Contains(3));
+  EXPECT_EQ(pool->num_used(), 2);
+  EXPECT_TRUE(sched.Finish(1));
+  EXPECT_EQ(pool->num_used(), 0);
+}
+
+// When the peer fails, the sequence is prefilled here and ends as it would have anyway.
+TEST(SchedulerRemotePrefillTest, FallBackPrefillsLocally) {
+  auto pool = MakePool(16);
+  Scheduler sched(pool.get(), {.max_running = 4, .max_tokens_per_step = 64});
+  const std::vector<int32_t> prompt = Range(7, 10);
+  ASSERT_TRUE(sched.AddRemotePrefill(1, prompt, 6).ok());
+  sched.FallBackToLocalPrefill(1);
+  sched.CheckInvariants();
+  EXPECT_EQ(pool->num_used(), 0);
+  EXPECT_EQ(sched.stats().waiting, 1);
+  ScheduledStep step = sched.Schedule();
+  ASSERT_EQ(step.items.size(), 1u);
+  EXPECT_EQ(step.items[0].start, 0);
+  EXPECT_EQ(step.items[0].tokens.size(), 10u);
+  sched.Commit(step);
+  sched.AppendToken(1, NextToken(prompt));
+  RunToEnd(sched, {{1, 16}});
+}
+
+// Blocks a peer is writing into are never taken by a preemption: a running sequence that cannot
+// grow preempts itself instead.
+TEST(SchedulerRemotePrefillTest, RemoteBlocksAreNeverPreempted) {
+  auto pool = MakePool(4);  // 16 slots
+  Scheduler sched(pool.get(),
+                  {.max_running = 4, .max_tokens_per_step = 64, .admission_reserve_blocks = 0});
+  ASSERT_TRUE(sched.Add(1, Range(0, 4), 8).ok());
+  ScheduledStep step = sched.Schedule();
+  sched.Commit(step);
+  auto plan = sched.AddRemotePrefill(2, Range(40, 12), 2);  // the other 3 blocks
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  sched.AppendToken(1, 9);  // sequence 1 now needs a second block: none is free
+  step = sched.Schedule();
+  EXPECT_THAT(step.preempted, ElementsAre(1));
+  EXPECT_THAT(step.items, IsEmpty());
+  sched.CheckInvariants();
+  EXPECT_EQ(pool->num_used(), 3);
+  sched.Finish(2);
+  step = sched.Schedule();
+  // Sequence 1 is recomputed: its full first block comes from the prefix cache, its token anew.
+  ASSERT_EQ(step.items.size(), 1u);
+  EXPECT_EQ(step.items[0].id, 1u);
+  EXPECT_EQ(step.items[0].start, 4);
+  EXPECT_EQ(step.items[0].tokens.size(), 1u);
+}
+
+}  // namespace
+}  // namespace tandem
