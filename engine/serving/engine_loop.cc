@@ -1,0 +1,247 @@
+#include "engine/serving/engine_loop.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace tandem {
+
+absl::StatusOr<std::unique_ptr<EngineLoop>> EngineLoop::Start(const std::string& model_path,
+                                                              const Options& options) {
+  if (options.max_requests <= 0 || options.event_history == 0) {
+    return absl::InvalidArgumentError("max_requests and event_history must be positive");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine,
+                   LocalEngine::Open(model_path, options.engine));
+  auto loop = std::unique_ptr<EngineLoop>(new EngineLoop(std::move(engine), options));
+  loop->engine_->kv_pool().set_event_listener(
+      [raw = loop.get()](const KvEvent& event) { raw->OnEvent(event); });
+  loop->thread_ = std::thread([raw = loop.get()] { raw->Loop(); });
+  return loop;
+}
+
+EngineLoop::EngineLoop(std::unique_ptr<LocalEngine> engine, const Options& options)
+    : engine_(std::move(engine)),
+      options_(options),
+      layout_(engine_->kv_pool().layout()),
+      max_running_(options.engine.scheduler.max_running) {
+  absl::MutexLock lock(&mu_);
+  PublishStats();
+}
+
+EngineLoop::~EngineLoop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+void EngineLoop::Loop() {
+  while (true) {
+    std::deque<absl::AnyInvocable<void(LocalEngine&) &&>> tasks;
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!engine_->HasWork()) {
+        mu_.Await(absl::Condition(
+            +[](EngineLoop* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu_) {
+              return l->stopping_ || !l->tasks_.empty();
+            },
+            this));
+      }
+      tasks.swap(tasks_);
+      stopping = stopping_;
+    }
+    for (auto& task : tasks) std::move(task)(*engine_);
+    if (stopping) break;
+    if (!engine_->HasWork()) continue;
+    StepInfo info;
+    if (absl::Status s = engine_->Step(&info); !s.ok()) {
+      LOG(ERROR) << "engine step failed: " << s;
+    }
+    absl::MutexLock lock(&mu_);
+    steps_.push_back(info);
+    if (steps_.size() > options_.step_history) steps_.pop_front();
+    ++steps_total_;
+    PublishStats();
+  }
+  // Stopping: the last tasks run (their callers wait for them).
+  std::deque<absl::AnyInvocable<void(LocalEngine&) &&>> rest;
+  {
+    absl::MutexLock lock(&mu_);
+    rest.swap(tasks_);
+    exited_ = true;
+  }
+  for (auto& task : rest) std::move(task)(*engine_);
+}
+
+void EngineLoop::PublishStats() { stats_ = engine_->scheduler_stats(); }
+
+bool EngineLoop::RunOnEngine(absl::AnyInvocable<void(LocalEngine&) &&> task) {
+  absl::Notification done;
+  {
+    absl::MutexLock lock(&mu_);
+    if (exited_) return false;
+    tasks_.push_back([&task, &done](LocalEngine& engine) mutable {
+      std::move(task)(engine);
+      done.Notify();
+    });
+  }
+  done.WaitForNotification();
+  return true;
+}
+
+namespace {
+
+// Wraps a request's callback so that the loop counts the request as gone with its last delta.
+LocalEngine::DeltaCallback Counted(LocalEngine::DeltaCallback on_delta,
+                                   std::function<void()> on_finish) {
+  return [on_delta = std::move(on_delta), on_finish = std::move(on_finish)](
+             const GenerationDelta& d) {
+    on_delta(d);
+    if (d.finish != sampling::FinishReason::kNone) on_finish();
+  };
+}
+
+}  // namespace
+
+absl::Status EngineLoop::Submit(uint64_t id, GenerationRequest request,
+                                LocalEngine::DeltaCallback on_delta) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the engine is stopping");
+    if (requests_ >= options_.max_requests) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the worker holds ", requests_, " requests, its limit"));
+    }
+    ++requests_;
+  }
+  absl::Status status = absl::UnavailableError("the engine stopped");
+  RunOnEngine([&](LocalEngine& engine) {
+    status = engine.Add(id, std::move(request), Counted(std::move(on_delta), [this] {
+                          absl::MutexLock lock(&mu_);
+                          --requests_;
+                        }));
+    absl::MutexLock lock(&mu_);
+    if (!status.ok()) --requests_;
+    PublishStats();
+  });
+  return status;
+}
+
+absl::StatusOr<RemotePrefillPlan> EngineLoop::SubmitRemotePrefill(
+    uint64_t id, GenerationRequest request, LocalEngine::DeltaCallback on_delta) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the engine is stopping");
+    if (requests_ >= options_.max_requests) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the worker holds ", requests_, " requests, its limit"));
+    }
+    ++requests_;
+  }
+  absl::StatusOr<RemotePrefillPlan> plan = absl::UnavailableError("the engine stopped");
+  RunOnEngine([&](LocalEngine& engine) {
+    plan = engine.AddRemotePrefill(id, std::move(request),
+                                   Counted(std::move(on_delta), [this] {
+                                     absl::MutexLock lock(&mu_);
+                                     --requests_;
+                                   }));
+    absl::MutexLock lock(&mu_);
+    if (!plan.ok()) --requests_;
+    PublishStats();
+  });
+  return plan;
+}
+
+absl::Status EngineLoop::CompleteRemotePrefill(uint64_t id, int32_t first_token) {
+  absl::Status status = absl::UnavailableError("the engine stopped");
+  RunOnEngine([&](LocalEngine& engine) {
+    status = engine.CompleteRemotePrefill(id, first_token);
+    absl::MutexLock lock(&mu_);
+    PublishStats();
+  });
+  return status;
+}
+
+absl::Status EngineLoop::FallBackToLocalPrefill(uint64_t id) {
+  absl::Status status = absl::UnavailableError("the engine stopped");
+  RunOnEngine([&](LocalEngine& engine) {
+    status = engine.FallBackToLocalPrefill(id);
+    absl::MutexLock lock(&mu_);
+    PublishStats();
+  });
+  return status;
+}
+
+bool EngineLoop::Cancel(uint64_t id) {
+  bool found = false;
+  RunOnEngine([&](LocalEngine& engine) {
+    found = engine.Cancel(id);
+    absl::MutexLock lock(&mu_);
+    if (found) --requests_;
+    PublishStats();
+  });
+  return found;
+}
+
+EngineLoop::State EngineLoop::Snapshot() {
+  State state;
+  RunOnEngine([&](LocalEngine& engine) {
+    state.cache = engine.kv_pool().Snapshot();
+    state.stats = engine.scheduler_stats();
+    absl::MutexLock lock(&mu_);
+    state.recent_steps.assign(steps_.begin(), steps_.end());
+    state.steps_total = steps_total_;
+  });
+  return state;
+}
+
+void EngineLoop::OnEvent(const KvEvent& event) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back(event);
+  last_event_id_ = event.event_id;
+  while (events_.size() > options_.event_history) events_.pop_front();
+}
+
+absl::StatusOr<std::vector<KvEvent>> EngineLoop::EventsAfter(uint64_t after,
+                                                             absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, after]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || last_event_id_ > after;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  std::vector<KvEvent> out;
+  if (last_event_id_ <= after) return out;
+  if (events_.empty() || events_.front().event_id > after + 1) {
+    return absl::OutOfRangeError(absl::StrCat("KV events after ", after,
+                                              " are no longer kept; take a new snapshot"));
+  }
+  for (const KvEvent& e : events_) {
+    if (e.event_id > after) out.push_back(e);
+  }
+  return out;
+}
+
+SchedulerStats EngineLoop::stats() {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+std::vector<StepInfo> EngineLoop::StepsAfter(uint64_t after, uint64_t* newest) {
+  absl::MutexLock lock(&mu_);
+  *newest = steps_total_;
+  std::vector<StepInfo> out;
+  const uint64_t first = steps_total_ - steps_.size();  // step number of steps_.front() is first+1
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    if (first + i + 1 > after) out.push_back(steps_[i]);
+  }
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,127 @@
+// A LocalEngine on a thread of its own, for a worker's RPC handlers: they submit and cancel
+// requests from any thread and receive each request's tokens through its callback, while the
+// engine thread steps the batch whenever there is work. It also keeps what WatchState needs: a
+// consistent snapshot of the prefix cache, the KV events since, the latest scheduler counters and
+// the recent step timings.
+//
+//   ASSIGN_OR_RETURN(auto loop, EngineLoop::Start(model_path, {}));
+//   RETURN_IF_ERROR(loop->Submit(id, std::move(request), [queue](const GenerationDelta& d) {
+//     queue->Push(d);  // on the engine thread: must not block
+//   }));
+//   ...
+//   loop->Cancel(id);  // no delta follows
+#ifndef TANDEM_ENGINE_SERVING_ENGINE_LOOP_H_
+#define TANDEM_ENGINE_SERVING_ENGINE_LOOP_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/runtime/local_engine.h"
+
+namespace tandem {
+
+class EngineLoop {
+ public:
+  struct Options {
+    LocalEngine::Options engine;
+    // Requests in the engine (running, waiting or awaiting a remote prefill) beyond which Submit
+    // refuses with RESOURCE_EXHAUSTED, so a flood cannot grow memory without bound.
+    int64_t max_requests = 1024;
+    // KV events kept for subscribers that read late; one that falls further behind gets
+    // OUT_OF_RANGE and must take a new snapshot.
+    size_t event_history = 1 << 16;
+    // Step timings kept for load samples.
+    size_t step_history = 64;
+  };
+
+  // Loads the model and starts the engine thread.
+  static absl::StatusOr<std::unique_ptr<EngineLoop>> Start(const std::string& model_path,
+                                                           const Options& options);
+  // Stops the thread. Requests still in the engine are dropped without a further delta: stop
+  // whatever submits (the RPC servers, which cancel their calls) first.
+  ~EngineLoop();
+
+  // Immutable after Start; safe from any thread.
+  const ModelConfig& config() const { return engine_->config(); }
+  const Tokenizer& tokenizer() const { return engine_->tokenizer(); }
+  const absl::StatusOr<ChatTemplate>& chat_template() const { return engine_->chat_template(); }
+  const std::string& model_id() const { return engine_->model_id(); }
+  // The KV pool's memory (for registering it with a transport) and shape.
+  KvStorage& kv_storage() { return engine_->kv_pool().storage(); }
+  const KvLayout& kv_layout() const { return layout_; }
+  int64_t max_running() const { return max_running_; }
+  std::vector<int32_t> EncodePrompt(absl::string_view text) const {
+    return engine_->EncodePrompt(text);
+  }
+  absl::StatusOr<std::vector<int32_t>> EncodeChat(const std::vector<ChatMessage>& messages) const {
+    return engine_->EncodeChat(messages);
+  }
+
+  // Thread-safe. As LocalEngine::Add / AddRemotePrefill / CompleteRemotePrefill /
+  // FallBackToLocalPrefill / Cancel, run on the engine thread; `on_delta` runs there too and must
+  // not block. RESOURCE_EXHAUSTED beyond Options::max_requests; UNAVAILABLE once stopping.
+  absl::Status Submit(uint64_t id, GenerationRequest request, LocalEngine::DeltaCallback on_delta);
+  absl::StatusOr<RemotePrefillPlan> SubmitRemotePrefill(uint64_t id, GenerationRequest request,
+                                                        LocalEngine::DeltaCallback on_delta);
+  absl::Status CompleteRemotePrefill(uint64_t id, int32_t first_token);
+  absl::Status FallBackToLocalPrefill(uint64_t id);
+  // Drops the request at once and frees its blocks; no delta follows. False for an unknown id.
+  bool Cancel(uint64_t id);
+
+  // The prefix cache and counters at one moment, consistent with the events up to last_event_id.
+  struct State {
+    SchedulerStats stats;
+    KvCacheSnapshot cache;
+    std::vector<StepInfo> recent_steps;  // oldest first
+    uint64_t steps_total = 0;            // steps since start (StepsAfter's cursor)
+  };
+  State Snapshot();
+  // The KV events with event_id > `after`, waiting up to `timeout` for the first one (an empty
+  // result means none came). OUT_OF_RANGE when events after `after` were already dropped from the
+  // history: take a new Snapshot.
+  absl::StatusOr<std::vector<KvEvent>> EventsAfter(uint64_t after, absl::Duration timeout);
+  // The latest counters (updated after every step and request change).
+  SchedulerStats stats();
+  // Step timings after step number `after` (at most Options::step_history), and the newest
+  // step number.
+  std::vector<StepInfo> StepsAfter(uint64_t after, uint64_t* newest);
+
+ private:
+  EngineLoop(std::unique_ptr<LocalEngine> engine, const Options& options);
+  void Loop();
+  // Runs `task` on the engine thread and waits for it; false (and `task` never runs) once the
+  // thread has stopped.
+  bool RunOnEngine(absl::AnyInvocable<void(LocalEngine&) &&> task);
+  void OnEvent(const KvEvent& event);  // the pool's listener, on the engine thread
+  void PublishStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  std::unique_ptr<LocalEngine> engine_;
+  const Options options_;
+  const KvLayout layout_;
+  const int64_t max_running_;
+  std::thread thread_;
+
+  absl::Mutex mu_;
+  std::deque<absl::AnyInvocable<void(LocalEngine&) &&>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool exited_ ABSL_GUARDED_BY(mu_) = false;  // the thread takes no more tasks
+  int64_t requests_ ABSL_GUARDED_BY(mu_) = 0;  // submitted and not finished or cancelled
+  SchedulerStats stats_ ABSL_GUARDED_BY(mu_);
+  std::deque<KvEvent> events_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_event_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<StepInfo> steps_ ABSL_GUARDED_BY(mu_);
+  uint64_t steps_total_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_ENGINE_SERVING_ENGINE_LOOP_H_

@@ -1,0 +1,169 @@
+#include "engine/serving/engine_loop.h"
+
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/logging.h"
+#include "common/version.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+std::string ModelPath() {
+  return absl::StrCat(kSourceDir, "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+std::unique_ptr<EngineLoop> StartLoop(int64_t max_requests = 64) {
+  EngineLoop::Options options;
+  options.engine.forward.num_threads = 2;
+  options.engine.kv_blocks = 96;
+  options.engine.scheduler.max_running = 8;
+  options.max_requests = max_requests;
+  auto loop = EngineLoop::Start(ModelPath(), options);
+  CHECK(loop.ok()) << loop.status();
+  return *std::move(loop);
+}
+
+GenerationRequest Greedy(const std::vector<int32_t>& prompt, int64_t max_tokens) {
+  GenerationRequest r;
+  r.prompt = prompt;
+  r.sampling.temperature = 0;
+  r.sampling.ignore_eos = true;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+// A request's deltas, collected on the engine thread, awaited on another.
+struct Stream {
+  absl::Mutex mu;
+  std::vector<int32_t> tokens ABSL_GUARDED_BY(mu);
+  bool done ABSL_GUARDED_BY(mu) = false;
+  LocalEngine::DeltaCallback Callback() {
+    return [this](const GenerationDelta& d) {
+      absl::MutexLock lock(&mu);
+      tokens.push_back(d.token);
+      if (d.finish != sampling::FinishReason::kNone) done = true;
+    };
+  }
+  std::vector<int32_t> Wait() {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&done));
+    return tokens;
+  }
+};
+
+TEST(EngineLoopTest, RequestsFromManyThreadsEachGetTheirOwnOutput) {
+  auto loop = StartLoop();
+  const std::vector<std::string> texts = {"The capital of France is", "1, 2, 3, 4,",
+                                          "def add(a, b):", "Once upon a time"};
+  // Each alone first: the reference.
+  std::vector<std::vector<int32_t>> alone;
+  for (const std::string& t : texts) {
+    Stream s;
+    ASSERT_TRUE(loop->Submit(100, Greedy(loop->EncodePrompt(t), 10), s.Callback()).ok());
+    alone.push_back(s.Wait());
+  }
+  std::vector<Stream> streams(texts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    threads.emplace_back([&, i] {
+      ASSERT_TRUE(loop->Submit(i, Greedy(loop->EncodePrompt(texts[i]), 10), streams[i].Callback())
+                      .ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(streams[i].Wait(), alone[i]) << texts[i];
+  EXPECT_EQ(loop->stats().used_blocks, 0);
+  uint64_t newest = 0;
+  EXPECT_FALSE(loop->StepsAfter(0, &newest).empty());
+  EXPECT_GT(newest, 0u);
+}
+
+TEST(EngineLoopTest, CancelStopsTheStreamAndFreesItsBlocks) {
+  auto loop = StartLoop();
+  absl::Notification first;
+  absl::Mutex mu;
+  int deltas = 0;
+  ASSERT_TRUE(loop->Submit(1, Greedy(loop->EncodePrompt("Count: 1, 2, 3,"), 500),
+                           [&](const GenerationDelta&) {
+                             absl::MutexLock lock(&mu);
+                             if (++deltas == 1) first.Notify();
+                           })
+                  .ok());
+  first.WaitForNotification();
+  EXPECT_TRUE(loop->Cancel(1));
+  int seen;
+  {
+    absl::MutexLock lock(&mu);
+    seen = deltas;
+  }
+  EXPECT_FALSE(loop->Cancel(1));
+  EXPECT_EQ(loop->stats().used_blocks, 0);
+  EXPECT_EQ(loop->stats().running, 0);
+  // The loop still serves, and the cancelled stream got nothing more.
+  Stream s;
+  ASSERT_TRUE(loop->Submit(2, Greedy(loop->EncodePrompt("Hello"), 3), s.Callback()).ok());
+  EXPECT_EQ(s.Wait().size(), 3u);
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(deltas, seen);
+}
+
+TEST(EngineLoopTest, TooManyRequestsAreRefused) {
+  auto loop = StartLoop(/*max_requests=*/2);
+  Stream a, b, c;
+  ASSERT_TRUE(loop->Submit(1, Greedy(loop->EncodePrompt("a"), 40), a.Callback()).ok());
+  ASSERT_TRUE(loop->Submit(2, Greedy(loop->EncodePrompt("b"), 40), b.Callback()).ok());
+  const absl::Status third = loop->Submit(3, Greedy(loop->EncodePrompt("c"), 4), c.Callback());
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+  a.Wait();
+  b.Wait();
+  EXPECT_TRUE(loop->Submit(3, Greedy(loop->EncodePrompt("c"), 4), c.Callback()).ok());
+  c.Wait();
+  // A bad request is refused and not counted.
+  GenerationRequest empty;
+  EXPECT_EQ(loop->Submit(4, empty, c.Callback()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A subscriber that takes a snapshot and then follows the events holds what a later snapshot
+// holds.
+TEST(EngineLoopTest, SnapshotPlusEventsEqualsTheNextSnapshot) {
+  auto loop = StartLoop();
+  const EngineLoop::State first = loop->Snapshot();
+  std::set<BlockHash> view(first.cache.hashes.begin(), first.cache.hashes.end());
+  uint64_t last = first.cache.last_event_id;
+  for (int i = 0; i < 3; ++i) {
+    Stream s;
+    std::vector<int32_t> prompt = loop->EncodePrompt(
+        absl::StrCat("Request ", i, ": the quick brown fox jumps over the lazy dog again and again"));
+    ASSERT_TRUE(loop->Submit(10 + i, Greedy(prompt, 20), s.Callback()).ok());
+    s.Wait();
+  }
+  while (true) {
+    auto events = loop->EventsAfter(last, absl::Milliseconds(50));
+    ASSERT_TRUE(events.ok()) << events.status();
+    if (events->empty()) break;
+    for (const KvEvent& e : *events) {
+      ASSERT_EQ(e.event_id, last + 1);
+      last = e.event_id;
+      if (e.kind == KvEvent::Kind::kStored) view.insert(e.hashes.begin(), e.hashes.end());
+      if (e.kind == KvEvent::Kind::kRemoved) {
+        for (BlockHash h : e.hashes) view.erase(h);
+      }
+      if (e.kind == KvEvent::Kind::kCleared) view.clear();
+    }
+  }
+  const EngineLoop::State second = loop->Snapshot();
+  EXPECT_EQ(second.cache.last_event_id, last);
+  EXPECT_EQ(std::vector<BlockHash>(view.begin(), view.end()), second.cache.hashes);
+  EXPECT_FALSE(second.cache.hashes.empty());
+}
+
+}  // namespace
+}  // namespace tandem
