@@ -73,6 +73,7 @@ absl::Status Scheduler::Add(SequenceId id, std::vector<int32_t> prompt, int64_t 
         "the sequence may grow to ", max_total, " tokens (", blocks, " KV blocks); the pool has ",
         pool_->num_blocks(), " blocks of ", bs, " tokens"));
   }
+  counters_.prompt_tokens += static_cast<int64_t>(prompt.size());
   auto seq = std::make_unique<Sequence>(id, std::move(prompt), max_total, priority,
                                         next_arrival_++, pool_);
   if (pool_->prefix_caching()) ExtendBlockHashes(pool_->model_hash(), seq->tokens, bs, &seq->hashes);
@@ -346,7 +347,15 @@ SchedulerStats Scheduler::stats() const {
   s.remote_prefills = static_cast<int64_t>(remote_.size());
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.wasted_slots = 0;
-  for (const Sequence* seq : running_) s.wasted_slots += seq->table.capacity() - seq->table.num_tokens();
+  for (const Sequence* seq : running_) {
+    s.wasted_slots += seq->table.capacity() - seq->table.num_tokens();
+    if (seq->decoding) {
+      s.active_decode_tokens += static_cast<int64_t>(seq->tokens.size());
+    } else {
+      s.queued_prefill_tokens += seq->remaining();
+    }
+  }
+  for (const Sequence* seq : waiting_) s.queued_prefill_tokens += seq->remaining();
   return s;
 }
 

@@ -94,6 +94,12 @@ struct SchedulerStats {
   int64_t running = 0;
   int64_t waiting = 0;
   int64_t remote_prefills = 0;  // sequences whose prompt K/V a peer is writing
+  // Tokens of waiting and still-prefilling sequences not computed yet (their prefill work ahead).
+  int64_t queued_prefill_tokens = 0;
+  // Sum of the context lengths of the sequences that are decoding.
+  int64_t active_decode_tokens = 0;
+  // Prompt tokens of every sequence added (a counter).
+  int64_t prompt_tokens = 0;
   // Over all admissions (a recomputed sequence counts again): tokens of the sequence when it was
   // admitted, and those of them found in the prefix cache.
   int64_t admitted_tokens = 0;

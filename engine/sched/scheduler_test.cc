@@ -1451,5 +1451,21 @@ TEST(SchedulerRemotePrefillTest, RemoteBlocksAreNeverPreempted) {
   EXPECT_EQ(step.items[0].tokens.size(), 1u);
 }
 
+// The load numbers a worker reports: prefill work ahead and decode context.
+TEST(SchedulerStatsTest, QueuedPrefillAndActiveDecodeTokens) {
+  auto pool = MakePool(32);
+  Scheduler sched(pool.get(), {.max_running = 4, .max_tokens_per_step = 8});
+  ASSERT_TRUE(sched.Add(1, Range(0, 6), 4).ok());
+  ASSERT_TRUE(sched.Add(2, Range(100, 10), 4).ok());
+  EXPECT_EQ(sched.stats().queued_prefill_tokens, 16);
+  EXPECT_EQ(sched.stats().prompt_tokens, 16);
+  EXPECT_EQ(sched.stats().active_decode_tokens, 0);
+  ScheduledStep step = sched.Schedule();  // 1's 6 tokens and 2 of 2's
+  sched.Commit(step);
+  sched.AppendToken(1, 7);
+  EXPECT_EQ(sched.stats().queued_prefill_tokens, 8);
+  EXPECT_EQ(sched.stats().active_decode_tokens, 7);
+}
+
 }  // namespace
 }  // namespace tandem
