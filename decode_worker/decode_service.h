@@ -1,0 +1,57 @@
+// tandem.v1.Decode on a decode worker: one Generate stream per request. The worker reserves the
+// request's KV blocks (after its cached prefix), asks the router's prefill workers in order to
+// write the rest of the prompt's K/V into them, falls back to the next one and then to prefilling
+// locally when one fails or misses its deadline, then decodes the request in its continuous batch
+// and streams the tokens. A request without prefill targets is prefilled here (aggregated mode).
+#ifndef TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
+#define TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/serving/engine_loop.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem {
+
+class DecodeService final : public v1::Decode::Service {
+ public:
+  struct Options {
+    std::string worker_id;
+    // Where prefill workers write this worker's blocks; empty: prefill targets are ignored (the
+    // worker prefills everything itself).
+    v1::KvPoolDescriptor kv_pool;
+    // Used when the request carries no prefill_timeout_ms.
+    absl::Duration default_prefill_timeout = absl::Seconds(30);
+  };
+
+  // `loop` must outlive the service.
+  DecodeService(EngineLoop* loop, Options options);
+
+  grpc::Status Generate(grpc::ServerContext* context, const v1::DecodeRequest* request,
+                        grpc::ServerWriter<v1::DecodeResponse>* writer) override;
+  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
+                      v1::CancelResponse* response) override;
+
+ private:
+  struct Call;
+  // Asks the prefill targets in order; true when one of them wrote the prompt and the request
+  // continues from its first token.
+  bool PrefillRemotely(const v1::DecodeRequest& request, uint64_t id, const RemotePrefillPlan& plan,
+                       grpc::ServerContext* context, v1::Timings* timings);
+  v1::Prefill::StubInterface* PrefillStub(const std::string& address);
+
+  EngineLoop* const loop_;
+  const Options options_;
+  absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, std::shared_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::StubInterface>> stubs_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_DECODE_WORKER_DECODE_SERVICE_H_

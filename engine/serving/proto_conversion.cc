@@ -1,0 +1,42 @@
+#include "engine/serving/proto_conversion.h"
+
+namespace tandem {
+
+sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& p) {
+  sampling::SamplingOptions o;
+  if (p.has_max_tokens()) o.max_tokens = p.max_tokens();
+  if (p.has_temperature()) o.temperature = p.temperature();
+  if (p.has_top_p()) o.top_p = p.top_p();
+  if (p.has_min_p()) o.min_p = p.min_p();
+  if (p.has_top_k()) o.top_k = p.top_k();
+  if (p.has_repetition_penalty()) o.repetition_penalty = p.repetition_penalty();
+  if (p.has_frequency_penalty()) o.frequency_penalty = p.frequency_penalty();
+  if (p.has_presence_penalty()) o.presence_penalty = p.presence_penalty();
+  if (p.has_seed()) o.seed = p.seed();
+  o.stop.assign(p.stop().begin(), p.stop().end());
+  o.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  o.ignore_eos = p.ignore_eos();
+  if (p.has_min_tokens()) o.min_tokens = p.min_tokens();
+  o.logprobs = p.logprobs();
+  return o;
+}
+
+v1::FinishReason FinishReasonToProto(sampling::FinishReason reason) {
+  return static_cast<v1::FinishReason>(static_cast<int>(reason));
+}
+
+void AppendDelta(const GenerationDelta& d, google::protobuf::RepeatedField<int32_t>* ids,
+                 google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* logprobs) {
+  ids->Add(d.token);
+  if (!d.logprob.has_value()) return;
+  v1::TokenLogprobs* lp = logprobs->Add();
+  lp->set_token_id(d.token);
+  lp->set_logprob(*d.logprob);
+  for (const sampling::TokenLogprob& t : d.top_logprobs) {
+    v1::TopLogprob* top = lp->add_top_logprobs();
+    top->set_token_id(t.id);
+    top->set_logprob(t.logprob);
+  }
+}
+
+}  // namespace tandem

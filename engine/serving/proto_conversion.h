@@ -1,0 +1,25 @@
+// Conversions between the wire messages (tandem.v1) and the engine's types, for the workers and
+// the router.
+#ifndef TANDEM_ENGINE_SERVING_PROTO_CONVERSION_H_
+#define TANDEM_ENGINE_SERVING_PROTO_CONVERSION_H_
+
+#include "engine/runtime/local_engine.h"
+#include "engine/sampling/sampling_options.h"
+#include "tandem/v1/inference.pb.h"
+
+namespace tandem {
+
+// Field by field; absent optional fields keep the engine's defaults. Range checks are
+// sampling::ValidateSamplingOptions's (the engine runs them on Add).
+sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& params);
+
+// The two enums share their values.
+v1::FinishReason FinishReasonToProto(sampling::FinishReason reason);
+
+// The delta's token and log-probabilities appended to `ids` / `logprobs`.
+void AppendDelta(const GenerationDelta& delta, google::protobuf::RepeatedField<int32_t>* ids,
+                 google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* logprobs);
+
+}  // namespace tandem
+
+#endif  // TANDEM_ENGINE_SERVING_PROTO_CONVERSION_H_

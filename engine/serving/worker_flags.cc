@@ -1,0 +1,62 @@
+// The flags of tandem-prefill and tandem-decode. Linked into those two binaries only (libraries
+// never read flags); every flag can also come from its TANDEM_* environment variable.
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "cli/default_model.h"
+#include "common/status_macros.h"
+#include "engine/serving/worker_main.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:0", "host:port of the worker's gRPC server (port 0: any)");
+ABSL_FLAG(std::string, metrics_listen, "", "host:port of the Prometheus /metrics server; empty: none");
+ABSL_FLAG(std::string, model, "", "Model file (GGUF); empty: the default model");
+ABSL_FLAG(std::string, models_dir, "", "Folder of downloaded models; empty: <source>/models");
+ABSL_FLAG(std::string, worker_id, "",
+          "Name of this worker in the cluster; empty: <hostname>:<port>, or <hostname>-<pid> when "
+          "the port is chosen at start");
+ABSL_FLAG(std::string, ucx_tls, "", "UCX transports for KV transfers (as UCX_TLS); empty: UCX_TLS");
+ABSL_FLAG(int32_t, threads, 0, "Kernel threads; 0: all cores");
+ABSL_FLAG(int64_t, kv_cache_mb, 512, "Memory for the KV cache, MiB");
+ABSL_FLAG(int64_t, max_running, 64, "Most sequences in one batch");
+ABSL_FLAG(int64_t, max_tokens_per_step, 512, "Token budget of one engine step (prefill chunks + decode)");
+ABSL_FLAG(int64_t, max_requests, 1024, "Requests held at once (running, waiting); more are refused");
+ABSL_FLAG(bool, prefix_caching, true, "Reuse the KV of earlier prompts that share a prefix");
+ABSL_FLAG(std::string, model_id, "", "Model id served and hashed into block hashes; empty: the file name");
+
+namespace tandem {
+
+absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
+  WorkerFlags f;
+  f.listen = absl::GetFlag(FLAGS_listen);
+  f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  ASSIGN_OR_RETURN(f.model_path,
+                   ResolveModelPath(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_models_dir)));
+  f.worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (f.worker_id.empty()) {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "localhost");
+    const size_t colon = f.listen.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : f.listen.substr(colon + 1);
+    f.worker_id = port.empty() || port == "0" ? absl::StrCat(host, "-", getpid())
+                                              : absl::StrCat(host, ":", port);
+  }
+  f.ucx_tls = absl::GetFlag(FLAGS_ucx_tls);
+  const int64_t kv_mb = absl::GetFlag(FLAGS_kv_cache_mb);
+  if (kv_mb <= 0 || absl::GetFlag(FLAGS_threads) < 0) {
+    return absl::InvalidArgumentError("--kv_cache_mb must be positive and --threads >= 0");
+  }
+  EngineLoop::Options& o = f.loop;
+  o.engine.forward.num_threads = absl::GetFlag(FLAGS_threads);
+  o.engine.kv_cache_bytes = kv_mb << 20;
+  o.engine.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
+  o.engine.scheduler.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  o.engine.enable_prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  o.engine.model_id = absl::GetFlag(FLAGS_model_id);
+  o.max_requests = absl::GetFlag(FLAGS_max_requests);
+  return f;
+}
+
+}  // namespace tandem
