@@ -1,0 +1,53 @@
+// tandem.v1.Prefill on a prefill worker: computes a prompt (reusing its own prefix cache, batched
+// with the other prompts in its engine), writes each layer's K/V straight into the decode
+// worker's blocks as soon as the layer is computed, and answers with the first token once every
+// write is in place.
+#ifndef TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
+#define TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/serving/engine_loop.h"
+#include "kvtransfer/kv_transport.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem {
+
+class PrefillService final : public v1::Prefill::Service {
+ public:
+  struct Options {
+    std::string worker_id;
+    // Used when the request carries no timeout_ms.
+    absl::Duration default_timeout = absl::Seconds(30);
+  };
+
+  // `loop` and `transport` (with the loop's pool registered) must outlive the service.
+  PrefillService(EngineLoop* loop, kvtransfer::KvTransport* transport, Options options);
+
+  grpc::Status Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
+                       v1::PrefillResponse* response) override;
+  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
+                      v1::CancelResponse* response) override;
+
+ private:
+  // A connection to the destination pool, reused across requests until it breaks.
+  absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> ConnectionTo(
+      const v1::KvDestination& destination, const kvtransfer::PoolDescriptor& pool,
+      absl::Time deadline, bool fresh);
+
+  EngineLoop* const loop_;
+  kvtransfer::KvTransport* const transport_;
+  const Options options_;
+  absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, uint64_t> calls_ ABSL_GUARDED_BY(mu_);  // request id -> engine id
+  absl::flat_hash_map<std::string, std::shared_ptr<kvtransfer::Connection>> connections_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_

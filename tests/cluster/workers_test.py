@@ -1,0 +1,161 @@
+"""Prefill and decode workers as real processes on loopback: aggregated, disaggregated (KV over
+UCX shared memory) and fallback paths give the same greedy tokens; a killed prefill worker costs
+no request; cancellation frees the blocks; WatchState's block hashes follow docs/block_hashing.md
+(checked with PyPI xxhash); bad requests get clear errors."""
+import struct
+import threading
+import time
+
+import grpc
+import pytest
+import xxhash
+
+from cluster_common import Process, Protos, wait_until
+
+# Shared memory between the processes on this host (UCX's TCP lanes are not asked for).
+UCX = {"UCX_TLS": "posix,self"}
+FLAGS = ["--listen=127.0.0.1:0", "--kv_cache_mb=48", "--threads=1", "--max_running=16"]
+
+
+@pytest.fixture(scope="module")
+def pb():
+    return Protos()
+
+
+@pytest.fixture()
+def cluster():
+    decode = Process("tandem-decode", *FLAGS, "--worker_id=d0", env=UCX)
+    prefill = Process("tandem-prefill", *FLAGS, "--worker_id=p0", env=UCX)
+    yield decode, prefill
+    for p in (decode, prefill):
+        p.kill()
+
+
+def generate(pb, decode, prompt, max_tokens=12, targets=(), request_id="", timeout=60):
+    stub = pb.worker_grpc.DecodeStub(grpc.insecure_channel(decode.address))
+    request = pb.worker.DecodeRequest(
+        request_id=request_id, prompt_token_ids=prompt,
+        sampling=pb.inference.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+        prefill_targets=[pb.worker.PrefillTarget(worker_id=w, address=a) for w, a in targets])
+    tokens, last = [], None
+    for response in stub.Generate(request, timeout=timeout):
+        tokens += list(response.token_ids)
+        last = response
+    return tokens, last
+
+
+PROMPTS = [[1] + list(range(500, 560)), [1] + list(range(900, 937)), [1, 2, 3] * 30]
+
+
+def test_disaggregated_fallback_and_aggregated_agree(pb, cluster):
+    decode, prefill = cluster
+    for prompt in PROMPTS:
+        local, last = generate(pb, decode, prompt)
+        assert not last.timings.remote_prefill
+        remote, last = generate(pb, decode, prompt, targets=[("p0", prefill.address)])
+        assert last.timings.remote_prefill and last.timings.prefill_worker == "p0"
+        fallback, last = generate(pb, decode, prompt,
+                                  targets=[("gone", "127.0.0.1:1"), ("p0", prefill.address)])
+        assert last.timings.prefill_worker == "p0"
+        assert local == remote == fallback
+        assert len(local) == 12 and last.finish_reason == pb.inference.FINISH_REASON_LENGTH
+
+
+def test_killed_prefill_worker_costs_no_request(pb, cluster):
+    decode, prefill = cluster
+    prompts = [[1] + list(range(1000 + 40 * i, 1040 + 40 * i)) for i in range(8)]
+    expected = [generate(pb, decode, p, max_tokens=24)[0] for p in prompts]
+    results = [None] * len(prompts)
+
+    def run(i):
+        results[i] = generate(pb, decode, prompts[i], max_tokens=24,
+                              targets=[("p0", prefill.address)], timeout=120)[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for i, t in enumerate(threads):
+        t.start()
+        if i == 3:
+            prefill.kill()  # SIGKILL mid-load
+    for t in threads:
+        t.join(180)
+    assert results == expected
+
+
+def watch(pb, address, until, timeout=10):
+    stub = pb.worker_grpc.WorkerStateStub(grpc.insecure_channel(address))
+    stream = stub.WatchState(pb.worker.WatchStateRequest(subscriber="test", load_interval_ms=50),
+                             timeout=timeout)
+    updates = []
+    try:
+        for update in stream:
+            updates.append(update)
+            if until(updates):
+                stream.cancel()
+                break
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.CANCELLED:
+            raise
+    return updates
+
+
+def block_hashes(model_id, tokens, block_size):
+    seed = int.from_bytes(b"TANDEMH1", "little")
+    model = xxhash.xxh3_64_intdigest(model_id.encode(), seed=seed)
+    out, parent = [], 0
+    for s in range(0, len(tokens) - block_size + 1, block_size):
+        data = struct.pack("<QQ", parent, model) + struct.pack(f"<{block_size}I", *tokens[s:s + block_size])
+        parent = xxhash.xxh3_64_intdigest(data, seed=seed)
+        out.append(parent)
+    return out
+
+
+def test_watch_state_events_name_the_prompt_blocks(pb, cluster):
+    decode, _ = cluster
+    first = watch(pb, decode.address, lambda u: True)[0]
+    snapshot = first.snapshot
+    assert snapshot.worker_id == "d0" and snapshot.role == pb.worker.ROLE_DECODE
+    assert snapshot.kv_pool.transport == "ucx" and snapshot.kv_pool.regions
+    prompt = [1] + list(range(3000, 3047))  # 48 tokens: 3 full blocks
+    tokens, _ = generate(pb, decode, prompt, max_tokens=4)
+    expected = block_hashes(snapshot.model_id, prompt, snapshot.block_size)
+    second = watch(pb, decode.address, lambda u: True)[0].snapshot
+    assert set(expected) <= set(second.cached_block_hashes)
+    assert second.last_event_id > snapshot.last_event_id
+
+
+def test_cancel_mid_stream_frees_the_blocks(pb, cluster):
+    decode, _ = cluster
+    stub = pb.worker_grpc.DecodeStub(grpc.insecure_channel(decode.address))
+    request = pb.worker.DecodeRequest(
+        request_id="long", prompt_token_ids=[1] + list(range(100, 200)),
+        sampling=pb.inference.SamplingParams(max_tokens=900, temperature=0, ignore_eos=True))
+    stream = stub.Generate(request, timeout=120)
+    next(stream)
+    next(stream)
+    stream.cancel()
+
+    def freed():
+        loads = [u.load for u in watch(pb, decode.address, lambda u: len(u) > 2) if u.HasField("load")]
+        return loads and loads[-1].used_blocks == 0 and loads[-1].running_seqs == 0
+
+    wait_until(freed, what="the cancelled request's blocks to be freed")
+    # Still serving.
+    assert len(generate(pb, decode, PROMPTS[0], max_tokens=3)[0]) == 3
+
+
+def test_bad_requests_get_clear_errors(pb, cluster):
+    decode, prefill = cluster
+    stub = pb.worker_grpc.DecodeStub(grpc.insecure_channel(decode.address))
+    with pytest.raises(grpc.RpcError) as error:
+        list(stub.Generate(pb.worker.DecodeRequest(model="no-such-model", prompt_token_ids=[1]),
+                           timeout=10))
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as error:
+        list(stub.Generate(pb.worker.DecodeRequest(prompt_token_ids=[]), timeout=10))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    pstub = pb.worker_grpc.PrefillStub(grpc.insecure_channel(prefill.address))
+    with pytest.raises(grpc.RpcError) as error:
+        pstub.Prefill(pb.worker.PrefillRequest(token_ids=[1, 2, 3]), timeout=10)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # Both still serve.
+    assert len(generate(pb, decode, PROMPTS[1], max_tokens=2, targets=[("p0", prefill.address)])[0]) == 2
