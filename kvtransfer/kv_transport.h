@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -115,6 +116,17 @@ class KvTransport {
  public:
   virtual ~KvTransport() = default;
 
+  // Memory for the pool that this transport exposes best, for KvStorage (KvAllocator): UCX
+  // allocates shared memory that a peer on the same host maps directly, so a put is a single
+  // copy by the writer. UNIMPLEMENTED when the transport has no preference (use the heap).
+  // Release it only after the pool is gone; the transport must outlive it.
+  virtual absl::StatusOr<void*> AllocatePoolMemory(size_t /*bytes*/) {
+    return absl::UnimplementedError("this transport takes any memory");
+  }
+  virtual void ReleasePoolMemory(void* /*memory*/) {}
+  // A KvAllocator over AllocatePoolMemory, falling back to the heap when it is UNIMPLEMENTED.
+  KvAllocator PoolAllocator();
+
   // Registers `pool` (which must outlive the transport) for remote writes into it and as the
   // source of this side's writes. FAILED_PRECONDITION when a pool is registered already.
   virtual absl::StatusOr<PoolDescriptor> RegisterPool(KvStorage* pool) = 0;
@@ -131,6 +143,9 @@ class KvTransport {
 
   // This side's name in logs and notifications.
   virtual const std::string& name() const = 0;
+
+ private:
+  absl::flat_hash_set<void*> heap_;  // PoolAllocator's heap fallbacks
 };
 
 // The checks every transport makes before a write starts.

@@ -1,6 +1,7 @@
 #include "kvtransfer/ucx_transport.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -147,6 +148,8 @@ class UcxTransport final : public KvTransport {
   absl::Status Init();
 
   absl::StatusOr<PoolDescriptor> RegisterPool(KvStorage* pool) override;
+  absl::StatusOr<void*> AllocatePoolMemory(size_t bytes) override;
+  void ReleasePoolMemory(void* memory) override;
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const PoolDescriptor& remote,
                                                       absl::Time deadline) override;
   void SetNotificationHandler(absl::AnyInvocable<void(Notification)> handler) override {
@@ -220,6 +223,9 @@ class UcxTransport final : public KvTransport {
   KvStorage* pool_ ABSL_GUARDED_BY(pool_mu_) = nullptr;
   ucp_mem_h memh_ = nullptr;
   uint64_t epoch_ = 0;
+  // Memory UCX allocated for the pool (AllocatePoolMemory), already mapped.
+  void* allocated_ = nullptr;
+  ucp_mem_h allocated_memh_ = nullptr;
 
   // Progress-thread state.
   absl::flat_hash_map<uint64_t, std::shared_ptr<ConnState>> conns_;
@@ -338,7 +344,8 @@ UcxTransport::~UcxTransport() {
     (void)!write(wake_fd_, &one, sizeof(one));
     thread_.join();
   }
-  if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
+  if (memh_ != nullptr && memh_ != allocated_memh_) ucp_mem_unmap(context_, memh_);
+  if (allocated_memh_ != nullptr) ucp_mem_unmap(context_, allocated_memh_);
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);
   if (wake_fd_ >= 0) close(wake_fd_);
@@ -378,7 +385,12 @@ void UcxTransport::Loop() {
     for (const auto& [id, conn] : conns_) {
       for (const auto& [op_id, op] : conn->ops) wake = std::min(wake, op.deadline);
     }
-    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) {
+      // UCX holds work it could not post (e.g. a full shared-memory queue to the peer): let the
+      // peer's progress thread, perhaps on this core, drain it instead of spinning.
+      sched_yield();
+      continue;
+    }
     pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(wake - absl::Now()) + 1);
     poll(fds, 2, static_cast<int>(ms));
@@ -480,6 +492,45 @@ void UcxTransport::ExpireDeadlines() {
   }
 }
 
+absl::StatusOr<void*> UcxTransport::AllocatePoolMemory(size_t bytes) {
+  absl::MutexLock lock(&pool_mu_);
+  if (allocated_ != nullptr) {
+    return absl::FailedPreconditionError("the pool memory is allocated already");
+  }
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS |
+                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  mp.length = bytes;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  mp.memory_type = options_.memory_kind == MemoryKind::kCuda ? UCS_MEMORY_TYPE_CUDA
+                                                             : UCS_MEMORY_TYPE_HOST;
+  if (ucs_status_t s = ucp_mem_map(context_, &mp, &allocated_memh_); s != UCS_OK) {
+    allocated_memh_ = nullptr;
+    return absl::UnimplementedError(absl::StrCat("UCX cannot allocate the pool: ", UcxError(s)));
+  }
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  if (ucs_status_t s = ucp_mem_query(allocated_memh_, &attr); s != UCS_OK || attr.length < bytes ||
+                                                              reinterpret_cast<uintptr_t>(attr.address) % 64 != 0) {
+    ucp_mem_unmap(context_, allocated_memh_);
+    allocated_memh_ = nullptr;
+    return absl::UnimplementedError("UCX allocated unusable pool memory");
+  }
+  allocated_ = attr.address;
+  LOG(INFO) << "kvtransfer " << options_.name << ": the KV pool (" << (bytes >> 20)
+            << " MiB) lives in memory UCX allocated, which peers on this host map directly";
+  return allocated_;
+}
+
+void UcxTransport::ReleasePoolMemory(void* memory) {
+  absl::MutexLock lock(&pool_mu_);
+  if (memory != allocated_ || allocated_ == nullptr) return;
+  if (memh_ == allocated_memh_) memh_ = nullptr;
+  ucp_mem_unmap(context_, allocated_memh_);
+  allocated_memh_ = nullptr;
+  allocated_ = nullptr;
+}
+
 absl::StatusOr<PoolDescriptor> UcxTransport::RegisterPool(KvStorage* pool) {
   absl::MutexLock lock(&pool_mu_);
   if (pool_ != nullptr) {
@@ -496,14 +547,16 @@ absl::StatusOr<PoolDescriptor> UcxTransport::RegisterPool(KvStorage* pool) {
   mp.memory_type = options_.memory_kind == MemoryKind::kCuda ? UCS_MEMORY_TYPE_CUDA
                                                              : UCS_MEMORY_TYPE_HOST;
   // ucp_mem_map and ucp_rkey_pack are context-level calls, safe beside the worker's thread.
-  if (ucs_status_t s = ucp_mem_map(context_, &mp, &memh_); s != UCS_OK) {
+  if (pool->data() == allocated_) {
+    memh_ = allocated_memh_;  // mapped when UCX allocated it
+  } else if (ucs_status_t s = ucp_mem_map(context_, &mp, &memh_); s != UCS_OK) {
     return absl::UnavailableError(absl::StrCat("registering the KV pool (", bytes >> 20,
                                                " MiB) with UCX: ", UcxError(s)));
   }
   void* rkey = nullptr;
   size_t rkey_size = 0;
   if (ucs_status_t s = ucp_rkey_pack(context_, memh_, &rkey, &rkey_size); s != UCS_OK) {
-    ucp_mem_unmap(context_, memh_);
+    if (memh_ != allocated_memh_) ucp_mem_unmap(context_, memh_);
     memh_ = nullptr;
     return absl::UnavailableError(absl::StrCat("ucp_rkey_pack: ", UcxError(s)));
   }

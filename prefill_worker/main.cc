@@ -19,6 +19,11 @@ namespace {
 absl::Status Run() {
   absl::StatusOr<WorkerFlags> flags = WorkerFlagsFromCommandLine();
   if (!flags.ok()) return flags.status();
+  absl::StatusOr<std::unique_ptr<kvtransfer::KvTransport>> transport = kvtransfer::CreateUcxTransport(
+      {.name = flags->worker_id, .transports = flags->ucx_tls});
+  if (!transport.ok()) return transport.status();
+  // The pool lives in memory the transport exposes best (shared memory for UCX on one host).
+  flags->loop.engine.kv_allocator = (*transport)->PoolAllocator();
   absl::StatusOr<std::unique_ptr<EngineLoop>> loop =
       EngineLoop::Start(flags->model_path, flags->loop);
   if (!loop.ok()) return loop.status();
@@ -26,9 +31,6 @@ absl::Status Run() {
     absl::StatusOr<int> port = StartProcessMetricsServer(flags->metrics_listen);
     if (!port.ok()) return port.status();
   }
-  absl::StatusOr<std::unique_ptr<kvtransfer::KvTransport>> transport = kvtransfer::CreateUcxTransport(
-      {.name = flags->worker_id, .transports = flags->ucx_tls});
-  if (!transport.ok()) return transport.status();
   // The pool is the source of this worker's writes.
   if (absl::Status s = (*transport)->RegisterPool(&(*loop)->kv_storage()).status(); !s.ok()) {
     return s;

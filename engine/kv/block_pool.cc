@@ -14,7 +14,7 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& lay
     return absl::InvalidArgumentError(
         absl::StrCat("a KV pool holds at most 2^31-1 blocks, not ", layout.num_blocks));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<KvStorage> storage, KvStorage::Create(layout));
+  ASSIGN_OR_RETURN(std::unique_ptr<KvStorage> storage, KvStorage::Create(layout, options.allocator));
   return std::unique_ptr<BlockPool>(new BlockPool(std::move(storage), options));
 }
 

@@ -59,6 +59,8 @@ class BlockPool {
     std::string model_id;
     // When false, nothing is ever cached: Register does nothing and AcquirePrefix finds nothing.
     bool enable_prefix_caching = true;
+    // Where the pool's memory comes from (default: the heap).
+    KvAllocator allocator = {};
   };
 
   static absl::StatusOr<std::unique_ptr<BlockPool>> Create(const KvLayout& layout,

@@ -24,11 +24,29 @@ absl::Status KvLayout::Validate() const {
   return absl::OkStatus();
 }
 
-void KvStorage::FreeDeleter::operator()(float* p) const { std::free(p); }
+void KvStorage::FreeDeleter::operator()(float* p) const {
+  if (release) {
+    release(p);
+  } else {
+    std::free(p);
+  }
+}
 
-absl::StatusOr<std::unique_ptr<KvStorage>> KvStorage::Create(const KvLayout& layout) {
+absl::StatusOr<std::unique_ptr<KvStorage>> KvStorage::Create(const KvLayout& layout,
+                                                             const KvAllocator& allocator) {
   if (absl::Status s = layout.Validate(); !s.ok()) return s;
   const size_t bytes = static_cast<size_t>(layout.total_floats()) * sizeof(float);
+  if (allocator.allocate) {
+    absl::StatusOr<void*> memory = allocator.allocate(bytes);
+    if (!memory.ok()) return memory.status();
+    if (*memory == nullptr || reinterpret_cast<uintptr_t>(*memory) % 64 != 0) {
+      if (*memory != nullptr && allocator.release) allocator.release(*memory);
+      return absl::InternalError("the KV allocator returned memory that is not 64-byte aligned");
+    }
+    std::memset(*memory, 0, bytes);
+    return std::unique_ptr<KvStorage>(
+        new KvStorage(layout, static_cast<float*>(*memory), allocator.release));
+  }
   // 2 MiB alignment lets the kernel back the region with huge pages and keeps SIMD loads aligned.
   constexpr size_t kAlign = size_t{2} << 20;
   void* data = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
@@ -37,10 +55,11 @@ absl::StatusOr<std::unique_ptr<KvStorage>> KvStorage::Create(const KvLayout& lay
         absl::StrCat("cannot allocate a KV pool of ", bytes >> 20, " MiB"));
   }
   std::memset(data, 0, bytes);
-  return std::unique_ptr<KvStorage>(new KvStorage(layout, static_cast<float*>(data)));
+  return std::unique_ptr<KvStorage>(new KvStorage(layout, static_cast<float*>(data), nullptr));
 }
 
-KvStorage::KvStorage(const KvLayout& layout, float* data) : layout_(layout), data_(data) {}
+KvStorage::KvStorage(const KvLayout& layout, float* data, std::function<void(void*)> release)
+    : layout_(layout), data_(data, FreeDeleter{std::move(release)}) {}
 
 void KvStorage::CopyBlock(int32_t src, int32_t dst) {
   CHECK(src >= 0 && src < layout_.num_blocks && dst >= 0 && dst < layout_.num_blocks)

@@ -14,6 +14,7 @@
 #define TANDEM_ENGINE_KV_KV_STORAGE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -39,10 +40,21 @@ struct KvLayout {
   absl::Status Validate() const;
 };
 
+// Where a pool's memory comes from when not from the heap: e.g. a transport that exposes memory it
+// allocated itself best (UCX: shared memory that a peer on the host maps, so a remote write is a
+// single copy). `allocate` returns at least `bytes` bytes aligned to 64 or an error; `release`
+// gets the same pointer back.
+struct KvAllocator {
+  std::function<absl::StatusOr<void*>(size_t bytes)> allocate;
+  std::function<void(void*)> release;
+};
+
 // Owns the KV region. Not thread-safe: one engine thread owns it.
 class KvStorage {
  public:
-  static absl::StatusOr<std::unique_ptr<KvStorage>> Create(const KvLayout& layout);
+  // The region comes from `allocator` when it has an allocate function, else from the heap.
+  static absl::StatusOr<std::unique_ptr<KvStorage>> Create(const KvLayout& layout,
+                                                           const KvAllocator& allocator = {});
 
   const KvLayout& layout() const { return layout_; }
   float* data() { return data_.get(); }
@@ -61,9 +73,10 @@ class KvStorage {
 
  private:
   struct FreeDeleter {
+    std::function<void(void*)> release;  // empty: std::free
     void operator()(float* p) const;
   };
-  KvStorage(const KvLayout& layout, float* data);
+  KvStorage(const KvLayout& layout, float* data, std::function<void(void*)> release);
 
   KvLayout layout_;
   std::unique_ptr<float, FreeDeleter> data_;

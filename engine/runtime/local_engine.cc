@@ -79,7 +79,8 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(const std::string
   ASSIGN_OR_RETURN(engine->pool_,
                    BlockPool::Create(engine->forward_->KvLayoutFor(blocks),
                                      {.model_id = engine->model_id_,
-                                      .enable_prefix_caching = options.enable_prefix_caching}));
+                                      .enable_prefix_caching = options.enable_prefix_caching,
+                                      .allocator = options.kv_allocator}));
   engine->scheduler_ = std::make_unique<Scheduler>(engine->pool_.get(), options.scheduler);
   const int32_t eos = engine->tokenizer_->eos_id();
   if (eos >= 0) engine->eos_ids_.push_back(eos);

@@ -100,6 +100,8 @@ class LocalEngine {
     bool enable_prefix_caching = true;
     // Input of every block hash; empty: the model file's name without its extension.
     std::string model_id;
+    // Where the KV pool's memory comes from (default: the heap).
+    KvAllocator kv_allocator = {};
   };
 
   ~LocalEngine();
