@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/default_model.h"
 #include "cli/generate.h"
+#include "cli/up.h"
 #include "common/device.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -70,21 +71,8 @@ int Up() {
     return 1;
   }
   std::printf("model: %s\n", model->c_str());
-  const std::string bin = SelfDir();
-  std::vector<std::string> missing;
-  for (const char* component : {"tandem-router", "tandem-prefill", "tandem-decode"}) {
-    if (::access(absl::StrCat(bin, "/", component).c_str(), X_OK) != 0) missing.push_back(component);
-  }
-  if (!missing.empty()) {
-    std::printf("not started: this build does not have the cluster yet. Missing in %s:\n",
-                bin.c_str());
-    for (const std::string& m : missing) std::printf("  %s\n", m.c_str());
-    std::printf("The engine, the KV cache and transfer, the workers and the router land in the "
-                "next steps; `tandem up` will start them here.\n");
-    return 0;
-  }
-  std::fprintf(stderr, "error: cluster start-up is not implemented in this build\n");
-  return 1;
+  std::fflush(stdout);
+  return RunUp(*model, SelfDir());
 }
 
 int Main(int argc, char** argv) {

@@ -17,6 +17,13 @@ tandem_require_package(gRPC libgrpc++-dev)
 tandem_require_package(prometheus-cpp prometheus-cpp-dev)
 tandem_require_package(ucx libucx-dev)
 tandem_require_package(nlohmann_json nlohmann-json3-dev)
+# libevent's HTTP server carries the router's OpenAI API: one event loop for thousands of
+# streaming connections. Debian ships it with pkg-config files only.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(LIBEVENT IMPORTED_TARGET libevent_core libevent_extra libevent_pthreads)
+if(NOT LIBEVENT_FOUND)
+  message(FATAL_ERROR "tandem: libevent was not found. Install the Debian package 'libevent-dev'.")
+endif()
 if(TANDEM_BUILD_TESTS)
   tandem_require_package(GTest libgtest-dev)
   tandem_require_package(benchmark libbenchmark-dev)

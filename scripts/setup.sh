@@ -34,7 +34,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates curl
   python3 python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev nlohmann-json3-dev
+  libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev nlohmann-json3-dev libevent-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus  # for promtool, which checks our /metrics output in the tests
 )

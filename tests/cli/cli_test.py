@@ -1,6 +1,9 @@
 """The `tandem` command as a user runs it: a real process, its output and exit codes."""
+import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 BIN = Path(os.environ["TANDEM_BIN_DIR"]) / "tandem"
@@ -66,9 +69,47 @@ def test_up_with_a_missing_model_names_it(tmp_path):
     assert "default model is missing" in p.stderr and "scripts/setup.sh" in p.stderr
 
 
-def test_up_finds_the_default_model_downloaded_by_setup():
-    p = run("up")
-    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in p.stdout, p.stdout + p.stderr
+def test_up_starts_a_cluster_that_answers_and_stops_cleanly():
+    """`tandem up` on the default model: a router with a prefill and a decode worker, healthy,
+    answering an OpenAI request with curl, and gone (children included) after SIGTERM."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    p = subprocess.Popen([str(BIN), "up", "--http_port=0", "--grpc_port=0"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    try:
+        port = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "OpenAI HTTP API: http://127.0.0.1:" in line:
+                port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+            if "Ctrl-C stops the cluster" in line:
+                break
+        assert port, "".join(lines)
+        out = "".join(lines)
+        assert "SmolLM2-135M-Instruct.Q4_1.gguf" in out and "curl http://127.0.0.1:" in out
+        body = json.dumps({"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
+        curl = subprocess.run(["curl", "-sS", f"http://127.0.0.1:{port}/v1/completions",
+                               "-H", "Content-Type: application/json", "-d", body],
+                              capture_output=True, text=True, timeout=60)
+        answer = json.loads(curl.stdout)
+        assert "Paris" in answer["choices"][0]["text"], curl.stdout
+        assert answer["usage"]["completion_tokens"] == 8
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+        assert p.returncode == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    # The workers and the router it started are gone too.
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", r"tandem-(decode|prefill) --worker_id=(decode|prefill)-0|"
+                           r"tandem-router --model="], capture_output=True, text=True)
+    assert left.stdout.strip() == "", "processes left behind: " + left.stdout
 
 
 def test_generate_streams_text_and_reports_speed():

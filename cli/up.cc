@@ -1,0 +1,244 @@
+#include "cli/up.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/net.h"
+
+ABSL_FLAG(int32_t, prefill_workers, 1, "Prefill workers `tandem up` starts");
+ABSL_FLAG(int32_t, decode_workers, 1, "Decode workers `tandem up` starts");
+ABSL_FLAG(bool, aggregated, false, "`tandem up`: decode workers only, each prefilling its own prompts");
+ABSL_FLAG(std::string, host, "127.0.0.1", "`tandem up`: the address the router listens on");
+ABSL_FLAG(int32_t, http_port, 8000, "`tandem up`: the router's OpenAI HTTP port (0: any)");
+ABSL_FLAG(int32_t, grpc_port, 7000, "`tandem up`: the router's gRPC port (0: any)");
+ABSL_FLAG(std::string, policy, "kv_aware", "`tandem up`: placement policy of the router");
+ABSL_FLAG(int32_t, worker_threads, 1, "`tandem up`: kernel threads per worker");
+ABSL_FLAG(int64_t, worker_kv_cache_mb, 256, "`tandem up`: KV cache memory per worker, MiB");
+
+namespace tandem {
+namespace {
+
+volatile sig_atomic_t stop_requested = 0;
+
+// A child process whose stdout is read line by line on a thread (and echoed, prefixed).
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  std::atomic<int> port{0};
+  std::atomic<int> http_port{0};  // the router's
+  std::thread reader;
+};
+
+// Starts `argv` with stdout/stderr into a pipe; the child dies with this process (PDEATHSIG).
+absl::Status Spawn(Child* child, const std::vector<std::string>& argv) {
+  int fds[2];
+  if (pipe(fds) != 0) return absl::InternalError("pipe failed");
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "cannot run %s\n", args[0]);
+    _exit(127);
+  }
+  close(fds[1]);
+  child->pid = pid;
+  child->reader = std::thread([child, fd = fds[0]] {
+    FILE* in = fdopen(fd, "r");
+    char line[8192];
+    while (std::fgets(line, sizeof(line), in) != nullptr) {
+      const std::string text(line);
+      const size_t at = text.find("listening on port ");
+      if (child->port == 0 && at != std::string::npos) {
+        const size_t http = text.find("http port ");
+        if (http != std::string::npos) child->http_port = std::atoi(text.c_str() + http + 10);
+        child->port = std::atoi(text.c_str() + at + 18);
+      }
+      std::fprintf(stderr, "[%s] %s", child->name.c_str(), line);
+    }
+    std::fclose(in);
+  });
+  return absl::OkStatus();
+}
+
+bool Alive(const Child& c) {
+  int status = 0;
+  return c.pid > 0 && waitpid(c.pid, &status, WNOHANG) == 0;
+}
+
+void StopAll(std::vector<std::unique_ptr<Child>>& children) {
+  for (auto& c : children) {
+    if (c->pid > 0) kill(c->pid, SIGTERM);
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  for (auto& c : children) {
+    while (c->pid > 0 && absl::Now() < until) {
+      int status = 0;
+      if (waitpid(c->pid, &status, WNOHANG) != 0) {
+        c->pid = -1;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (c->pid > 0) {
+      kill(c->pid, SIGKILL);
+      waitpid(c->pid, nullptr, 0);
+      c->pid = -1;
+    }
+    if (c->reader.joinable()) c->reader.join();
+  }
+}
+
+}  // namespace
+
+int RunUp(const std::string& model_path, const std::string& bin_dir) {
+  const int prefill = absl::GetFlag(FLAGS_aggregated) ? 0 : absl::GetFlag(FLAGS_prefill_workers);
+  const int decode = absl::GetFlag(FLAGS_decode_workers);
+  if (prefill < 0 || decode < 1) {
+    std::fprintf(stderr, "error: --decode_workers must be >= 1 and --prefill_workers >= 0\n");
+    return 2;
+  }
+  for (const char* component : {"tandem-router", "tandem-prefill", "tandem-decode"}) {
+    if (::access(absl::StrCat(bin_dir, "/", component).c_str(), X_OK) != 0) {
+      std::fprintf(stderr, "error: %s/%s is missing: build the project first\n", bin_dir.c_str(),
+                   component);
+      return 1;
+    }
+  }
+  // One host: KV moves over shared memory unless the user chose the UCX transports.
+  setenv("UCX_TLS", "posix,self", /*overwrite=*/0);
+  struct sigaction on_signal {};
+  on_signal.sa_handler = [](int) { stop_requested = 1; };
+  sigaction(SIGINT, &on_signal, nullptr);
+  sigaction(SIGTERM, &on_signal, nullptr);
+
+  std::vector<std::unique_ptr<Child>> children;
+  auto start = [&](const std::string& name, std::vector<std::string> argv) -> Child* {
+    auto c = std::make_unique<Child>();
+    c->name = name;
+    if (absl::Status s = Spawn(c.get(), argv); !s.ok()) {
+      std::fprintf(stderr, "error: %s: %s\n", name.c_str(), std::string(s.message()).c_str());
+      return nullptr;
+    }
+    children.push_back(std::move(c));
+    return children.back().get();
+  };
+  const std::vector<std::string> worker_flags = {
+      absl::StrCat("--model=", model_path), "--listen=127.0.0.1:0",
+      absl::StrCat("--threads=", absl::GetFlag(FLAGS_worker_threads)),
+      absl::StrCat("--kv_cache_mb=", absl::GetFlag(FLAGS_worker_kv_cache_mb))};
+  std::vector<Child*> workers;
+  for (int i = 0; i < prefill; ++i) {
+    std::vector<std::string> argv = {absl::StrCat(bin_dir, "/tandem-prefill"),
+                                     absl::StrCat("--worker_id=prefill-", i)};
+    argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+    workers.push_back(start(absl::StrCat("prefill-", i), argv));
+  }
+  for (int i = 0; i < decode; ++i) {
+    std::vector<std::string> argv = {absl::StrCat(bin_dir, "/tandem-decode"),
+                                     absl::StrCat("--worker_id=decode-", i)};
+    argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+    workers.push_back(start(absl::StrCat("decode-", i), argv));
+  }
+  auto fail = [&](const std::string& why) {
+    std::fprintf(stderr, "error: %s\n", why.c_str());
+    StopAll(children);
+    return 1;
+  };
+  for (Child* w : workers) {
+    if (w == nullptr) return fail("a worker did not start");
+  }
+  // Workers load the model; wait until each listens.
+  const absl::Time until = absl::Now() + absl::Seconds(120);
+  std::vector<std::string> addresses;
+  for (Child* w : workers) {
+    while (w->port == 0 && !stop_requested && absl::Now() < until) {
+      if (!Alive(*w)) return fail(absl::StrCat(w->name, " exited during start-up"));
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (w->port == 0) return fail(absl::StrCat(w->name, " did not start in time"));
+    addresses.push_back(absl::StrCat("127.0.0.1:", w->port.load()));
+  }
+  const std::string host = absl::GetFlag(FLAGS_host);
+  Child* router = start("router", {absl::StrCat(bin_dir, "/tandem-router"),
+                                   absl::StrCat("--model=", model_path),
+                                   absl::StrCat("--workers=", absl::StrJoin(addresses, ",")),
+                                   absl::StrCat("--listen=", host, ":", absl::GetFlag(FLAGS_grpc_port)),
+                                   absl::StrCat("--http_listen=", host, ":",
+                                                absl::GetFlag(FLAGS_http_port)),
+                                   absl::StrCat("--policy=", absl::GetFlag(FLAGS_policy))});
+  if (router == nullptr) return fail("the router did not start");
+  while (router->port == 0 && !stop_requested && absl::Now() < until) {
+    if (!Alive(*router)) return fail("the router exited during start-up");
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // The router's line names its HTTP port too: "... (http port N, ...".
+  const int http_port = router->http_port;
+  // Healthy once every decode worker has joined the router.
+  bool healthy = false;
+  while (!stop_requested && absl::Now() < until) {
+    if (!Alive(*router)) return fail("the router exited during start-up");
+    absl::StatusOr<HttpResponse> health =
+        HttpGet(HostPort{host, http_port}, "/health", absl::Seconds(1));
+    if (health.ok() && health->status == 200) {
+      healthy = true;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  if (!healthy) return fail(stop_requested ? "interrupted" : "the cluster did not become healthy");
+  std::printf(
+      "\ntandem cluster ready: %d prefill + %d decode worker(s)%s, policy %s\n"
+      "  OpenAI HTTP API: http://%s:%d/v1   (metrics: http://%s:%d/metrics)\n"
+      "  gRPC API:        %s:%d (tandem.v1.Inference)\n"
+      "  workers:         %s\n\n"
+      "try:\n"
+      "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+      "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France? "
+      "Answer in one sentence.\"}], \"max_tokens\": 32}'\n\n"
+      "Ctrl-C stops the cluster.\n",
+      prefill, decode, absl::GetFlag(FLAGS_aggregated) ? " (aggregated)" : "",
+      absl::GetFlag(FLAGS_policy).c_str(), host.c_str(), http_port, host.c_str(), http_port,
+      host.c_str(), router->port.load(), absl::StrJoin(addresses, ", ").c_str(), host.c_str(), http_port);
+  std::fflush(stdout);
+  while (!stop_requested) {
+    for (const auto& c : children) {
+      if (!Alive(*c)) {
+        return fail(absl::StrCat(c->name, " exited unexpectedly; stopping the cluster"));
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  std::printf("stopping the cluster\n");
+  std::fflush(stdout);
+  StopAll(children);
+  return 0;
+}
+
+}  // namespace tandem

@@ -1,0 +1,207 @@
+// Placement: which decode worker runs a request, and whether its prompt is prefilled there or on
+// a prefill worker (DESIGN.md §1, §5). A pure library: no I/O, no clock, no threads, so the router
+// and the simulator run the same code, and a policy's choices are a function of its seed and of
+// the calls it has seen.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<placement::PlacementPolicy> policy,
+//                    placement::CreatePolicy("kv_aware", {.seed = 42}));
+//   placement::ClusterView cluster;  // one WorkerCandidate per known worker, built under the
+//                                    // registry's lock (see WorkerView in router/registry)
+//   ASSIGN_OR_RETURN(placement::Decision d,
+//                    policy->Place({.prompt_tokens = 700, .block_hashes = hashes}, cluster));
+//   // Open Decode.Generate on d.decode_worker with prefill_targets = d.prefill (empty: local).
+//
+// Every policy picks the decode worker its own way, then applies the same conditional
+// disaggregation: the prompt is prefilled on the decode worker itself when the part of it that
+// the decode worker has not cached is at most Options::local_prefill_threshold_tokens, or when no
+// healthy prefill worker (other than the decode worker) exists. Otherwise the policy ranks every
+// healthy prefill worker, best first, so that the decode worker can fall back down the list.
+//
+// Policies (CreatePolicy):
+//   round_robin   decode workers in turn (by id), prefill workers in turn.
+//   least_loaded  decode: fewest sequences (running + waiting + placed by the router) relative to
+//                 max_running; prefill: fewest queued prompt tokens (reported + placed).
+//   kv_aware      prefill: score = overlap_weight * tokens of the prompt cached on the worker
+//                 - queued prompt tokens (reported + placed), highest first. Decode: lowest load
+//                 as least_loaded, except that where the prompt would be prefilled locally the
+//                 worker's cached share of the prompt earns overlap_weight * cached / prompt (a
+//                 fully cached prompt is worth one full batch of load at weight 1). Equal scores
+//                 are broken at random; with temperature > 0 the first choice is sampled instead
+//                 (softmax over the scores scaled to [0, 1]).
+//
+// Load the router has placed but the worker has not reported yet is part of every load number
+// (WorkerCandidate::placed_*): the router counts it itself (DESIGN.md §5).
+#ifndef TANDEM_ROUTER_PLACEMENT_PLACEMENT_H_
+#define TANDEM_ROUTER_PLACEMENT_PLACEMENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "engine/kv/block_hash.h"
+
+namespace tandem::placement {
+
+// Which kind of work a worker does (tandem.v1.WorkerRole without the unset value: a worker whose
+// role is unknown is not a candidate at all).
+enum class Role {
+  kPrefill,  // prefill only
+  kDecode,   // decode, and local prefill of its own requests
+  kBoth,     // either
+};
+
+// "prefill" | "decode" | "both".
+absl::string_view RoleName(Role role);
+
+// Latency objectives of a request, as the client set them (tandem.v1.Slo). Not used by the
+// policies of this file; carried for SLO-aware policies.
+struct Slo {
+  // Time to first token, milliseconds; 0: no objective. Negative: INVALID_ARGUMENT.
+  int64_t ttft_ms = 0;
+  // Mean time per output token after the first, milliseconds; 0: no objective.
+  int64_t tpot_ms = 0;
+};
+
+// What placement needs to know of one request.
+struct Request {
+  // Tokens of the prompt (after the chat template), >= 1.
+  int64_t prompt_tokens = 0;
+  // Hashes of the prompt's full blocks in order (engine/kv/block_hash.h; docs/block_hashing.md),
+  // cut at `block_size`: at most prompt_tokens / block_size of them. May be empty (no prefix
+  // credit anywhere).
+  std::vector<BlockHash> block_hashes = {};
+  // Tokens per block that `block_hashes` were cut by; must equal the block size of every
+  // candidate worker (the router hashes per block size). >= 1.
+  int64_t block_size = 16;
+  // Scheduling priority (tandem.v1.GenerateRequest.priority): higher first. Not used by the
+  // policies of this file.
+  int32_t priority = 0;
+  Slo slo = {};
+};
+
+// One worker as placement sees it: plain numbers, so that tests and the simulator build them by
+// hand. The router builds them from its WorkerViews (ToCandidate in router/registry).
+struct WorkerCandidate {
+  // Worker id (tandem.v1.Snapshot.worker_id): not empty, unique in a ClusterView.
+  std::string id = "";
+  // What it serves: kDecode and kBoth are decode candidates, kPrefill and kBoth prefill ones.
+  Role role = Role::kDecode;
+  // False: never chosen (connection down, stale state, draining). Set by the router.
+  bool healthy = true;
+  // Largest number of sequences the worker runs in one batch; 0 (unknown) counts as 1.
+  int64_t max_running = 0;
+  // Reported load (tandem.v1.LoadSample): sequences in the running batch, sequences waiting, and
+  // prompt tokens admitted but not computed yet.
+  int64_t running_seqs = 0;
+  int64_t waiting_seqs = 0;
+  int64_t queued_prefill_tokens = 0;
+  // Load the router placed on the worker that the reported numbers do not show yet: sequences
+  // (decode) and prompt tokens (prefill).
+  int64_t placed_sequences = 0;
+  int64_t placed_prefill_tokens = 0;
+  // Hashes of the full blocks the worker's prefix cache holds; nullptr: none. Not owned; must stay
+  // valid and unchanged for the duration of a Place call.
+  const absl::flat_hash_set<BlockHash>* cached_hashes = nullptr;
+};
+
+// The workers a request may go to. Workers that serve another model must not be in it.
+struct ClusterView {
+  std::vector<WorkerCandidate> workers = {};
+};
+
+// Why the prompt is prefilled where it is.
+enum class PrefillReason {
+  // The uncached part is above the threshold: prefilled by Decision::prefill[0] (then the next).
+  kRemote,
+  // The uncached part is at most local_prefill_threshold_tokens: local.
+  kShortUncached,
+  // The uncached part is above the threshold, but no healthy prefill worker other than the
+  // decode worker exists: local.
+  kNoPrefillWorker,
+};
+
+// "remote" | "short_uncached" | "no_prefill_worker" (for logs and metric labels).
+absl::string_view PrefillReasonName(PrefillReason reason);
+
+// A prefill worker in a decision's ranked list.
+struct PrefillChoice {
+  std::string worker_id = "";
+  // Leading prompt tokens that the worker's prefix cache holds (whole blocks).
+  int64_t cached_tokens = 0;
+};
+
+// Where one request goes.
+struct Decision {
+  // The decode worker (a WorkerCandidate::id): it runs the request and, when `prefill` is empty,
+  // prefills the prompt too.
+  std::string decode_worker = "";
+  // Leading prompt tokens cached on the decode worker (whole blocks); the decode worker never
+  // receives or recomputes them.
+  int64_t decode_cached_tokens = 0;
+  // Prompt tokens the decode worker lacks: prompt_tokens - decode_cached_tokens.
+  int64_t uncached_tokens = 0;
+  // True: the decode worker prefills the prompt itself, and `prefill` is empty.
+  bool local_prefill = true;
+  PrefillReason reason = PrefillReason::kShortUncached;
+  // Every healthy prefill-capable worker but the decode worker, best first (to try in order);
+  // empty when local_prefill.
+  std::vector<PrefillChoice> prefill = {};
+};
+
+// Options of every policy. CreatePolicy validates them.
+struct PolicyOptions {
+  // Prefill on the decode worker when the prompt tokens it has not cached are at most this many.
+  // >= 0; 0 keeps only fully cached prompts local.
+  int64_t local_prefill_threshold_tokens = 256;
+  // kv_aware: credit per cached prompt token against one queued prompt token (prefill), and the
+  // weight of the cached share of the prompt against decode load (decode, local prefill). >= 0.
+  // Ignored by the other policies.
+  double overlap_weight = 1.0;
+  // kv_aware: 0 takes the best score (random among equals); > 0 samples the decode worker and the
+  // first prefill worker with probability proportional to exp(s / temperature), s the scores
+  // scaled to [0, 1] (best 1, worst 0; all equal: uniform); the other prefill workers follow by
+  // score. >= 0, finite. Ignored by the other policies.
+  double temperature = 0.0;
+  // Seed of the policy's random source (tie-breaks and sampling). Two policies made with the same
+  // name, options and seed make the same choices for the same calls.
+  uint64_t seed = 0;
+};
+
+// Chooses workers for requests. Thread-compatible, not thread-safe: a policy may keep state
+// between calls (round_robin's position, the random source), so the caller serializes calls (the
+// router under its registry lock).
+class PlacementPolicy {
+ public:
+  virtual ~PlacementPolicy() = default;
+
+  // The name CreatePolicy knows it by.
+  virtual absl::string_view name() const = 0;
+
+  // Places `request` on `cluster`. Errors: INVALID_ARGUMENT for a request or view that makes no
+  // sense (prompt_tokens < 1, block_size < 1, more block hashes than full blocks, negative SLOs or
+  // load numbers, empty or duplicate worker ids); UNAVAILABLE when no healthy decode-capable
+  // worker exists. A failed call changes no state.
+  virtual absl::StatusOr<Decision> Place(const Request& request, const ClusterView& cluster) = 0;
+};
+
+// The names CreatePolicy knows: "round_robin", "least_loaded", "kv_aware".
+std::vector<std::string> KnownPolicies();
+
+// The policy called `name`. INVALID_ARGUMENT for an unknown name (the message lists the known
+// ones) or invalid options.
+absl::StatusOr<std::unique_ptr<PlacementPolicy>> CreatePolicy(absl::string_view name,
+                                                              const PolicyOptions& options);
+
+// Leading entries of `hashes` that `cached` holds (a block counts only when every block before it
+// does). nullptr holds nothing.
+int64_t CachedPrefixBlocks(absl::Span<const BlockHash> hashes,
+                           const absl::flat_hash_set<BlockHash>* cached);
+
+}  // namespace tandem::placement
+
+#endif  // TANDEM_ROUTER_PLACEMENT_PLACEMENT_H_

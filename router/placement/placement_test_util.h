@@ -1,0 +1,102 @@
+// Test helpers for router/placement (and router/registry tests): hand-built requests, workers and
+// caches. Header-only; for tests only.
+#ifndef TANDEM_ROUTER_PLACEMENT_PLACEMENT_TEST_UTIL_H_
+#define TANDEM_ROUTER_PLACEMENT_PLACEMENT_TEST_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/logging.h"
+#include "router/placement/placement.h"
+
+namespace tandem::placement::testing_util {
+
+inline constexpr int64_t kBlockSize = 16;
+
+// The block hashes of the first `n` blocks of one made-up prompt (placement treats hashes as
+// opaque names, so any distinct values do).
+inline std::vector<BlockHash> HashesOf(int64_t n) {
+  std::vector<BlockHash> hashes;
+  for (int64_t i = 0; i < n; ++i) hashes.push_back(0x5EED'0000'0000ULL + 7919ULL * i);
+  return hashes;
+}
+
+// A prefix cache holding the first `n` blocks of that prompt.
+inline absl::flat_hash_set<BlockHash> CachedSet(int64_t n) {
+  const std::vector<BlockHash> hashes = HashesOf(n);
+  return absl::flat_hash_set<BlockHash>(hashes.begin(), hashes.end());
+}
+
+// A request of `tokens` prompt tokens, with the hashes of all its full blocks.
+inline Request Prompt(int64_t tokens) {
+  return {.prompt_tokens = tokens,
+          .block_hashes = HashesOf(tokens > 0 ? tokens / kBlockSize : 0),
+          .block_size = kBlockSize};
+}
+
+// A healthy, idle worker with max_running 8; the setters chain.
+struct Worker : WorkerCandidate {
+  Worker(absl::string_view worker_id, Role worker_role) {
+    id = std::string(worker_id);
+    role = worker_role;
+    max_running = 8;
+  }
+  Worker& Unhealthy() {
+    healthy = false;
+    return *this;
+  }
+  Worker& Cached(const absl::flat_hash_set<BlockHash>* hashes) {
+    cached_hashes = hashes;
+    return *this;
+  }
+  Worker& Seqs(int64_t running, int64_t waiting = 0) {
+    running_seqs = running;
+    waiting_seqs = waiting;
+    return *this;
+  }
+  Worker& MaxRunning(int64_t n) {
+    max_running = n;
+    return *this;
+  }
+  Worker& Queue(int64_t tokens) {
+    queued_prefill_tokens = tokens;
+    return *this;
+  }
+  Worker& Placed(int64_t sequences, int64_t prefill_tokens) {
+    placed_sequences = sequences;
+    placed_prefill_tokens = prefill_tokens;
+    return *this;
+  }
+};
+
+inline std::unique_ptr<PlacementPolicy> MakePolicy(absl::string_view name,
+                                                   const PolicyOptions& options = {}) {
+  absl::StatusOr<std::unique_ptr<PlacementPolicy>> policy = CreatePolicy(name, options);
+  CHECK_OK(policy.status());
+  return std::move(*policy);
+}
+
+// The ranked prefill worker ids of a decision.
+inline std::vector<std::string> Ids(const Decision& decision) {
+  std::vector<std::string> ids;
+  for (const PrefillChoice& p : decision.prefill) ids.push_back(p.worker_id);
+  return ids;
+}
+
+// Places or fails the test's process (a broken precondition of the test itself).
+inline Decision PlaceOrDie(PlacementPolicy& policy, const Request& request,
+                           const ClusterView& cluster) {
+  absl::StatusOr<Decision> decision = policy.Place(request, cluster);
+  CHECK_OK(decision.status());
+  return *std::move(decision);
+}
+
+}  // namespace tandem::placement::testing_util
+
+#endif  // TANDEM_ROUTER_PLACEMENT_PLACEMENT_TEST_UTIL_H_

@@ -1,0 +1,173 @@
+#include "router/registry/worker_view.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "router/placement/placement.h"
+#include "tandem/v1/worker.pb.h"
+
+namespace tandem {
+namespace {
+
+// Counters beyond this are nonsense; capping them keeps every sum of them far from overflow.
+constexpr uint64_t kMaxCount = uint64_t{1} << 48;
+
+int64_t Capped(uint64_t value) { return static_cast<int64_t>(std::min(value, kMaxCount)); }
+
+WorkerLoad ToWorkerLoad(const v1::LoadSample& sample) {
+  return {
+      .timestamp_us = sample.timestamp_us(),
+      .running_seqs = sample.running_seqs(),
+      .waiting_seqs = sample.waiting_seqs(),
+      .free_blocks = sample.free_blocks(),
+      .used_blocks = sample.used_blocks(),
+      .cached_blocks = sample.cached_blocks(),
+      .queued_prefill_tokens = Capped(sample.queued_prefill_tokens()),
+      .active_decode_tokens = Capped(sample.active_decode_tokens()),
+  };
+}
+
+}  // namespace
+
+absl::Status WorkerView::Apply(const v1::WorkerStateUpdate& update) {
+  switch (update.update_case()) {
+    case v1::WorkerStateUpdate::kSnapshot:
+      return ApplySnapshot(update.snapshot());
+    case v1::WorkerStateUpdate::kKvEvents:
+    case v1::WorkerStateUpdate::kLoad:
+      if (!has_snapshot_) {
+        return absl::FailedPreconditionError(
+            "worker state: an update came before the first snapshot");
+      }
+      if (stale_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker state of '", worker_id(), "' is stale (missed events, re-subscribe)"));
+      }
+      if (update.update_case() == v1::WorkerStateUpdate::kLoad) {
+        ApplyLoad(update.load());
+        return absl::OkStatus();
+      }
+      return ApplyEvents(update.kv_events());
+    case v1::WorkerStateUpdate::UPDATE_NOT_SET:
+      break;
+  }
+  // A case this build does not know (or none): ignored, as the protocol says.
+  return absl::OkStatus();
+}
+
+absl::Status WorkerView::ApplySnapshot(const v1::Snapshot& snapshot) {
+  if (snapshot.block_size() == 0) {
+    if (!stale_) ++resyncs_needed_;
+    stale_ = true;
+    return absl::InvalidArgumentError(absl::StrCat("worker state: the snapshot of '",
+                                                   snapshot.worker_id(), "' has block_size 0"));
+  }
+  snapshot_ = snapshot;
+  snapshot_.clear_cached_block_hashes();  // kept in cached_
+  snapshot_.clear_load();                 // kept in load_ / last_sample_
+  cached_.clear();
+  cached_.reserve(snapshot.cached_block_hashes_size());
+  for (uint64_t h : snapshot.cached_block_hashes()) cached_.insert(h);
+  last_event_id_ = snapshot.last_event_id();
+  last_sample_ = snapshot.load();
+  load_ = ToWorkerLoad(snapshot.load());
+  load_.free_blocks = snapshot.free_blocks();
+  has_snapshot_ = true;
+  stale_ = false;
+  ++snapshots_applied_;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerView::ApplyEvents(const v1::KvEventBatch& batch) {
+  for (const v1::KvEvent& event : batch.events()) {
+    if (event.event_id() != last_event_id_ + 1) {
+      return MarkStale(absl::StrCat("event ", event.event_id(), " after ", last_event_id_));
+    }
+    switch (event.kind_case()) {
+      case v1::KvEvent::kStored:
+        for (uint64_t h : event.stored().block_hashes()) cached_.insert(h);
+        break;
+      case v1::KvEvent::kRemoved:
+        for (uint64_t h : event.removed().block_hashes()) cached_.erase(h);
+        break;
+      case v1::KvEvent::kCleared:
+        cached_.clear();
+        break;
+      case v1::KvEvent::KIND_NOT_SET:
+        // A kind this build does not know: what it changed is unknown.
+        return MarkStale(absl::StrCat("event ", event.event_id(), " is of an unknown kind"));
+    }
+    last_event_id_ = event.event_id();
+    ++events_applied_;
+  }
+  return absl::OkStatus();
+}
+
+void WorkerView::ApplyLoad(const v1::LoadSample& sample) {
+  last_sample_ = sample;
+  load_ = ToWorkerLoad(sample);
+}
+
+absl::Status WorkerView::MarkStale(absl::string_view why) {
+  if (!stale_) ++resyncs_needed_;
+  stale_ = true;
+  return absl::FailedPreconditionError(
+      absl::StrCat("worker state of '", worker_id(), "': ", why, ": missed events, re-subscribe"));
+}
+
+int64_t WorkerView::CachedPrefixLength(absl::Span<const BlockHash> hashes) const {
+  return placement::CachedPrefixBlocks(hashes, &cached_);
+}
+
+int64_t WorkerView::CachedPrefixTokens(absl::Span<const BlockHash> hashes) const {
+  return CachedPrefixLength(hashes) * block_size();
+}
+
+void WorkerView::AddPlaced(int64_t prefill_tokens, int64_t sequences) {
+  placed_.prefill_tokens += std::max<int64_t>(prefill_tokens, 0);
+  placed_.sequences += std::max<int64_t>(sequences, 0);
+}
+
+void WorkerView::RemovePlaced(int64_t prefill_tokens, int64_t sequences) {
+  placed_.prefill_tokens =
+      std::max<int64_t>(placed_.prefill_tokens - std::max<int64_t>(prefill_tokens, 0), 0);
+  placed_.sequences = std::max<int64_t>(placed_.sequences - std::max<int64_t>(sequences, 0), 0);
+}
+
+std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view) {
+  if (!view.has_snapshot()) return std::nullopt;
+  placement::Role role;
+  switch (view.role()) {
+    case v1::ROLE_PREFILL:
+      role = placement::Role::kPrefill;
+      break;
+    case v1::ROLE_DECODE:
+      role = placement::Role::kDecode;
+      break;
+    case v1::ROLE_BOTH:
+      role = placement::Role::kBoth;
+      break;
+    default:
+      return std::nullopt;
+  }
+  const WorkerLoad& load = view.load();
+  return placement::WorkerCandidate{
+      .id = view.worker_id(),
+      .role = role,
+      .healthy = view.ready(),
+      .max_running = view.max_running(),
+      .running_seqs = load.running_seqs,
+      .waiting_seqs = load.waiting_seqs,
+      .queued_prefill_tokens = load.queued_prefill_tokens,
+      .placed_sequences = view.placed().sequences,
+      .placed_prefill_tokens = view.placed().prefill_tokens,
+      .cached_hashes = &view.cached_hashes(),
+  };
+}
+
+}  // namespace tandem

@@ -1,0 +1,173 @@
+// What the router knows of one worker, built only from the worker's WatchState stream
+// (tandem.v1.WorkerState; DESIGN.md §4): the first message, a Snapshot, gives everything; then
+// KV events keep the set of cached block hashes current and load samples the load. The router
+// adds the load it has placed on the worker itself and not yet seen reported (DESIGN.md §5).
+//
+//   WorkerView view;
+//   while (stream->Read(&update)) {
+//     absl::MutexLock lock(&mu);
+//     if (absl::Status s = view.Apply(update); !s.ok()) {
+//       // FAILED_PRECONDITION: missed events; cancel the call and subscribe again (the new
+//       // stream starts with a Snapshot, which heals the view).
+//     }
+//   }
+//   ...
+//   std::optional<placement::WorkerCandidate> c = ToCandidate(view);  // under the same lock
+//
+// Event order: every KvEvent must carry event_id == last_event_id() + 1 (the snapshot's
+// last_event_id, then each event's). A gap, or an event of a kind this build does not know, makes
+// the view stale: Apply then fails every update but a Snapshot with FAILED_PRECONDITION
+// ("missed events, re-subscribe"), and ready() is false. A stale view keeps its last numbers and
+// hashes (approximate, but better than nothing for a caller that wants them).
+//
+// No I/O, no threads. Thread-compatible: the caller serializes access (the registry's lock);
+// references returned stay valid until the next non-const call.
+#ifndef TANDEM_ROUTER_REGISTRY_WORKER_VIEW_H_
+#define TANDEM_ROUTER_REGISTRY_WORKER_VIEW_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "engine/kv/block_hash.h"
+#include "router/placement/placement.h"
+#include "tandem/v1/worker.pb.h"
+
+namespace tandem {
+
+// A worker's load as it last reported it (tandem.v1.LoadSample, or the Snapshot's).
+struct WorkerLoad {
+  // When the sample was taken, wall clock, microseconds since the Unix epoch (worker's clock).
+  uint64_t timestamp_us = 0;
+  // Sequences in the running batch / admitted but waiting.
+  int64_t running_seqs = 0;
+  int64_t waiting_seqs = 0;
+  // Blocks: allocatable now (cached ones included), held by sequences, and free but still holding
+  // a reusable cached block.
+  int64_t free_blocks = 0;
+  int64_t used_blocks = 0;
+  int64_t cached_blocks = 0;
+  // Prompt tokens admitted but not computed yet.
+  int64_t queued_prefill_tokens = 0;
+  // Sum of the context lengths of the decoding sequences, tokens.
+  int64_t active_decode_tokens = 0;
+};
+
+// Load the router placed on a worker and has not seen reported yet. Counted by the router:
+// AddPlaced when it places a request, RemovePlaced when the worker's own numbers include it (at
+// the first token, or when the request ends or fails).
+struct PlacedLoad {
+  // Prompt tokens the worker is to prefill.
+  int64_t prefill_tokens = 0;
+  // Sequences the worker is to run.
+  int64_t sequences = 0;
+};
+
+class WorkerView {
+ public:
+  WorkerView() = default;
+
+  // Applies one message of the worker's WatchState stream.
+  //   Snapshot      replaces everything (placed load excepted, which is the router's own) and
+  //                 clears staleness. INVALID_ARGUMENT for block_size 0: nothing is replaced and
+  //                 the view is stale.
+  //   KvEventBatch  applies stored / removed / cleared in order. FAILED_PRECONDITION ("missed
+  //                 events, re-subscribe") for an event_id that is not last_event_id() + 1 or an
+  //                 event of unknown kind; events before it are applied, and the view is stale.
+  //   LoadSample    replaces the load numbers.
+  //   unknown case  ignored (OK), as the protocol says, whatever the view's state.
+  // Before the first Snapshot, and while stale, a KvEventBatch or LoadSample is
+  // FAILED_PRECONDITION and changes nothing.
+  absl::Status Apply(const v1::WorkerStateUpdate& update);
+
+  // Whether a Snapshot has been applied.
+  bool has_snapshot() const { return has_snapshot_; }
+  // Whether the view missed events (or got an invalid snapshot) and waits for a new Snapshot.
+  bool stale() const { return stale_; }
+  // Current: has a snapshot and is not stale.
+  bool ready() const { return has_snapshot_ && !stale_; }
+
+  // From the last Snapshot ("" / 0 / ROLE_UNSPECIFIED before the first).
+  const std::string& worker_id() const { return snapshot_.worker_id(); }
+  v1::WorkerRole role() const { return snapshot_.role(); }
+  const std::string& model_id() const { return snapshot_.model_id(); }
+  // Tokens per KV block.
+  int64_t block_size() const { return snapshot_.block_size(); }
+  // Blocks in the worker's KV pool.
+  int64_t total_blocks() const { return snapshot_.total_blocks(); }
+  // Longest sequence (prompt plus output) the worker accepts, tokens.
+  int64_t max_context() const { return snapshot_.max_context(); }
+  // Largest number of sequences in one batch.
+  int64_t max_running() const { return snapshot_.max_running(); }
+  const std::string& engine() const { return snapshot_.engine(); }
+  const std::string& version() const { return snapshot_.version(); }
+  // The worker's KV pool descriptor, kept as sent (empty on prefill-only workers).
+  const v1::KvPoolDescriptor& kv_pool() const { return snapshot_.kv_pool(); }
+
+  // Id of the last KV event applied (the snapshot's last_event_id before any event).
+  uint64_t last_event_id() const { return last_event_id_; }
+
+  // Latest load numbers (the last LoadSample, else the Snapshot's; free_blocks from the Snapshot's
+  // own field until a LoadSample comes).
+  const WorkerLoad& load() const { return load_; }
+  // Blocks allocatable now (load().free_blocks).
+  int64_t free_blocks() const { return load_.free_blocks; }
+  // The latest LoadSample as sent, for what WorkerLoad leaves out (recent step timings for cost
+  // models, prefix-hit counters).
+  const v1::LoadSample& last_load_sample() const { return last_sample_; }
+
+  // Hashes of the full blocks the worker's prefix cache holds.
+  const absl::flat_hash_set<BlockHash>& cached_hashes() const { return cached_; }
+  // How many leading entries of `hashes` (a prompt's block hashes in order) the worker holds.
+  int64_t CachedPrefixLength(absl::Span<const BlockHash> hashes) const;
+  // The same in tokens: CachedPrefixLength(hashes) * block_size().
+  int64_t CachedPrefixTokens(absl::Span<const BlockHash> hashes) const;
+
+  // Router-side load. Add when placing a request here; Remove (the same amounts) when the worker's
+  // reports include it or the request is gone. Amounts must be >= 0 (negative ones are ignored);
+  // totals never go below 0.
+  void AddPlaced(int64_t prefill_tokens, int64_t sequences);
+  void RemovePlaced(int64_t prefill_tokens, int64_t sequences);
+  // Forgets all placed load (e.g. when the worker was lost and its requests failed over).
+  void ClearPlaced() { placed_ = {}; }
+  const PlacedLoad& placed() const { return placed_; }
+
+  // Counters for metrics and tests.
+  int64_t snapshots_applied() const { return snapshots_applied_; }
+  int64_t events_applied() const { return events_applied_; }
+  // Times the view went stale (gaps and unknown events).
+  int64_t resyncs_needed() const { return resyncs_needed_; }
+
+ private:
+  absl::Status ApplySnapshot(const v1::Snapshot& snapshot);
+  absl::Status ApplyEvents(const v1::KvEventBatch& batch);
+  void ApplyLoad(const v1::LoadSample& sample);
+  absl::Status MarkStale(absl::string_view why);
+
+  bool has_snapshot_ = false;
+  bool stale_ = false;
+  // The last Snapshot without its cached hashes and load (those live below).
+  v1::Snapshot snapshot_;
+  uint64_t last_event_id_ = 0;
+  WorkerLoad load_;
+  v1::LoadSample last_sample_;
+  absl::flat_hash_set<BlockHash> cached_;
+  PlacedLoad placed_;
+  int64_t snapshots_applied_ = 0;
+  int64_t events_applied_ = 0;
+  int64_t resyncs_needed_ = 0;
+};
+
+// The view as a placement candidate: the role mapped, the reported and placed load, and a
+// pointer to the view's cached hashes (valid while the view lives and is not changed, so under
+// the caller's lock). healthy = ready(). nullopt when the view has no snapshot or its role is
+// ROLE_UNSPECIFIED or unknown (not a candidate). The router may clear `healthy` further (a
+// draining worker, a broken connection).
+std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view);
+
+}  // namespace tandem
+
+#endif  // TANDEM_ROUTER_REGISTRY_WORKER_VIEW_H_

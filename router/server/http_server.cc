@@ -1,0 +1,527 @@
+#include "router/server/http_server.h"
+
+#include <arpa/inet.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/thread.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <deque>
+#include <thread>
+#include <variant>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/status_conversion.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::router {
+namespace {
+
+using nlohmann::json;
+
+std::string FinishReasonName(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_STOP:
+    case v1::FINISH_REASON_STOP_STRING:
+      return "stop";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_CANCELLED:
+      return "abort";
+    case v1::FINISH_REASON_ERROR:
+      return "error";
+    default:
+      return "";
+  }
+}
+
+// The body of an error response, OpenAI's shape.
+std::string ErrorBody(const absl::Status& status) {
+  const int http = HttpStatusFromCode(status.code());
+  const char* type = http == 400 || http == 404 || http == 413 ? "invalid_request_error"
+                     : http == 429                             ? "rate_limit_error"
+                                                               : "server_error";
+  return json{{"error",
+               {{"message", std::string(status.message())},
+                {"type", type},
+                {"code", absl::StatusCodeToString(status.code())}}}}
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// Reads an optional number field of `body` into `set`; INVALID_ARGUMENT for a wrong type.
+template <typename T, typename Set>
+absl::Status Number(const json& body, const char* key, Set set) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number()) return Invalid(absl::StrCat("'", key, "' must be a number"));
+  if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) return Invalid(absl::StrCat("'", key, "' must be an integer"));
+    set(it->get<T>());
+  } else {
+    set(it->get<T>());
+  }
+  return absl::OkStatus();
+}
+
+// An OpenAI request body as a tandem.v1.GenerateRequest.
+absl::StatusOr<v1::GenerateRequest> ParseBody(const json& body, bool chat, bool* stream,
+                                              bool* include_usage) {
+  if (!body.is_object()) return Invalid("the body must be a JSON object");
+  v1::GenerateRequest r;
+  if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
+    if (!m->is_string()) return Invalid("'model' must be a string");
+    r.set_model(m->get<std::string>());
+  }
+  if (chat) {
+    auto messages = body.find("messages");
+    if (messages == body.end() || !messages->is_array() || messages->empty()) {
+      return Invalid("'messages' must be a non-empty array");
+    }
+    for (const json& m : *messages) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+        return Invalid("each message needs a string 'role'");
+      }
+      v1::ChatMessage* out = r.mutable_chat()->add_messages();
+      out->set_role(m["role"].get<std::string>());
+      const json& content = m.contains("content") ? m["content"] : json();
+      if (content.is_string()) {
+        out->set_content(content.get<std::string>());
+      } else if (content.is_array()) {
+        // [{"type": "text", "text": "..."}]: text parts only.
+        for (const json& part : content) {
+          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+              !part["text"].is_string()) {
+            return Invalid("only text content parts are supported");
+          }
+          out->mutable_content()->append(part["text"].get<std::string>());
+        }
+      } else if (!content.is_null()) {
+        return Invalid("'content' must be a string or an array of text parts");
+      }
+    }
+  } else {
+    auto prompt = body.find("prompt");
+    if (prompt == body.end() || prompt->is_null()) return Invalid("'prompt' is required");
+    if (prompt->is_string()) {
+      r.set_prompt(prompt->get<std::string>());
+    } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+      r.set_prompt((*prompt)[0].get<std::string>());
+    } else if (prompt->is_array() && !prompt->empty() &&
+               std::all_of(prompt->begin(), prompt->end(),
+                           [](const json& t) { return t.is_number_integer(); })) {
+      for (const json& t : *prompt) r.mutable_token_ids()->add_ids(t.get<int32_t>());
+    } else {
+      return Invalid("'prompt' must be a string, a one-string array or an array of token ids");
+    }
+  }
+  v1::SamplingParams* s = r.mutable_sampling();
+  absl::Status st;
+  const char* max_key = chat && body.contains("max_completion_tokens") ? "max_completion_tokens"
+                                                                        : "max_tokens";
+  int64_t max_tokens = -1;
+  st.Update(Number<int64_t>(body, max_key, [&](int64_t v) { max_tokens = v; }));
+  if (!st.ok()) return st;
+  if (body.contains(max_key) && !body[max_key].is_null()) {
+    if (max_tokens <= 0 || max_tokens > (int64_t{1} << 31)) {
+      return Invalid(absl::StrCat("'", max_key, "' must be at least 1, not ", max_tokens));
+    }
+    s->set_max_tokens(static_cast<uint32_t>(max_tokens));
+  } else if (!chat) {
+    s->set_max_tokens(16);  // OpenAI's default for completions
+  }
+  st.Update(Number<double>(body, "temperature", [&](double v) { s->set_temperature(static_cast<float>(v)); }));
+  st.Update(Number<double>(body, "top_p", [&](double v) { s->set_top_p(static_cast<float>(v)); }));
+  st.Update(Number<double>(body, "min_p", [&](double v) { s->set_min_p(static_cast<float>(v)); }));
+  st.Update(Number<int64_t>(body, "top_k", [&](int64_t v) { s->set_top_k(static_cast<int32_t>(v)); }));
+  st.Update(Number<double>(body, "presence_penalty", [&](double v) { s->set_presence_penalty(static_cast<float>(v)); }));
+  st.Update(Number<double>(body, "frequency_penalty", [&](double v) { s->set_frequency_penalty(static_cast<float>(v)); }));
+  st.Update(Number<double>(body, "repetition_penalty", [&](double v) { s->set_repetition_penalty(static_cast<float>(v)); }));
+  st.Update(Number<int64_t>(body, "seed", [&](int64_t v) { s->set_seed(static_cast<uint64_t>(v)); }));
+  st.Update(Number<int64_t>(body, "min_tokens", [&](int64_t v) { s->set_min_tokens(static_cast<uint32_t>(std::max<int64_t>(0, v))); }));
+  st.Update(Number<int64_t>(body, "priority", [&](int64_t v) { r.set_priority(static_cast<int32_t>(v)); }));
+  if (!st.ok()) return st;
+  if (auto n = body.find("n"); n != body.end() && !n->is_null() && *n != 1) {
+    return Invalid("only n = 1 is supported");
+  }
+  if (auto stop = body.find("stop"); stop != body.end() && !stop->is_null()) {
+    if (stop->is_string()) {
+      s->add_stop(stop->get<std::string>());
+    } else if (stop->is_array() &&
+               std::all_of(stop->begin(), stop->end(), [](const json& x) { return x.is_string(); })) {
+      for (const json& x : *stop) s->add_stop(x.get<std::string>());
+    } else {
+      return Invalid("'stop' must be a string or an array of strings");
+    }
+  }
+  if (auto ignore = body.find("ignore_eos"); ignore != body.end() && ignore->is_boolean()) {
+    s->set_ignore_eos(ignore->get<bool>());
+  }
+  *stream = false;
+  if (auto st_it = body.find("stream"); st_it != body.end() && !st_it->is_null()) {
+    if (!st_it->is_boolean()) return Invalid("'stream' must be a boolean");
+    *stream = st_it->get<bool>();
+  }
+  *include_usage = false;
+  if (auto so = body.find("stream_options"); so != body.end() && so->is_object()) {
+    *include_usage = so->value("include_usage", false);
+  }
+  return r;
+}
+
+}  // namespace
+
+// One HTTP request relayed to the cluster. Lives until both its relay ended (OnDone handled on
+// the loop) and the HTTP side is finished.
+struct HttpCall final : public ResponseSink {
+  HttpServer::Impl* server = nullptr;
+  evhttp_request* req = nullptr;  // null once the client went away or the reply ended
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;
+  std::string id;
+  std::string model;
+  int64_t created = 0;
+  int64_t prompt_tokens = 0;
+  std::string text;
+  int64_t completion_tokens = 0;
+  std::string finish;
+  bool sent_role = false;
+  v1::Usage usage;
+  std::shared_ptr<RelayedCall> relay;
+
+  void OnResponse(const v1::GenerateResponse& response) override;
+  void OnDone(const absl::Status& status) override;
+};
+
+struct HttpServer::Impl {
+  RequestRouter* router = nullptr;
+  Options options;
+  event_base* base = nullptr;
+  evhttp* http = nullptr;
+  event* wake = nullptr;
+  int port = 0;
+  std::thread thread;
+
+  // Relay events handed from gRPC threads to the loop.
+  absl::Mutex mu;
+  std::deque<std::pair<std::shared_ptr<HttpCall>, std::variant<v1::GenerateResponse, absl::Status>>>
+      pending ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<HttpCall*, std::shared_ptr<HttpCall>> calls;  // loop thread only
+
+  void Post(HttpCall* call, std::variant<v1::GenerateResponse, absl::Status> item) {
+    {
+      absl::MutexLock lock(&mu);
+      auto it = calls_mirror.find(call);
+      if (it == calls_mirror.end()) return;
+      pending.emplace_back(it->second, std::move(item));
+    }
+    event_active(wake, EV_READ, 0);
+  }
+  // Same as `calls`, readable from gRPC threads.
+  absl::flat_hash_map<HttpCall*, std::shared_ptr<HttpCall>> calls_mirror ABSL_GUARDED_BY(mu);
+
+  void Handle(evhttp_request* req);
+  void HandleGenerate(evhttp_request* req, bool chat);
+  void Drain();
+  void Deliver(HttpCall& call, const v1::GenerateResponse& response);
+  void Finish(HttpCall& call, const absl::Status& status);
+  void Forget(HttpCall* call) {
+    calls.erase(call);
+    absl::MutexLock lock(&mu);
+    calls_mirror.erase(call);
+  }
+};
+
+void HttpCall::OnResponse(const v1::GenerateResponse& response) { server->Post(this, response); }
+void HttpCall::OnDone(const absl::Status& status) { server->Post(this, status); }
+
+namespace {
+
+void Reply(evhttp_request* req, int code, const std::string& content_type, const std::string& body) {
+  evkeyvalq* headers = evhttp_request_get_output_headers(req);
+  evhttp_add_header(headers, "Content-Type", content_type.c_str());
+  evbuffer* buf = evbuffer_new();
+  evbuffer_add(buf, body.data(), body.size());
+  evhttp_send_reply(req, code, code == 200 ? "OK" : "Error", buf);
+  evbuffer_free(buf);
+}
+
+void ReplyError(evhttp_request* req, const absl::Status& status) {
+  Reply(req, HttpStatusFromCode(status.code()), "application/json", ErrorBody(status));
+}
+
+void SendChunk(evhttp_request* req, const std::string& data) {
+  evbuffer* buf = evbuffer_new();
+  evbuffer_add(buf, data.data(), data.size());
+  evhttp_send_reply_chunk(req, buf);
+  evbuffer_free(buf);
+}
+
+std::string Sse(const json& j) {
+  return absl::StrCat("data: ", j.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n");
+}
+
+}  // namespace
+
+void HttpServer::Impl::Handle(evhttp_request* req) {
+  const evhttp_cmd_type method = evhttp_request_get_command(req);
+  const evhttp_uri* uri = evhttp_request_get_evhttp_uri(req);
+  const std::string path = uri != nullptr && evhttp_uri_get_path(uri) != nullptr
+                               ? evhttp_uri_get_path(uri)
+                               : "";
+  if (path == "/health") {
+    const bool ready = router->registry().Ready();
+    Reply(req, ready ? 200 : 503, "text/plain", ready ? "ok\n" : "no decode worker is ready\n");
+    return;
+  }
+  if (path == "/metrics" && method == EVHTTP_REQ_GET) {
+    Reply(req, 200, "text/plain; version=0.0.4", SerializeMetrics(ProcessMetrics()));
+    return;
+  }
+  if (path == "/v1/models" && method == EVHTTP_REQ_GET) {
+    const v1::ListModelsResponse models = router->ListModels();
+    json data = json::array();
+    for (const v1::ModelInfo& m : models.models()) {
+      data.push_back({{"id", m.id()}, {"object", "model"}, {"created", 0},
+                      {"owned_by", m.owned_by()}, {"max_model_len", m.max_context()}});
+    }
+    Reply(req, 200, "application/json", json{{"object", "list"}, {"data", data}}.dump());
+    return;
+  }
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    if (method != EVHTTP_REQ_POST) {
+      ReplyError(req, absl::InvalidArgumentError(absl::StrCat(path, " takes POST")));
+      return;
+    }
+    HandleGenerate(req, path == "/v1/chat/completions");
+    return;
+  }
+  ReplyError(req, absl::NotFoundError(absl::StrCat("no such path: ", path)));
+}
+
+void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat) {
+  evbuffer* input = evhttp_request_get_input_buffer(req);
+  std::string raw(evbuffer_get_length(input), '\0');
+  evbuffer_copyout(input, raw.data(), raw.size());
+  const json body = json::parse(raw, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    ReplyError(req, Invalid("the body is not valid JSON"));
+    return;
+  }
+  auto call = std::make_shared<HttpCall>();
+  absl::StatusOr<v1::GenerateRequest> request =
+      ParseBody(body, chat, &call->stream, &call->include_usage);
+  if (!request.ok()) {
+    ReplyError(req, request.status());
+    return;
+  }
+  absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(*request);
+  if (!prepared.ok()) {
+    ReplyError(req, prepared.status());
+    return;
+  }
+  call->server = this;
+  call->req = req;
+  call->chat = chat;
+  call->id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", prepared->request.request_id());
+  call->model = router->ModelId();
+  call->created = absl::ToUnixSeconds(absl::Now());
+  call->prompt_tokens = static_cast<int64_t>(prepared->tokens.size());
+  calls[call.get()] = call;
+  {
+    absl::MutexLock lock(&mu);
+    calls_mirror[call.get()] = call;
+  }
+  absl::StatusOr<std::shared_ptr<RelayedCall>> relay = router->Start(*std::move(prepared), call.get());
+  if (!relay.ok()) {
+    Forget(call.get());
+    ReplyError(req, relay.status());
+    return;
+  }
+  call->relay = *relay;
+  // A client that goes away cancels the request; the reply must not be touched after that.
+  evhttp_connection_set_closecb(
+      evhttp_request_get_connection(req),
+      [](evhttp_connection*, void* arg) {
+        auto* c = static_cast<HttpCall*>(arg);
+        c->req = nullptr;
+        if (c->relay != nullptr) c->relay->Cancel();
+      },
+      call.get());
+  if (call->stream) {
+    evkeyvalq* headers = evhttp_request_get_output_headers(req);
+    evhttp_add_header(headers, "Content-Type", "text/event-stream");
+    evhttp_add_header(headers, "Cache-Control", "no-cache");
+    evhttp_send_reply_start(req, 200, "OK");
+  }
+}
+
+void HttpServer::Impl::Drain() {
+  std::deque<std::pair<std::shared_ptr<HttpCall>, std::variant<v1::GenerateResponse, absl::Status>>>
+      items;
+  {
+    absl::MutexLock lock(&mu);
+    items.swap(pending);
+  }
+  for (auto& [call, item] : items) {
+    if (auto* r = std::get_if<v1::GenerateResponse>(&item)) {
+      Deliver(*call, *r);
+    } else {
+      Finish(*call, std::get<absl::Status>(item));
+    }
+  }
+}
+
+void HttpServer::Impl::Deliver(HttpCall& call, const v1::GenerateResponse& r) {
+  call.completion_tokens += r.token_ids_size();
+  if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) call.finish = FinishReasonName(r.finish_reason());
+  if (r.has_usage()) call.usage = r.usage();
+  if (!call.stream) {
+    call.text += r.text();
+    return;
+  }
+  if (call.req == nullptr) return;
+  if (r.text().empty() && call.finish.empty()) return;
+  json choice = {{"index", 0}, {"logprobs", nullptr},
+                 {"finish_reason", call.finish.empty() ? json(nullptr) : json(call.finish)}};
+  if (call.chat) {
+    json delta = {{"content", r.text()}};
+    if (!call.sent_role) delta["role"] = "assistant";
+    call.sent_role = true;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = r.text();
+  }
+  SendChunk(call.req, Sse({{"id", call.id},
+                           {"object", call.chat ? "chat.completion.chunk" : "text_completion"},
+                           {"created", call.created},
+                           {"model", call.model},
+                           {"choices", json::array({choice})}}));
+}
+
+void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
+  evhttp_request* req = call.req;
+  call.req = nullptr;
+  if (req != nullptr) evhttp_connection_set_closecb(evhttp_request_get_connection(req), nullptr, nullptr);
+  const json usage = {{"prompt_tokens", call.prompt_tokens},
+                      {"completion_tokens", call.completion_tokens},
+                      {"total_tokens", call.prompt_tokens + call.completion_tokens}};
+  if (req != nullptr) {
+    if (call.stream) {
+      if (!status.ok()) {
+        SendChunk(req, Sse(json::parse(ErrorBody(status))));
+      } else if (call.include_usage) {
+        SendChunk(req, Sse({{"id", call.id},
+                            {"object", call.chat ? "chat.completion.chunk" : "text_completion"},
+                            {"created", call.created},
+                            {"model", call.model},
+                            {"choices", json::array()},
+                            {"usage", usage}}));
+      }
+      SendChunk(req, "data: [DONE]\n\n");
+      evhttp_send_reply_end(req);
+    } else if (!status.ok()) {
+      ReplyError(req, status);
+    } else {
+      json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", call.finish}};
+      if (call.chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", call.text}};
+      } else {
+        choice["text"] = call.text;
+      }
+      Reply(req, 200, "application/json",
+            json{{"id", call.id},
+                 {"object", call.chat ? "chat.completion" : "text_completion"},
+                 {"created", call.created},
+                 {"model", call.model},
+                 {"choices", json::array({choice})},
+                 {"usage", usage}}
+                .dump(-1, ' ', false, json::error_handler_t::replace));
+    }
+  }
+  Forget(&call);
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(RequestRouter* router,
+                                                              const Options& options) {
+  static const bool threads = [] { return evthread_use_pthreads() == 0; }();
+  if (!threads) return absl::InternalError("libevent has no pthreads support");
+  const size_t colon = options.listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(options.listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("bad HTTP address '", options.listen, "'"));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->router = router;
+  impl->options = options;
+  impl->base = event_base_new();
+  impl->http = evhttp_new(impl->base);
+  evhttp_set_max_body_size(impl->http, options.max_body_bytes);
+  evhttp_set_allowed_methods(impl->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST);
+  evhttp_set_timeout(impl->http, 3600);
+  evhttp_set_gencb(
+      impl->http, [](evhttp_request* req, void* arg) { static_cast<Impl*>(arg)->Handle(req); },
+      impl.get());
+  const std::string host = options.listen.substr(0, colon);
+  evhttp_bound_socket* bound = evhttp_bind_socket_with_handle(
+      impl->http, host.empty() ? "0.0.0.0" : host.c_str(), static_cast<uint16_t>(port));
+  if (bound == nullptr) {
+    evhttp_free(impl->http);
+    event_base_free(impl->base);
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  getsockname(evhttp_bound_socket_get_fd(bound), reinterpret_cast<sockaddr*>(&addr), &len);
+  impl->port = ntohs(addr.sin_port);
+  impl->wake = event_new(
+      impl->base, -1, EV_PERSIST | EV_READ,
+      [](evutil_socket_t, short, void* arg) { static_cast<Impl*>(arg)->Drain(); }, impl.get());
+  event_add(impl->wake, nullptr);
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { event_base_loop(raw->base, EVLOOP_NO_EXIT_ON_EMPTY); });
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::~HttpServer() {
+  // Cancel what is in flight, let the relays end, then stop the loop.
+  std::vector<std::shared_ptr<HttpCall>> open;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    for (auto& [raw, call] : impl_->calls_mirror) open.push_back(call);
+  }
+  for (auto& call : open) {
+    if (call->relay != nullptr) call->relay->Cancel();
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < until) {
+    absl::MutexLock lock(&impl_->mu);
+    if (impl_->calls_mirror.empty()) break;
+    impl_->mu.AwaitWithTimeout(absl::Condition(+[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->mu) {
+                                 return i->calls_mirror.empty();
+                               }, impl_.get()),
+                               absl::Milliseconds(50));
+  }
+  event_base_loopexit(impl_->base, nullptr);
+  impl_->thread.join();
+  event_free(impl_->wake);
+  evhttp_free(impl_->http);
+  event_base_free(impl_->base);
+}
+
+int HttpServer::port() const { return impl_->port; }
+
+}  // namespace tandem::router

@@ -1,0 +1,86 @@
+// tandem-router: the cluster's front door. Serves tandem.v1.Inference over gRPC (with health and
+// reflection) and the OpenAI-compatible HTTP API, discovers workers and follows their state, and
+// places every request on a decode worker (and its prefill workers) with a placement policy.
+//
+//   tandem-router --listen=0.0.0.0:7000 --http_listen=0.0.0.0:8000
+//                 --workers=10.0.0.5:7100,10.0.0.6:7200 [--policy=kv_aware]
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "cli/default_model.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "engine/serving/worker_main.h"
+#include "router/server/http_server.h"
+#include "router/server/inference_service.h"
+#include "router/server/registry.h"
+#include "router/server/request_router.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:7000", "host:port of the gRPC API (port 0: any)");
+ABSL_FLAG(std::string, http_listen, "0.0.0.0:8000",
+          "host:port of the OpenAI-compatible HTTP API and /metrics (port 0: any); empty: none");
+ABSL_FLAG(std::string, workers, "", "Comma-separated worker addresses (host:port)");
+ABSL_FLAG(std::string, workers_dns, "",
+          "host:port of a DNS name whose addresses are the workers (a headless Service); "
+          "re-resolved every 5 s");
+ABSL_FLAG(std::string, policy, "kv_aware", "Placement policy: round_robin, least_loaded, kv_aware");
+ABSL_FLAG(int64_t, local_prefill_threshold, 256,
+          "Prefill on the decode worker when at most this many prompt tokens are not cached there");
+ABSL_FLAG(std::string, model, "", "Model file whose tokenizer the router uses; empty: the default");
+ABSL_FLAG(std::string, models_dir, "", "Folder of downloaded models; empty: <source>/models");
+ABSL_FLAG(int64_t, max_body_bytes, 8 << 20, "Largest HTTP request body accepted");
+
+namespace tandem::router {
+namespace {
+
+absl::Status Run() {
+  absl::StatusOr<std::string> model_path =
+      ResolveModelPath(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_models_dir));
+  if (!model_path.ok()) return model_path.status();
+  RegistryOptions registry_options;
+  registry_options.addresses =
+      absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipWhitespace());
+  registry_options.dns_name = absl::GetFlag(FLAGS_workers_dns);
+  if (registry_options.addresses.empty() && registry_options.dns_name.empty()) {
+    return absl::InvalidArgumentError("give --workers or --workers_dns");
+  }
+  Registry registry(registry_options);
+  RouterOptions options;
+  options.model_path = *model_path;
+  options.policy = absl::GetFlag(FLAGS_policy);
+  options.policy_options.local_prefill_threshold_tokens =
+      absl::GetFlag(FLAGS_local_prefill_threshold);
+  absl::StatusOr<std::unique_ptr<RequestRouter>> router = RequestRouter::Create(options, &registry);
+  if (!router.ok()) return router.status();
+  std::unique_ptr<HttpServer> http;
+  if (!absl::GetFlag(FLAGS_http_listen).empty()) {
+    absl::StatusOr<std::unique_ptr<HttpServer>> started = HttpServer::Start(
+        router->get(), {.listen = absl::GetFlag(FLAGS_http_listen),
+                        .max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes)});
+    if (!started.ok()) return started.status();
+    http = *std::move(started);
+  }
+  InferenceService inference(router->get());
+  return ServeUntilSignal(absl::GetFlag(FLAGS_listen), {&inference}, [&](int port) {
+    std::printf("tandem-router listening on port %d (http port %d, policy %s, workers %s)\n", port,
+                http != nullptr ? http->port() : 0, absl::GetFlag(FLAGS_policy).c_str(),
+                absl::StrJoin(registry_options.addresses, ",").c_str());
+    std::fflush(stdout);
+  });
+}
+
+}  // namespace
+}  // namespace tandem::router
+
+int main(int argc, char** argv) {
+  tandem::BlockTerminationSignals();
+  tandem::ParseFlagsWithEnvironment(
+      argc, argv, "tandem-router: the cluster's router.\nusage: tandem-router --workers=HOST:PORT,...");
+  if (absl::Status s = tandem::router::Run(); !s.ok()) {
+    std::fprintf(stderr, "tandem-router: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

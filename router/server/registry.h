@@ -1,0 +1,85 @@
+// The router's live view of the cluster: discovers workers (a static address list, or a DNS name
+// re-resolved periodically, e.g. a Kubernetes headless Service), follows each one's WatchState
+// stream on a thread of its own (snapshot first, then events and load; reconnects with backoff),
+// and places requests under one lock with a placement policy.
+#ifndef TANDEM_ROUTER_SERVER_REGISTRY_H_
+#define TANDEM_ROUTER_SERVER_REGISTRY_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "router/placement/placement.h"
+#include "router/registry/worker_view.h"
+
+namespace tandem::router {
+
+struct RegistryOptions {
+  // Worker addresses (host:port).
+  std::vector<std::string> addresses;
+  // A DNS name "host:port" whose A records are the workers; re-resolved every dns_interval.
+  std::string dns_name;
+  absl::Duration dns_interval = absl::Seconds(5);
+  // How often workers send load samples.
+  absl::Duration load_interval = absl::Milliseconds(100);
+  // Reconnect delays after a stream breaks: doubling from min to max.
+  absl::Duration min_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+
+// Where a request goes, with what the registry counted for it.
+struct Route {
+  placement::Decision decision;
+  std::string decode_address;
+  std::vector<std::pair<std::string, std::string>> prefill;  // (worker id, address), best first
+  int64_t placed_prefill_tokens = 0;
+};
+
+struct WorkerSummary {
+  std::string address;
+  std::string worker_id;
+  v1::WorkerRole role = v1::ROLE_UNSPECIFIED;
+  bool ready = false;
+  WorkerLoad load;
+};
+
+class Registry {
+ public:
+  explicit Registry(RegistryOptions options);
+  ~Registry();  // stops every watcher
+
+  // Places `request` with `policy` over the ready workers and counts the placed load.
+  // UNAVAILABLE when no decode-capable worker is ready.
+  absl::StatusOr<Route> Place(placement::PlacementPolicy& policy, const placement::Request& request);
+  // The request left its decode (and prefill) worker: uncount its load.
+  void Release(const Route& route);
+  // Whether some decode-capable worker is ready; its model id, block size and context.
+  bool Ready();
+  struct ModelInfo {
+    std::string model_id;
+    int64_t block_size = 16;
+    int64_t max_context = 0;
+  };
+  std::optional<ModelInfo> Model();
+  std::vector<WorkerSummary> Workers();
+
+ private:
+  struct Worker;
+  void Watch(Worker* worker);
+  void Discover();
+  void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const RegistryOptions options_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread dns_thread_;
+};
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_ROUTER_SERVER_REGISTRY_H_

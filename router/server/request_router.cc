@@ -1,0 +1,263 @@
+#include "router/server/request_router.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_conversion.h"
+#include "common/status_macros.h"
+#include "engine/kv/block_hash.h"
+#include "engine/model/gguf.h"
+#include "engine/sampling/sampling_options.h"
+#include "engine/serving/proto_conversion.h"
+#include "engine/tokenizer/gguf_tokenizer.h"
+#include "grpcpp/create_channel.h"
+
+namespace tandem::router {
+namespace {
+
+// Relays one Decode.Generate stream to a sink, with gRPC's callback API.
+class DecodeRelay final : public grpc::ClientReadReactor<v1::DecodeResponse>, public RelayedCall {
+ public:
+  DecodeRelay(Registry* registry, Route route, std::string request_id, ResponseSink* sink)
+      : registry_(registry),
+        route_(std::move(route)),
+        request_id_(std::move(request_id)),
+        sink_(sink),
+        start_(absl::Now()) {}
+
+  void Begin(v1::Decode::Stub* stub, const v1::DecodeRequest& request, absl::Time deadline,
+             std::shared_ptr<DecodeRelay> self) {
+    self_ = std::move(self);
+    if (deadline != absl::InfiniteFuture()) context_.set_deadline(absl::ToChronoTime(deadline));
+    stub->async()->Generate(&context_, &request, this);
+    StartRead(&response_);
+    StartCall();
+  }
+
+  void Cancel() override { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    v1::GenerateResponse out;
+    out.set_request_id(request_id_);
+    *out.mutable_token_ids() = response_.token_ids();
+    out.set_text(response_.text());
+    *out.mutable_logprobs() = response_.logprobs();
+    out.set_finish_reason(response_.finish_reason());
+    out.set_error_message(response_.error_message());
+    if (response_.has_usage()) *out.mutable_usage() = response_.usage();
+    if (first_) {
+      ttft_us_ = absl::ToInt64Microseconds(absl::Now() - start_);
+      first_ = false;
+    }
+    if (response_.has_timings()) {
+      v1::Timings* t = out.mutable_timings();
+      *t = response_.timings();
+      t->set_ttft_us(static_cast<uint64_t>(ttft_us_));
+      t->set_e2e_us(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start_)));
+    }
+    sink_->OnResponse(out);
+    StartRead(&response_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    registry_->Release(route_);
+    sink_->OnDone(FromGrpcStatus(status));
+    self_.reset();  // may destroy this
+  }
+
+ private:
+  Registry* const registry_;
+  const Route route_;
+  const std::string request_id_;
+  ResponseSink* const sink_;
+  const absl::Time start_;
+  grpc::ClientContext context_;
+  v1::DecodeResponse response_;
+  bool first_ = true;
+  int64_t ttft_us_ = 0;
+  std::shared_ptr<DecodeRelay> self_;  // alive until OnDone
+};
+
+}  // namespace
+
+RequestRouter::RequestRouter(const RouterOptions& options, Registry* registry)
+    : options_(options), registry_(registry), chat_template_(absl::NotFoundError("no template")) {}
+
+absl::StatusOr<std::unique_ptr<RequestRouter>> RequestRouter::Create(const RouterOptions& options,
+                                                                     Registry* registry) {
+  auto router = std::unique_ptr<RequestRouter>(new RequestRouter(options, registry));
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(options.model_path));
+  ASSIGN_OR_RETURN(router->tokenizer_, TokenizerFromGguf(*file));
+  const std::string& jinja = router->tokenizer_->data().chat_template;
+  if (!jinja.empty()) router->chat_template_ = ChatTemplate::FromJinja(jinja);
+  router->file_model_id_ = std::filesystem::path(options.model_path).stem().string();
+  absl::StatusOr<absl::string_view> arch = file->GetString("general.architecture");
+  if (arch.ok()) {
+    absl::StatusOr<uint32_t> context = file->GetUint32(absl::StrCat(*arch, ".context_length"));
+    if (context.ok()) router->file_max_context_ = *context;
+  }
+  absl::MutexLock lock(&router->mu_);
+  ASSIGN_OR_RETURN(router->policy_, placement::CreatePolicy(options.policy, options.policy_options));
+  return router;
+}
+
+std::string RequestRouter::ModelId() {
+  const std::optional<Registry::ModelInfo> model = registry_->Model();
+  return model.has_value() ? model->model_id : file_model_id_;
+}
+
+absl::StatusOr<std::vector<int32_t>> RequestRouter::Encode(const v1::GenerateRequest& r) const {
+  switch (r.input_case()) {
+    case v1::GenerateRequest::kPrompt:
+      return tokenizer_->Encode(r.prompt(), {.add_special = true, .parse_special = true});
+    case v1::GenerateRequest::kChat: {
+      if (!chat_template_.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the model has no usable chat template: ", chat_template_.status().message()));
+      }
+      std::vector<ChatMessage> messages;
+      for (const v1::ChatMessage& m : r.chat().messages()) {
+        if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
+          return absl::InvalidArgumentError(
+              absl::StrCat("chat role '", m.role(), "' is not system, user or assistant"));
+        }
+        messages.push_back({m.role(), m.content()});
+      }
+      if (messages.empty()) return absl::InvalidArgumentError("the chat has no messages");
+      const int32_t bos = tokenizer_->bos_id();
+      ASSIGN_OR_RETURN(std::string text,
+                       chat_template_->Render(messages, {.add_generation_prompt = true,
+                                                         .bos_token = bos >= 0
+                                                                          ? tokenizer_->TokenBytes(bos)
+                                                                          : ""}));
+      return tokenizer_->Encode(text, {.add_special = false, .parse_special = true});
+    }
+    case v1::GenerateRequest::kTokenIds:
+      return std::vector<int32_t>(r.token_ids().ids().begin(), r.token_ids().ids().end());
+    default:
+      return absl::InvalidArgumentError("the request has no prompt, chat or token ids");
+  }
+}
+
+absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::GenerateRequest& request) {
+  const std::optional<Registry::ModelInfo> model = registry_->Model();
+  const std::string model_id = model.has_value() ? model->model_id : file_model_id_;
+  if (!request.model().empty() && request.model() != model_id) {
+    return absl::NotFoundError(
+        absl::StrCat("model '", request.model(), "' does not exist; this cluster serves '",
+                     model_id, "'"));
+  }
+  Prepared p;
+  p.request = request;
+  ASSIGN_OR_RETURN(p.tokens, Encode(request));
+  if (p.tokens.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  const int64_t vocab = tokenizer_->vocab_size();
+  for (int32_t t : p.tokens) {
+    if (t < 0 || t >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", t, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  const int64_t context = model.has_value() ? model->max_context : file_max_context_;
+  const sampling::SamplingOptions s = SamplingFromProto(request.sampling());
+  if (request.sampling().has_max_tokens() && request.sampling().max_tokens() == 0) {
+    return absl::InvalidArgumentError("max_tokens must be at least 1");
+  }
+  RETURN_IF_ERROR(
+      sampling::ValidateSamplingOptions(s, static_cast<int>(vocab), static_cast<int>(context)));
+  RETURN_IF_ERROR(sampling::ValidatePromptLength(s, static_cast<int64_t>(p.tokens.size()),
+                                                 static_cast<int>(context)));
+  if (request.request_id().empty()) {
+    static std::atomic<uint64_t> next{1};
+    p.request.set_request_id(absl::StrCat("req-", absl::ToUnixMicros(absl::Now()), "-", next++));
+  }
+  return p;
+}
+
+absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, ResponseSink* sink,
+                                                                  absl::Time deadline) {
+  const std::optional<Registry::ModelInfo> model = registry_->Model();
+  if (!model.has_value()) return absl::UnavailableError("no decode worker is ready");
+  placement::Request req;
+  req.prompt_tokens = static_cast<int64_t>(p.tokens.size());
+  req.block_size = model->block_size;
+  req.block_hashes = HashFullBlocks(ModelIdHash(model->model_id), p.tokens, model->block_size);
+  req.priority = p.request.priority();
+  absl::StatusOr<Route> route;
+  v1::Decode::Stub* stub;
+  {
+    absl::MutexLock lock(&mu_);
+    route = registry_->Place(*policy_, req);
+    if (!route.ok()) return route.status();
+    auto& slot = stubs_[route->decode_address];
+    if (slot == nullptr) {
+      slot = v1::Decode::NewStub(
+          grpc::CreateChannel(route->decode_address, grpc::InsecureChannelCredentials()));
+    }
+    stub = slot.get();
+  }
+  v1::DecodeRequest d;
+  d.set_request_id(p.request.request_id());
+  d.set_model(model->model_id);
+  d.mutable_prompt_token_ids()->Add(p.tokens.begin(), p.tokens.end());
+  *d.mutable_sampling() = p.request.sampling();
+  *d.mutable_slo() = p.request.slo();
+  d.set_priority(p.request.priority());
+  d.set_omit_text(p.request.omit_text());
+  d.set_prefill_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.prefill_timeout)));
+  for (const auto& [id, address] : route->prefill) {
+    v1::PrefillTarget* t = d.add_prefill_targets();
+    t->set_worker_id(id);
+    t->set_address(address);
+  }
+  if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + options_.default_deadline;
+  auto relay = std::make_shared<DecodeRelay>(registry_, *route, p.request.request_id(), sink);
+  relay->Begin(stub, d, deadline, relay);
+  return std::shared_ptr<RelayedCall>(relay);
+}
+
+absl::StatusOr<v1::TokenizeResponse> RequestRouter::Tokenize(const v1::TokenizeRequest& request) {
+  v1::GenerateRequest g;
+  g.set_model(request.model());
+  if (request.has_chat()) {
+    *g.mutable_chat() = request.chat();
+  } else {
+    g.set_prompt(request.prompt());
+  }
+  const std::string model_id = ModelId();
+  if (!request.model().empty() && request.model() != model_id) {
+    return absl::NotFoundError(absl::StrCat("model '", request.model(), "' does not exist"));
+  }
+  std::vector<int32_t> ids;
+  if (request.has_chat()) {
+    ASSIGN_OR_RETURN(ids, Encode(g));
+  } else {
+    ids = tokenizer_->Encode(request.prompt(),
+                             {.add_special = request.has_add_special_tokens() ? request.add_special_tokens() : true,
+                              .parse_special = true});
+  }
+  v1::TokenizeResponse response;
+  response.mutable_token_ids()->Add(ids.begin(), ids.end());
+  if (request.return_pieces()) {
+    for (int32_t id : ids) response.add_pieces(tokenizer_->TokenBytes(id));
+  }
+  const std::optional<Registry::ModelInfo> model = registry_->Model();
+  response.set_max_model_len(
+      static_cast<uint32_t>(model.has_value() ? model->max_context : file_max_context_));
+  return response;
+}
+
+v1::ListModelsResponse RequestRouter::ListModels() {
+  v1::ListModelsResponse response;
+  v1::ModelInfo* m = response.add_models();
+  m->set_id(ModelId());
+  const std::optional<Registry::ModelInfo> model = registry_->Model();
+  m->set_max_context(static_cast<uint32_t>(model.has_value() ? model->max_context : file_max_context_));
+  m->set_vocab_size(static_cast<uint32_t>(tokenizer_->vocab_size()));
+  m->set_owned_by("tandem");
+  return response;
+}
+
+}  // namespace tandem::router

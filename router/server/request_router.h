@@ -1,0 +1,95 @@
+// The router's request path, shared by its gRPC and HTTP frontends: validate and tokenize a
+// request, hash its prompt's blocks (docs/block_hashing.md), place it (placement policy over the
+// registry), open Decode.Generate on the chosen decode worker with the ranked prefill workers, and
+// relay the responses. Streams are relayed with gRPC's callback API: no thread per request.
+#ifndef TANDEM_ROUTER_SERVER_REQUEST_ROUTER_H_
+#define TANDEM_ROUTER_SERVER_REQUEST_ROUTER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "router/placement/placement.h"
+#include "router/server/registry.h"
+#include "tandem/v1/inference.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::router {
+
+// Receives a relayed request's responses and its end, on gRPC's threads, in order; OnDone comes
+// exactly once, last. Must not block.
+class ResponseSink {
+ public:
+  virtual ~ResponseSink() = default;
+  virtual void OnResponse(const v1::GenerateResponse& response) = 0;
+  virtual void OnDone(const absl::Status& status) = 0;
+};
+
+// A request in flight. Cancel() ends it (the decode worker frees its blocks and cancels its
+// prefill); the sink still gets OnDone.
+class RelayedCall {
+ public:
+  virtual ~RelayedCall() = default;
+  virtual void Cancel() = 0;
+};
+
+struct RouterOptions {
+  // The model file whose tokenizer and chat template the router uses (the workers' model).
+  std::string model_path;
+  std::string policy = "kv_aware";
+  placement::PolicyOptions policy_options;
+  // A request's deadline when the client sets none.
+  absl::Duration default_deadline = absl::Minutes(10);
+  // How long a decode worker waits for a prefill worker before trying the next.
+  absl::Duration prefill_timeout = absl::Seconds(30);
+};
+
+class RequestRouter {
+ public:
+  static absl::StatusOr<std::unique_ptr<RequestRouter>> Create(const RouterOptions& options,
+                                                               Registry* registry);
+
+  // A request checked and tokenized.
+  struct Prepared {
+    v1::GenerateRequest request;
+    std::vector<int32_t> tokens;
+  };
+  // INVALID_ARGUMENT (empty prompt, over the context, bad sampling), NOT_FOUND (unknown model),
+  // UNAVAILABLE (no worker ready yet), each with a message for the client.
+  absl::StatusOr<Prepared> Prepare(const v1::GenerateRequest& request);
+  // Places and starts `prepared`; `sink` must outlive the call's OnDone. Errors before anything
+  // started (no worker) are returned, and the sink is not called.
+  absl::StatusOr<std::shared_ptr<RelayedCall>> Start(Prepared prepared, ResponseSink* sink,
+                                                     absl::Time deadline = absl::InfiniteFuture());
+
+  absl::StatusOr<v1::TokenizeResponse> Tokenize(const v1::TokenizeRequest& request);
+  v1::ListModelsResponse ListModels();
+  // The model id clients name (the workers'), or the router's own guess before any worker is up.
+  std::string ModelId();
+  Registry& registry() { return *registry_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+
+ private:
+  RequestRouter(const RouterOptions& options, Registry* registry);
+  absl::StatusOr<std::vector<int32_t>> Encode(const v1::GenerateRequest& request) const;
+
+  const RouterOptions options_;
+  Registry* const registry_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  absl::StatusOr<ChatTemplate> chat_template_;
+  std::string file_model_id_;
+  int64_t file_max_context_ = 0;
+  absl::Mutex mu_;
+  std::unique_ptr<placement::PlacementPolicy> policy_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<v1::Decode::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_ROUTER_SERVER_REQUEST_ROUTER_H_
