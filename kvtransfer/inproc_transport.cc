@@ -22,7 +22,12 @@ class TaskThread {
       absl::MutexLock lock(&mu_);
       stop_ = true;
     }
-    thread_.join();
+    // The last owner may be a task running on this very thread: it cannot join itself.
+    if (std::this_thread::get_id() == thread_.get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
   }
   void Post(absl::AnyInvocable<void() &&> task) {
     absl::MutexLock lock(&mu_);
@@ -56,6 +61,7 @@ class TaskThread {
 struct Owner {
   absl::Mutex mu;
   KvStorage* pool ABSL_GUARDED_BY(mu) = nullptr;
+  uint64_t epoch ABSL_GUARDED_BY(mu) = 0;
   absl::AnyInvocable<void(Notification)> handler ABSL_GUARDED_BY(mu);
   TaskThread* thread ABSL_GUARDED_BY(mu) = nullptr;
 };
@@ -78,7 +84,7 @@ class InProcessConnection : public Connection,
         thread_(std::move(thread)) {}
 
   absl::Status Write(const WriteOp& op, absl::Time deadline, DoneCallback done) override {
-    if (cancelled_.load()) return absl::UnavailableError("the connection is closed");
+    if (state_.load() != kOpen) return absl::UnavailableError("the connection is closed");
     if (absl::Status s = ValidateWrite(op, local_->layout(), remote_layout_); !s.ok()) return s;
     thread_->Post([self = shared_from_this(), op, deadline, done = std::move(done)]() mutable {
       std::move(done)(self->Copy(op, deadline));
@@ -87,17 +93,14 @@ class InProcessConnection : public Connection,
   }
 
   absl::Status Notify(std::string message, absl::Time deadline, DoneCallback done) override {
-    if (cancelled_.load()) return absl::UnavailableError("the connection is closed");
+    if (state_.load() != kOpen) return absl::UnavailableError("the connection is closed");
     if (message.size() > kMaxNotificationBytes) {
       return absl::InvalidArgumentError(absl::StrCat("a notification of ", message.size(),
                                                      " bytes exceeds ", kMaxNotificationBytes));
     }
     thread_->Post([this, self = shared_from_this(), message = std::move(message), deadline,
                    done = std::move(done)]() mutable {
-      if (cancelled_.load()) return std::move(done)(absl::CancelledError("cancelled"));
-      if (absl::Now() > deadline) {
-        return std::move(done)(absl::DeadlineExceededError("notification deadline passed"));
-      }
+      if (absl::Status s = Check(deadline); !s.ok()) return std::move(done)(s);
       absl::MutexLock lock(&owner_->mu);
       if (owner_->pool == nullptr || owner_->thread == nullptr) {
         return std::move(done)(absl::UnavailableError("the peer went away"));
@@ -111,13 +114,15 @@ class InProcessConnection : public Connection,
     return absl::OkStatus();
   }
 
-  void Cancel() override { cancelled_.store(true); }
+  void Cancel() override {
+    int open = kOpen;
+    state_.compare_exchange_strong(open, kCancelled);
+  }
   std::string Describe() const override { return "inproc (memcpy)"; }
 
  private:
   absl::Status Copy(const WriteOp& op, absl::Time deadline) {
-    if (cancelled_.load()) return absl::CancelledError("cancelled");
-    if (absl::Now() > deadline) return absl::DeadlineExceededError("write deadline passed");
+    if (absl::Status s = Check(deadline); !s.ok()) return s;
     absl::MutexLock lock(&owner_->mu);
     if (owner_->pool == nullptr) return absl::UnavailableError("the peer went away");
     const KvLayout& l = local_->layout();
@@ -135,7 +140,25 @@ class InProcessConnection : public Connection,
   const std::shared_ptr<Owner> owner_;
   const KvLayout remote_layout_;
   const std::shared_ptr<TaskThread> thread_;
-  std::atomic<bool> cancelled_{false};
+  // As UCX: an operation past its deadline ends with DEADLINE_EXCEEDED and closes the
+  // connection; what comes after ends with UNAVAILABLE; Cancel ends the rest with CANCELLED.
+  absl::Status Check(absl::Time deadline) {
+    if (absl::Now() > deadline) {
+      int open = kOpen;
+      state_.compare_exchange_strong(open, kExpired);
+      return absl::DeadlineExceededError("the operation's deadline passed");
+    }
+    switch (state_.load()) {
+      case kCancelled:
+        return absl::CancelledError("cancelled");
+      case kExpired:
+        return absl::UnavailableError("closed after another operation's deadline");
+      default:
+        return absl::OkStatus();
+    }
+  }
+  static constexpr int kOpen = 0, kCancelled = 1, kExpired = 2;
+  std::atomic<int> state_{kOpen};
 };
 
 class InProcessTransport : public KvTransport {
@@ -157,6 +180,7 @@ class InProcessTransport : public KvTransport {
   }
 
   absl::StatusOr<PoolDescriptor> RegisterPool(KvStorage* pool) override {
+    uint64_t epoch = 0;
     {
       absl::MutexLock lock(&owner_->mu);
       if (owner_->pool != nullptr) {
@@ -164,6 +188,9 @@ class InProcessTransport : public KvTransport {
       }
       owner_->pool = pool;
       owner_->thread = thread_.get();
+      static std::atomic<uint64_t> epochs{0};
+      owner_->epoch = ++epochs;  // grows with every registration in the process
+      epoch = owner_->epoch;
     }
     {
       absl::MutexLock lock(&registry_mu);
@@ -185,7 +212,7 @@ class InProcessTransport : public KvTransport {
                      .kind = MemoryKind::kHost,
                      .device_index = 0}},
         .layout = l,
-        .pool_epoch = 1};
+        .pool_epoch = epoch};
   }
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const PoolDescriptor& remote,
@@ -211,7 +238,7 @@ class InProcessTransport : public KvTransport {
     }
     {
       absl::MutexLock lock(&owner->mu);
-      if (owner->pool == nullptr ||
+      if (owner->pool == nullptr || owner->epoch != remote.pool_epoch ||
           reinterpret_cast<uint64_t>(owner->pool->data()) != remote.regions[0].base_address) {
         return absl::FailedPreconditionError(
             absl::StrCat("the descriptor of '", remote.address, "' is stale"));

@@ -103,6 +103,14 @@ absl::StatusOr<PoolDescriptor> FromProto(const v1::KvPoolDescriptor& proto) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV dtype ", v1::DType_Name(l.dtype()), " is not supported (F32 only)"));
   }
+  // Bounded before any product of them is formed (they come from a peer).
+  constexpr uint32_t kMaxDim = 1 << 16;
+  if (l.num_layers() > kMaxDim || l.block_size() > kMaxDim || l.num_kv_heads() > kMaxDim ||
+      l.head_dim() > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layout dimensions over ", kMaxDim, ": layers=", l.num_layers(), " block_size=",
+        l.block_size(), " kv_heads=", l.num_kv_heads(), " head_dim=", l.head_dim()));
+  }
   d.layout = KvLayout{.num_blocks = 0, .num_layers = l.num_layers(), .block_size = l.block_size(),
                       .num_kv_heads = l.num_kv_heads(), .head_dim = l.head_dim()};
   if (l.block_bytes() != static_cast<uint64_t>(BlockBytes(d.layout)) ||
@@ -132,9 +140,9 @@ absl::StatusOr<PoolDescriptor> FromProto(const v1::KvPoolDescriptor& proto) {
 absl::Status ValidateWrite(const WriteOp& op, const KvLayout& local, const KvLayout& remote) {
   if (op.blocks.empty()) return absl::InvalidArgumentError("the write names no blocks");
   if (op.num_layers <= 0 || op.first_layer < 0 ||
-      op.first_layer + op.num_layers > local.num_layers) {
+      int64_t{op.first_layer} + int64_t{op.num_layers} > local.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layers [", op.first_layer, ", ",
-                                                   op.first_layer + op.num_layers,
+                                                   int64_t{op.first_layer} + op.num_layers,
                                                    ") are outside [0, ", local.num_layers, ")"));
   }
   for (const BlockPair& p : op.blocks) {

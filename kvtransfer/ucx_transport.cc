@@ -124,6 +124,8 @@ struct ConnState {
   bool peer_errors = false;
   bool closed = false;
   absl::flat_hash_map<uint64_t, Op> ops;
+  // Notifications in issue order; only the head is in flight, so they arrive in order.
+  std::deque<uint64_t> notify_queue;
 
   absl::Mutex mu;
   std::string describe ABSL_GUARDED_BY(mu) = "ucx (connecting)";
@@ -167,11 +169,6 @@ class UcxTransport final : public KvTransport {
 
  private:
   friend class UcxConnection;
-  struct Reply {
-    ucp_ep_h ep;
-    unsigned id;
-    std::string payload;
-  };
 
   // Runs `task` on the progress thread.
   void Post(absl::AnyInvocable<void() &&> task);
@@ -231,7 +228,11 @@ class UcxTransport final : public KvTransport {
   absl::flat_hash_map<uint64_t, std::shared_ptr<ConnState>> conns_;
   uint64_t next_conn_id_ = 1;
   uint64_t next_op_id_ = 1;
-  std::vector<Reply> replies_;
+  // UCX requests still in flight, deleted when they complete or after the worker is destroyed
+  // (a flush to a dead shared-memory peer never completes).
+  absl::flat_hash_set<RequestContext*> contexts_;
+  RequestContext* NewContext(uint64_t conn_id, uint64_t op_id, std::string buffer);
+  void DeleteContext(RequestContext* ctx);
   struct Closing {
     ucp_ep_h ep;
     ucp_rkey_h rkey;
@@ -347,6 +348,8 @@ UcxTransport::~UcxTransport() {
   if (memh_ != nullptr && memh_ != allocated_memh_) ucp_mem_unmap(context_, memh_);
   if (allocated_memh_ != nullptr) ucp_mem_unmap(context_, allocated_memh_);
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  for (RequestContext* ctx : contexts_) delete ctx;
+  contexts_.clear();
   if (context_ != nullptr) ucp_cleanup(context_);
   if (wake_fd_ >= 0) close(wake_fd_);
 }
@@ -373,13 +376,8 @@ void UcxTransport::Loop() {
     if (stopping) break;
     while (ucp_worker_progress(worker_) != 0) {
     }
-    // Replies are sent outside UCX callbacks.
-    std::vector<Reply> replies;
-    replies.swap(replies_);
-    for (Reply& r : replies) SendAm(r.ep, r.id, std::move(r.payload), nullptr, 0, false);
     ExpireDeadlines();
     CloseEndpoints();
-    if (!replies.empty()) continue;
     // Sleep until UCX or a caller has something, or the next deadline (at most 50 ms).
     absl::Time wake = absl::Now() + absl::Milliseconds(50);
     for (const auto& [id, conn] : conns_) {
@@ -423,6 +421,17 @@ void UcxTransport::CloseEndpoints() {
     ucs_status_ptr_t r = ucp_ep_close_nbx(c.ep, &p);
     if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
   }
+}
+
+RequestContext* UcxTransport::NewContext(uint64_t conn_id, uint64_t op_id, std::string buffer) {
+  auto* ctx = new RequestContext{this, conn_id, op_id, std::move(buffer)};
+  contexts_.insert(ctx);
+  return ctx;
+}
+
+void UcxTransport::DeleteContext(RequestContext* ctx) {
+  contexts_.erase(ctx);
+  delete ctx;
 }
 
 ConnState* UcxTransport::Find(uint64_t conn_id) {
@@ -563,7 +572,7 @@ absl::StatusOr<PoolDescriptor> UcxTransport::RegisterPool(KvStorage* pool) {
   std::string packed(static_cast<const char*>(rkey), rkey_size);
   ucp_rkey_buffer_release(rkey);
   pool_ = pool;
-  epoch_ = NowMicros();  // grows with every registration, across restarts too
+  epoch_ = std::max(epoch_ + 1, NowMicros());  // grows with every registration and restart
   return PoolDescriptor{
       .transport = "ucx",
       .address = address_,
@@ -712,14 +721,14 @@ void UcxTransport::IssueWrite(ConnState* conn, const WriteOp& op, uint64_t op_id
 }
 
 void UcxTransport::Flush(ConnState* conn, uint64_t op_id) {
-  auto* ctx = new RequestContext{this, conn->id, op_id, {}};
+  RequestContext* ctx = NewContext(conn->id, op_id, {});
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = &UcxTransport::FlushDone;
   p.user_data = ctx;
   ucs_status_ptr_t r = ucp_ep_flush_nbx(conn->ep, &p);
   if (UCS_PTR_IS_PTR(r)) return;  // FlushDone follows
-  delete ctx;
+  ctx->transport->DeleteContext(ctx);
   if (UCS_PTR_IS_ERR(r)) {
     return Break(conn, absl::UnavailableError(absl::StrCat(
                            "kvtransfer to ", conn->peer, ": flush failed: ",
@@ -740,7 +749,7 @@ void UcxTransport::FlushDone(void* request, ucs_status_t status, void* user_data
       self->Flushed(conn, ctx->op_id);
     }
   }
-  delete ctx;
+  ctx->transport->DeleteContext(ctx);
   ucp_request_free(request);
 }
 
@@ -781,7 +790,8 @@ absl::Status UcxTransport::StartNotify(const std::shared_ptr<ConnState>& conn, s
                                                 .deadline = deadline,
                                                 .done = std::move(done),
                                                 .message = std::move(message)});
-    Flush(conn.get(), op_id);
+    conn->notify_queue.push_back(op_id);
+    if (conn->notify_queue.size() == 1) Flush(conn.get(), op_id);
   });
   return absl::OkStatus();
 }
@@ -799,7 +809,7 @@ void UcxTransport::Close(const std::shared_ptr<ConnState>& conn, absl::Status wh
 
 void UcxTransport::SendAm(ucp_ep_h ep, unsigned id, std::string payload, ConnState* conn,
                           uint64_t op_id, bool want_reply) {
-  auto* ctx = new RequestContext{this, conn != nullptr ? conn->id : 0, op_id, std::move(payload)};
+  RequestContext* ctx = NewContext(conn != nullptr ? conn->id : 0, op_id, std::move(payload));
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                    UCP_OP_ATTR_FIELD_FLAGS;
@@ -810,7 +820,7 @@ void UcxTransport::SendAm(ucp_ep_h ep, unsigned id, std::string payload, ConnSta
       ucp_am_send_nbx(ep, id, nullptr, 0, ctx->buffer.data(), ctx->buffer.size(), &p);
   if (UCS_PTR_IS_PTR(r)) return;  // SendDone follows
   const ucs_status_t status = UCS_PTR_STATUS(r);
-  delete ctx;
+  ctx->transport->DeleteContext(ctx);
   if (status != UCS_OK && conn != nullptr) {
     Break(conn, absl::UnavailableError(
                     absl::StrCat("kvtransfer to ", conn->peer, ": send failed: ", UcxError(status))));
@@ -826,7 +836,7 @@ void UcxTransport::SendDone(void* request, ucs_status_t status, void* user_data)
                                       UcxError(status))));
     }
   }
-  delete ctx;
+  ctx->transport->DeleteContext(ctx);
   ucp_request_free(request);
 }
 
@@ -885,22 +895,25 @@ void UcxTransport::OnHello(const char* data, size_t length, ucp_ep_h reply_ep) {
     return;
   }
   const std::string writer(data + offset, length - offset);
-  uint64_t base = 0, blocks = 0;
+  uint64_t base = 0, blocks = 0, epoch = 0;
   {
     absl::MutexLock lock(&pool_mu_);
     if (pool_ != nullptr) {
       base = reinterpret_cast<uint64_t>(pool_->data());
       blocks = static_cast<uint64_t>(pool_->layout().num_blocks);
+      epoch = epoch_;
     }
   }
   std::string welcome;
   Put(&welcome, connect_id);
-  Put(&welcome, epoch_);
+  Put(&welcome, epoch);
   Put(&welcome, base);
   Put(&welcome, blocks);
-  replies_.push_back({reply_ep, kAmWelcome, std::move(welcome)});
+  // Answered from inside the callback: the reply endpoint is only known to be valid here (UCX
+  // frees it once the writer goes away).
+  SendAm(reply_ep, kAmWelcome, std::move(welcome), nullptr, 0, false);
   LOG(INFO) << "kvtransfer " << options_.name << ": writer " << writer << " connected"
-            << (expected_epoch != epoch_ ? " with a stale descriptor" : "");
+            << (expected_epoch != epoch ? " with a stale descriptor" : "");
 }
 
 void UcxTransport::OnWelcome(const char* data, size_t length) {
@@ -959,16 +972,21 @@ void UcxTransport::OnNotify(const char* data, size_t length, ucp_ep_h reply_ep) 
   }
   std::string ack;
   Put(&ack, notify_id);
-  replies_.push_back({reply_ep, kAmAck, std::move(ack)});
+  SendAm(reply_ep, kAmAck, std::move(ack), nullptr, 0, false);
 }
 
 void UcxTransport::OnAck(const char* data, size_t length) {
   size_t offset = 0;
   uint64_t notify_id;
   if (!Get(data, length, &offset, &notify_id)) return;
-  if (ConnState* conn = FindOp(notify_id); conn != nullptr) {
-    Finish(conn, notify_id, absl::OkStatus());
+  ConnState* conn = FindOp(notify_id);
+  if (conn == nullptr) return;
+  Finish(conn, notify_id, absl::OkStatus());
+  // The next notification goes only now, after a flush of everything issued before it.
+  if (!conn->notify_queue.empty() && conn->notify_queue.front() == notify_id) {
+    conn->notify_queue.pop_front();
   }
+  if (!conn->notify_queue.empty() && !conn->closed) Flush(conn, conn->notify_queue.front());
 }
 
 std::string EndpointInfo(ucp_ep_h ep) {
