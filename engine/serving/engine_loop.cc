@@ -29,6 +29,7 @@ EngineLoop::EngineLoop(std::unique_ptr<LocalEngine> engine, const Options& optio
       options_(options),
       layout_(engine_->kv_pool().layout()),
       max_running_(options.engine.scheduler.max_running) {
+  if (options.export_metrics) metrics_ = std::make_unique<WorkerMetrics>();
   absl::MutexLock lock(&mu_);
   PublishStats();
 }
@@ -64,6 +65,7 @@ void EngineLoop::Loop() {
     if (absl::Status s = engine_->Step(&info); !s.ok()) {
       LOG(ERROR) << "engine step failed: " << s;
     }
+    if (metrics_ != nullptr) metrics_->Update(engine_->scheduler_stats(), &info);
     absl::MutexLock lock(&mu_);
     steps_.push_back(info);
     if (steps_.size() > options_.step_history) steps_.pop_front();

@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/runtime/local_engine.h"
+#include "engine/serving/worker_metrics.h"
 
 namespace tandem {
 
@@ -41,6 +42,8 @@ class EngineLoop {
     size_t event_history = 1 << 16;
     // Step timings kept for load samples.
     size_t step_history = 64;
+    // Export the worker's metrics (worker_metrics.h) in the process registry.
+    bool export_metrics = true;
   };
 
   // Loads the model and starts the engine thread.
@@ -106,6 +109,7 @@ class EngineLoop {
 
   std::unique_ptr<LocalEngine> engine_;
   const Options options_;
+  std::unique_ptr<WorkerMetrics> metrics_;  // engine thread only
   const KvLayout layout_;
   const int64_t max_running_;
   std::thread thread_;

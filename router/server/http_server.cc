@@ -257,6 +257,7 @@ void Reply(evhttp_request* req, int code, const std::string& content_type, const
 }
 
 void ReplyError(evhttp_request* req, const absl::Status& status) {
+  CountRejected();
   Reply(req, HttpStatusFromCode(status.code()), "application/json", ErrorBody(status));
 }
 

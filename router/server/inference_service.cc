@@ -47,7 +47,10 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
                                         const v1::GenerateRequest* request,
                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
   absl::StatusOr<RequestRouter::Prepared> prepared = router_->Prepare(*request);
-  if (!prepared.ok()) return ToGrpcStatus(prepared.status());
+  if (!prepared.ok()) {
+    CountRejected();
+    return ToGrpcStatus(prepared.status());
+  }
   QueueSink sink;
   const auto client_deadline = context->deadline();
   const absl::Time deadline = client_deadline == std::chrono::system_clock::time_point::max()
@@ -55,7 +58,10 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
                                   : absl::FromChrono(client_deadline);
   absl::StatusOr<std::shared_ptr<RelayedCall>> call =
       router_->Start(*std::move(prepared), &sink, deadline);
-  if (!call.ok()) return ToGrpcStatus(call.status());
+  if (!call.ok()) {
+    CountRejected();
+    return ToGrpcStatus(call.status());
+  }
   bool cancelled = false;
   bool broken = false;
   while (true) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/status_conversion.h"
 #include "common/status_macros.h"
 #include "engine/kv/block_hash.h"
@@ -14,6 +15,50 @@
 #include "grpcpp/create_channel.h"
 
 namespace tandem::router {
+namespace {
+
+// The router's metrics (docs/metrics.md), with vLLM's names where vLLM has the same histogram.
+struct RouterMetrics {
+  prometheus::Family<prometheus::Counter>& requests = prometheus::BuildCounter()
+      .Name("tandem_router_requests_total")
+      .Help("Requests by outcome: ok, error, cancelled, rejected (refused before placement)")
+      .Register(ProcessMetrics());
+  prometheus::Family<prometheus::Counter>& placements = prometheus::BuildCounter()
+      .Name("tandem_router_placements_total")
+      .Help("Placement decisions by policy and prefill location (local on the decode worker or remote)")
+      .Register(ProcessMetrics());
+  prometheus::Histogram& ttft = Histogram("tandem_router_time_to_first_token_seconds",
+                                          "From arrival at the router to the first token", RequestLatencyBuckets());
+  prometheus::Histogram& itl = Histogram("tandem_router_inter_token_latency_seconds",
+                                         "Between consecutive tokens of a stream", TokenLatencyBuckets());
+  prometheus::Histogram& e2e = Histogram("tandem_router_e2e_latency_seconds",
+                                         "From arrival to the last token", RequestLatencyBuckets());
+  prometheus::Histogram& overhead = Histogram(
+      "tandem_router_overhead_seconds",
+      "The router's own work per request: hashing, placement and starting the relay",
+      TokenLatencyBuckets());
+  prometheus::Histogram& vllm_ttft = Histogram("vllm:time_to_first_token_seconds",
+                                               "Time to first token (vLLM's name)", RequestLatencyBuckets());
+  prometheus::Histogram& vllm_e2e = Histogram("vllm:e2e_request_latency_seconds",
+                                              "End-to-end request latency (vLLM's name)", RequestLatencyBuckets());
+  prometheus::Histogram& vllm_tpot = Histogram("vllm:time_per_output_token_seconds",
+                                               "Time per output token (vLLM's name)", TokenLatencyBuckets());
+
+  static prometheus::Histogram& Histogram(const char* name, const char* help,
+                                          const prometheus::Histogram::BucketBoundaries& b) {
+    return prometheus::BuildHistogram().Name(name).Help(help).Register(ProcessMetrics()).Add({}, b);
+  }
+};
+
+RouterMetrics& Metrics() {
+  static RouterMetrics* metrics = new RouterMetrics();
+  return *metrics;
+}
+
+}  // namespace
+
+void CountRejected() { Metrics().requests.Add({{"outcome", "rejected"}}).Increment(); }
+
 namespace {
 
 // Relays one Decode.Generate stream to a sink, with gRPC's callback API.
@@ -47,9 +92,22 @@ class DecodeRelay final : public grpc::ClientReadReactor<v1::DecodeResponse>, pu
     out.set_finish_reason(response_.finish_reason());
     out.set_error_message(response_.error_message());
     if (response_.has_usage()) *out.mutable_usage() = response_.usage();
-    if (first_) {
-      ttft_us_ = absl::ToInt64Microseconds(absl::Now() - start_);
-      first_ = false;
+    const absl::Time now = absl::Now();
+    if (response_.token_ids_size() > 0) {
+      if (first_) {
+        ttft_us_ = absl::ToInt64Microseconds(now - start_);
+        Metrics().ttft.Observe(absl::ToDoubleSeconds(now - start_));
+        Metrics().vllm_ttft.Observe(absl::ToDoubleSeconds(now - start_));
+        first_ = false;
+      } else {
+        // Tokens that came together share the gap since the previous message.
+        const double gap = absl::ToDoubleSeconds(now - last_) / response_.token_ids_size();
+        for (int i = 0; i < response_.token_ids_size(); ++i) {
+          Metrics().itl.Observe(gap);
+          Metrics().vllm_tpot.Observe(gap);
+        }
+      }
+      last_ = now;
     }
     if (response_.has_timings()) {
       v1::Timings* t = out.mutable_timings();
@@ -63,6 +121,14 @@ class DecodeRelay final : public grpc::ClientReadReactor<v1::DecodeResponse>, pu
 
   void OnDone(const grpc::Status& status) override {
     registry_->Release(route_);
+    const char* outcome = status.ok()                                        ? "ok"
+                          : status.error_code() == grpc::StatusCode::CANCELLED ? "cancelled"
+                                                                               : "error";
+    Metrics().requests.Add({{"outcome", outcome}}).Increment();
+    if (status.ok()) {
+      Metrics().e2e.Observe(absl::ToDoubleSeconds(absl::Now() - start_));
+      Metrics().vllm_e2e.Observe(absl::ToDoubleSeconds(absl::Now() - start_));
+    }
     sink_->OnDone(FromGrpcStatus(status));
     self_.reset();  // may destroy this
   }
@@ -77,6 +143,7 @@ class DecodeRelay final : public grpc::ClientReadReactor<v1::DecodeResponse>, pu
   v1::DecodeResponse response_;
   bool first_ = true;
   int64_t ttft_us_ = 0;
+  absl::Time last_;
   std::shared_ptr<DecodeRelay> self_;  // alive until OnDone
 };
 
@@ -178,6 +245,7 @@ absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::Generat
 
 absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, ResponseSink* sink,
                                                                   absl::Time deadline) {
+  const absl::Time begin = absl::Now();
   const std::optional<Registry::ModelInfo> model = registry_->Model();
   if (!model.has_value()) return absl::UnavailableError("no decode worker is ready");
   placement::Request req;
@@ -191,6 +259,11 @@ absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, Re
     absl::MutexLock lock(&mu_);
     route = registry_->Place(*policy_, req);
     if (!route.ok()) return route.status();
+    Metrics()
+        .placements
+        .Add({{"policy", std::string(policy_->name())},
+              {"prefill", route->decision.local_prefill ? "local" : "remote"}})
+        .Increment();
     auto& slot = stubs_[route->decode_address];
     if (slot == nullptr) {
       slot = v1::Decode::NewStub(
@@ -215,6 +288,7 @@ absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, Re
   if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + options_.default_deadline;
   auto relay = std::make_shared<DecodeRelay>(registry_, *route, p.request.request_id(), sink);
   relay->Begin(stub, d, deadline, relay);
+  Metrics().overhead.Observe(absl::ToDoubleSeconds(absl::Now() - begin));
   return std::shared_ptr<RelayedCall>(relay);
 }
 

@@ -39,6 +39,9 @@ class RelayedCall {
   virtual void Cancel() = 0;
 };
 
+// Counts a request refused before placement (bad input, no worker) in the router's metrics.
+void CountRejected();
+
 struct RouterOptions {
   // The model file whose tokenizer and chat template the router uses (the workers' model).
   std::string model_path;

@@ -24,7 +24,8 @@ def pb():
 
 @pytest.fixture()
 def cluster():
-    decode = Process("tandem-decode", *FLAGS, "--worker_id=d0", env=UCX)
+    decode = Process("tandem-decode", *FLAGS, "--worker_id=d0", "--metrics_listen=127.0.0.1:0",
+                     env=UCX)
     prefill = Process("tandem-prefill", *FLAGS, "--worker_id=p0", env=UCX)
     yield decode, prefill
     for p in (decode, prefill):
@@ -159,3 +160,30 @@ def test_bad_requests_get_clear_errors(pb, cluster):
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     # Both still serve.
     assert len(generate(pb, decode, PROMPTS[1], max_tokens=2, targets=[("p0", prefill.address)])[0]) == 2
+
+
+def test_worker_metrics_pass_promtool(pb, cluster):
+    """/metrics of a decode worker: valid for Prometheus' own promtool, counting what it did, with
+    vLLM's gauge names beside Tandem's."""
+    import subprocess
+    import urllib.request
+    decode, _ = cluster
+    line = next(l for l in decode.log if "metrics port " in l)
+    port = int(line.split("metrics port ")[1].split(")")[0])
+    generate(pb, decode, PROMPTS[0], max_tokens=4)
+
+    def scrape():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return text if "tandem_worker_prompt_tokens_total 61" in text else None
+
+    text = wait_until(scrape, what="the prompt tokens to be counted")
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                           text=True)
+    # Exit 1 is a parse error. Exit 3 lists lint problems: the only ones allowed are the colons of
+    # vLLM's names, kept on purpose so that vLLM dashboards and autoscalers work unchanged.
+    problems = [l for l in (check.stdout + check.stderr).splitlines() if l.strip()]
+    assert check.returncode in (0, 3), problems
+    assert all(p.startswith("vllm:") and "should not contain ':'" in p for p in problems), problems
+    for name in ("tandem_worker_kv_blocks{state=\"used\"}", "tandem_worker_batch_size_bucket",
+                 "vllm:num_requests_running", "vllm:gpu_cache_usage_perc"):
+        assert name in text, name
