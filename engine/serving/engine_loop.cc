@@ -98,37 +98,33 @@ bool EngineLoop::RunOnEngine(absl::AnyInvocable<void(LocalEngine&) &&> task) {
   return true;
 }
 
-namespace {
+absl::Status EngineLoop::Admit() {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the engine is stopping");
+  if (requests_ >= options_.max_requests) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the worker holds ", requests_, " requests, its limit"));
+  }
+  ++requests_;
+  return absl::OkStatus();
+}
 
-// Wraps a request's callback so that the loop counts the request as gone with its last delta.
-LocalEngine::DeltaCallback Counted(LocalEngine::DeltaCallback on_delta,
-                                   std::function<void()> on_finish) {
-  return [on_delta = std::move(on_delta), on_finish = std::move(on_finish)](
-             const GenerationDelta& d) {
+LocalEngine::DeltaCallback EngineLoop::Counted(LocalEngine::DeltaCallback on_delta) {
+  return [this, on_delta = std::move(on_delta)](const GenerationDelta& d) {
     on_delta(d);
-    if (d.finish != sampling::FinishReason::kNone) on_finish();
+    if (d.finish != sampling::FinishReason::kNone) {
+      absl::MutexLock lock(&mu_);
+      --requests_;
+    }
   };
 }
 
-}  // namespace
-
 absl::Status EngineLoop::Submit(uint64_t id, GenerationRequest request,
                                 LocalEngine::DeltaCallback on_delta) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("the engine is stopping");
-    if (requests_ >= options_.max_requests) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the worker holds ", requests_, " requests, its limit"));
-    }
-    ++requests_;
-  }
+  RETURN_IF_ERROR(Admit());
   absl::Status status = absl::UnavailableError("the engine stopped");
   RunOnEngine([&](LocalEngine& engine) {
-    status = engine.Add(id, std::move(request), Counted(std::move(on_delta), [this] {
-                          absl::MutexLock lock(&mu_);
-                          --requests_;
-                        }));
+    status = engine.Add(id, std::move(request), Counted(std::move(on_delta)));
     absl::MutexLock lock(&mu_);
     if (!status.ok()) --requests_;
     PublishStats();
@@ -138,22 +134,10 @@ absl::Status EngineLoop::Submit(uint64_t id, GenerationRequest request,
 
 absl::StatusOr<RemotePrefillPlan> EngineLoop::SubmitRemotePrefill(
     uint64_t id, GenerationRequest request, LocalEngine::DeltaCallback on_delta) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("the engine is stopping");
-    if (requests_ >= options_.max_requests) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the worker holds ", requests_, " requests, its limit"));
-    }
-    ++requests_;
-  }
+  RETURN_IF_ERROR(Admit());
   absl::StatusOr<RemotePrefillPlan> plan = absl::UnavailableError("the engine stopped");
   RunOnEngine([&](LocalEngine& engine) {
-    plan = engine.AddRemotePrefill(id, std::move(request),
-                                   Counted(std::move(on_delta), [this] {
-                                     absl::MutexLock lock(&mu_);
-                                     --requests_;
-                                   }));
+    plan = engine.AddRemotePrefill(id, std::move(request), Counted(std::move(on_delta)));
     absl::MutexLock lock(&mu_);
     if (!plan.ok()) --requests_;
     PublishStats();

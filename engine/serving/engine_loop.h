@@ -106,6 +106,10 @@ class EngineLoop {
   bool RunOnEngine(absl::AnyInvocable<void(LocalEngine&) &&> task);
   void OnEvent(const KvEvent& event);  // the pool's listener, on the engine thread
   void PublishStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a new request against Options::max_requests (RESOURCE_EXHAUSTED beyond it).
+  absl::Status Admit();
+  // Wraps a request's callback so that its last delta uncounts it.
+  LocalEngine::DeltaCallback Counted(LocalEngine::DeltaCallback on_delta);
 
   std::unique_ptr<LocalEngine> engine_;
   const Options options_;

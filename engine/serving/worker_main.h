@@ -1,4 +1,4 @@
-// What tandem-prefill and tandem-decode share in main(): their flags (worker_flags.cc, linked into
+// What tandem-prefill and tandem-decode share in main(): their flags (worker_process.cc, linked into
 // the two binaries only) and serving until SIGINT / SIGTERM.
 #ifndef TANDEM_ENGINE_SERVING_WORKER_MAIN_H_
 #define TANDEM_ENGINE_SERVING_WORKER_MAIN_H_

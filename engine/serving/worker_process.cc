@@ -1,5 +1,7 @@
-// The flags of tandem-prefill and tandem-decode. Linked into those two binaries only (libraries
-// never read flags); every flag can also come from its TANDEM_* environment variable.
+// The flags and the start-up of tandem-prefill and tandem-decode (worker_process.h). Every flag
+// can also come from its TANDEM_* environment variable.
+#include "engine/serving/worker_process.h"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -8,7 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "cli/default_model.h"
 #include "common/status_macros.h"
+#include "common/flags.h"
+#include "common/metrics.h"
 #include "engine/serving/worker_main.h"
+#include "kvtransfer/ucx_transport.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:0", "host:port of the worker's gRPC server (port 0: any)");
 ABSL_FLAG(std::string, metrics_listen, "", "host:port of the Prometheus /metrics server; empty: none");
@@ -57,6 +62,49 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   o.engine.model_id = absl::GetFlag(FLAGS_model_id);
   o.max_requests = absl::GetFlag(FLAGS_max_requests);
   return f;
+}
+
+namespace {
+
+absl::Status Start(WorkerProcess& w) {
+  ASSIGN_OR_RETURN(w.flags, WorkerFlagsFromCommandLine());
+  ASSIGN_OR_RETURN(w.transport, kvtransfer::CreateUcxTransport(
+                                    {.name = w.flags.worker_id, .transports = w.flags.ucx_tls}));
+  // The pool lives in memory the transport exposes best (shared memory for UCX on one host).
+  w.flags.loop.engine.kv_allocator = w.transport->PoolAllocator();
+  ASSIGN_OR_RETURN(w.loop, EngineLoop::Start(w.flags.model_path, w.flags.loop));
+  if (!w.flags.metrics_listen.empty()) {
+    RETURN_IF_ERROR(StartProcessMetricsServer(w.flags.metrics_listen).status());
+  }
+  ASSIGN_OR_RETURN(kvtransfer::PoolDescriptor pool, w.transport->RegisterPool(&w.loop->kv_storage()));
+  kvtransfer::ToProto(pool, &w.pool);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunWorkerProcess(
+    int argc, char** argv, const char* role, const char* usage,
+    const std::function<std::vector<std::unique_ptr<grpc::Service>>(WorkerProcess&)>& make_services) {
+  BlockTerminationSignals();
+  ParseFlagsWithEnvironment(argc, argv, usage);
+  WorkerProcess w;
+  absl::Status status = Start(w);
+  if (status.ok()) {
+    std::vector<std::unique_ptr<grpc::Service>> services = make_services(w);
+    std::vector<grpc::Service*> raw;
+    for (auto& s : services) raw.push_back(s.get());
+    status = ServeUntilSignal(w.flags.listen, raw, [&](int port) {
+      std::printf("%s %s listening on port %d (model %s, metrics port %d)\n", role,
+                  w.flags.worker_id.c_str(), port, w.loop->model_id().c_str(), ProcessMetricsPort());
+      std::fflush(stdout);
+    });
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s: %s\n", role, status.ToString().c_str());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace tandem

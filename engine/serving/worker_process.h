@@ -1,0 +1,36 @@
+// What tandem-prefill and tandem-decode do alike in main(): read the worker flags, create the
+// UCX transport, start the engine with its KV pool in memory the transport allocated, start
+// /metrics, register the pool, then serve their services until SIGINT / SIGTERM. Compiled into
+// those two binaries only (worker_process.cc; libraries never read flags).
+#ifndef TANDEM_ENGINE_SERVING_WORKER_PROCESS_H_
+#define TANDEM_ENGINE_SERVING_WORKER_PROCESS_H_
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "engine/serving/engine_loop.h"
+#include "engine/serving/worker_main.h"
+#include "kvtransfer/kv_transport.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/service_type.h"
+#include "tandem/v1/worker.pb.h"
+
+namespace tandem {
+
+struct WorkerProcess {
+  WorkerFlags flags;
+  std::unique_ptr<kvtransfer::KvTransport> transport;  // outlives the loop (its pool's memory)
+  std::unique_ptr<EngineLoop> loop;
+  v1::KvPoolDescriptor pool;  // the registered pool, for peers
+};
+
+// `role` names the binary in its messages; `make_services` builds the services over the started
+// worker. Returns main()'s exit status.
+int RunWorkerProcess(
+    int argc, char** argv, const char* role, const char* usage,
+    const std::function<std::vector<std::unique_ptr<grpc::Service>>(WorkerProcess&)>& make_services);
+
+}  // namespace tandem
+
+#endif  // TANDEM_ENGINE_SERVING_WORKER_PROCESS_H_
