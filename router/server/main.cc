@@ -4,6 +4,8 @@
 //
 //   tandem-router --listen=0.0.0.0:7000 --http_listen=0.0.0.0:8000
 //                 --workers=10.0.0.5:7100,10.0.0.6:7200 [--policy=kv_aware]
+#include <sys/resource.h>
+
 #include <cstdio>
 
 #include "absl/flags/flag.h"
@@ -36,6 +38,12 @@ namespace tandem::router {
 namespace {
 
 absl::Status Run() {
+  // Every streaming client holds a socket: allow as many as the system lets this process have.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   absl::StatusOr<std::string> model_path =
       ResolveModelPath(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_models_dir));
   if (!model_path.ok()) return model_path.status();
