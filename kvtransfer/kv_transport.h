@@ -89,8 +89,8 @@ inline constexpr size_t kMaxNotificationBytes = 64 * 1024;
 
 using DoneCallback = absl::AnyInvocable<void(absl::Status) &&>;
 
-// A writer's link to one peer pool. Thread-safe. REQUIRES: dropped before the transport that
-// made it.
+// A writer's link to one peer pool. Thread-safe. It may outlive its transport: then every call
+// fails with UNAVAILABLE.
 class Connection {
  public:
   virtual ~Connection() = default;

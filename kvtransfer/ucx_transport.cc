@@ -142,9 +142,20 @@ struct RequestContext {
 
 class UcxConnection;
 
+// Whether the transport still exists, for connections that outlive it.
+struct Liveness {
+  absl::Mutex mu;
+  UcxTransport* transport ABSL_GUARDED_BY(mu);
+};
+
+
 class UcxTransport final : public KvTransport {
  public:
-  explicit UcxTransport(const UcxOptions& options) : options_(options) {}
+  explicit UcxTransport(const UcxOptions& options)
+      : options_(options), live_(std::make_shared<Liveness>()) {
+    absl::MutexLock lock(&live_->mu);
+    live_->transport = this;
+  }
   ~UcxTransport() override;
 
   absl::Status Init();
@@ -201,6 +212,7 @@ class UcxTransport final : public KvTransport {
   static void EpError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   const UcxOptions options_;
+  std::shared_ptr<Liveness> live_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;  // encoded
@@ -244,24 +256,34 @@ class UcxTransport final : public KvTransport {
 
 class UcxConnection final : public Connection {
  public:
-  UcxConnection(UcxTransport* transport, std::shared_ptr<ConnState> state)
-      : transport_(transport), state_(std::move(state)) {}
-  ~UcxConnection() override { transport_->Close(state_, absl::CancelledError("connection dropped")); }
+  UcxConnection(std::shared_ptr<Liveness> live, std::shared_ptr<ConnState> state)
+      : live_(std::move(live)), state_(std::move(state)) {}
+  ~UcxConnection() override { Cancel(); }
 
   absl::Status Write(const WriteOp& op, absl::Time deadline, DoneCallback done) override {
-    return transport_->StartWrite(state_, op, deadline, std::move(done));
+    absl::ReaderMutexLock lock(&live_->mu);
+    if (live_->transport == nullptr) return Gone();
+    return live_->transport->StartWrite(state_, op, deadline, std::move(done));
   }
   absl::Status Notify(std::string message, absl::Time deadline, DoneCallback done) override {
-    return transport_->StartNotify(state_, std::move(message), deadline, std::move(done));
+    absl::ReaderMutexLock lock(&live_->mu);
+    if (live_->transport == nullptr) return Gone();
+    return live_->transport->StartNotify(state_, std::move(message), deadline, std::move(done));
   }
-  void Cancel() override { transport_->Close(state_, absl::CancelledError("cancelled")); }
+  void Cancel() override {
+    absl::ReaderMutexLock lock(&live_->mu);
+    if (live_->transport != nullptr) {
+      live_->transport->Close(state_, absl::CancelledError("cancelled"));
+    }
+  }
   std::string Describe() const override {
     absl::MutexLock lock(&state_->mu);
     return state_->describe;
   }
 
  private:
-  UcxTransport* const transport_;
+  static absl::Status Gone() { return absl::UnavailableError("the transport was shut down"); }
+  const std::shared_ptr<Liveness> live_;
   const std::shared_ptr<ConnState> state_;
 };
 
@@ -336,6 +358,11 @@ absl::Status UcxTransport::Init() {
 }
 
 UcxTransport::~UcxTransport() {
+  {
+    // Connections still held elsewhere fail from now on instead of reaching a dead transport.
+    absl::MutexLock lock(&live_->mu);
+    live_->transport = nullptr;
+  }
   if (thread_.joinable()) {
     {
       absl::MutexLock lock(&mu_);
@@ -661,7 +688,7 @@ absl::StatusOr<std::shared_ptr<Connection>> UcxTransport::Connect(const PoolDesc
   });
   waiter->ready.WaitForNotification();
   if (!waiter->status.ok()) return waiter->status;
-  return std::make_shared<UcxConnection>(this, std::move(state));
+  return std::make_shared<UcxConnection>(live_, std::move(state));
 }
 
 absl::Status UcxTransport::StartWrite(const std::shared_ptr<ConnState>& conn, const WriteOp& op,

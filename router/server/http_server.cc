@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -198,6 +199,9 @@ struct HttpCall final : public ResponseSink {
   bool sent_role = false;
   v1::Usage usage;
   std::shared_ptr<RelayedCall> relay;
+  // Fires when the client closes its side, even while nothing reads the socket (a non-streamed
+  // request writes only at the end, so a write error would come too late).
+  event* closed_watch = nullptr;
 
   void OnResponse(const v1::GenerateResponse& response) override;
   void OnDone(const absl::Status& status) override;
@@ -236,6 +240,10 @@ struct HttpServer::Impl {
   void Deliver(HttpCall& call, const v1::GenerateResponse& response);
   void Finish(HttpCall& call, const absl::Status& status);
   void Forget(HttpCall* call) {
+    if (call->closed_watch != nullptr) {
+      event_free(call->closed_watch);
+      call->closed_watch = nullptr;
+    }
     calls.erase(call);
     absl::MutexLock lock(&mu);
     calls_mirror.erase(call);
@@ -261,6 +269,18 @@ void ReplyError(evhttp_request* req, const absl::Status& status) {
   Reply(req, HttpStatusFromCode(status.code()), "application/json", ErrorBody(status));
 }
 
+// 405 with the methods the path takes (no gRPC code maps to it).
+void ReplyWrongMethod(evhttp_request* req, const std::string& path, const char* allowed) {
+  CountRejected();
+  evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", allowed);
+  Reply(req, 405, "application/json",
+        json{{"error",
+              {{"message", absl::StrCat(path, " takes ", allowed)},
+               {"type", "invalid_request_error"},
+               {"code", "METHOD_NOT_ALLOWED"}}}}
+            .dump());
+}
+
 void SendChunk(evhttp_request* req, const std::string& data) {
   evbuffer* buf = evbuffer_new();
   evbuffer_add(buf, data.data(), data.size());
@@ -280,16 +300,20 @@ void HttpServer::Impl::Handle(evhttp_request* req) {
   const std::string path = uri != nullptr && evhttp_uri_get_path(uri) != nullptr
                                ? evhttp_uri_get_path(uri)
                                : "";
+  const bool get = method == EVHTTP_REQ_GET || method == EVHTTP_REQ_HEAD;
+  if (path == "/health" || path == "/metrics" || path == "/v1/models") {
+    if (!get) return ReplyWrongMethod(req, path, "GET");
+  }
   if (path == "/health") {
     const bool ready = router->registry().Ready();
     Reply(req, ready ? 200 : 503, "text/plain", ready ? "ok\n" : "no decode worker is ready\n");
     return;
   }
-  if (path == "/metrics" && method == EVHTTP_REQ_GET) {
+  if (path == "/metrics") {
     Reply(req, 200, "text/plain; version=0.0.4", SerializeMetrics(ProcessMetrics()));
     return;
   }
-  if (path == "/v1/models" && method == EVHTTP_REQ_GET) {
+  if (path == "/v1/models") {
     const v1::ListModelsResponse models = router->ListModels();
     json data = json::array();
     for (const v1::ModelInfo& m : models.models()) {
@@ -300,10 +324,7 @@ void HttpServer::Impl::Handle(evhttp_request* req) {
     return;
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
-    if (method != EVHTTP_REQ_POST) {
-      ReplyError(req, absl::InvalidArgumentError(absl::StrCat(path, " takes POST")));
-      return;
-    }
+    if (method != EVHTTP_REQ_POST) return ReplyWrongMethod(req, path, "POST");
     HandleGenerate(req, path == "/v1/chat/completions");
     return;
   }
@@ -359,6 +380,17 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat) {
         if (c->relay != nullptr) c->relay->Cancel();
       },
       call.get());
+  if (bufferevent* bev = evhttp_connection_get_bufferevent(evhttp_request_get_connection(req));
+      bev != nullptr && bufferevent_getfd(bev) >= 0) {
+    call->closed_watch = event_new(
+        base, bufferevent_getfd(bev), EV_CLOSED,
+        [](evutil_socket_t, short, void* arg) {
+          auto* c = static_cast<HttpCall*>(arg);
+          if (c->relay != nullptr) c->relay->Cancel();
+        },
+        call.get());
+    if (call->closed_watch != nullptr) event_add(call->closed_watch, nullptr);
+  }
   if (call->stream) {
     evkeyvalq* headers = evhttp_request_get_output_headers(req);
     evhttp_add_header(headers, "Content-Type", "text/event-stream");
@@ -471,7 +503,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(RequestRouter* rou
   impl->base = event_base_new();
   impl->http = evhttp_new(impl->base);
   evhttp_set_max_body_size(impl->http, options.max_body_bytes);
-  evhttp_set_allowed_methods(impl->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST);
+  // Every method reaches Handle, which answers a wrong one with 405.
+  evhttp_set_allowed_methods(impl->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
+                                             EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
+                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+  // Read what is left of a refused upload before closing, so the client sees the 413.
+  evhttp_set_flags(impl->http, EVHTTP_SERVER_LINGERING_CLOSE);
   evhttp_set_timeout(impl->http, 3600);
   evhttp_set_gencb(
       impl->http, [](evhttp_request* req, void* arg) { static_cast<Impl*>(arg)->Handle(req); },

@@ -4,8 +4,9 @@
 //   GET  /v1/models, GET /health, GET /metrics
 //
 // Errors come back as {"error": {"message", "type", "code"}} with the HTTP status of the gRPC code
-// (400 bad input, 404 unknown model or path, 413 body too large, 429 over capacity, 503 no
-// worker). A client that disconnects cancels its request.
+// (400 bad input, 404 unknown model or path, 405 wrong method, 429 over capacity, 503 no worker).
+// A body over the limit gets libevent's own 413 page (libevent 2.1 has no hook for its errors).
+// A client that disconnects cancels its request, streamed or not.
 #ifndef TANDEM_ROUTER_SERVER_HTTP_SERVER_H_
 #define TANDEM_ROUTER_SERVER_HTTP_SERVER_H_
 
