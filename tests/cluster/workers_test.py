@@ -187,3 +187,32 @@ def test_worker_metrics_pass_promtool(pb, cluster):
     for name in ("tandem_worker_kv_blocks{state=\"used\"}", "tandem_worker_batch_size_bucket",
                  "vllm:num_requests_running", "vllm:gpu_cache_usage_perc"):
         assert name in text, name
+
+
+def test_router_finds_workers_through_dns(pb, cluster):
+    """--workers_dns: the router resolves a name (here localhost) to its workers, as it does for a
+    Kubernetes headless Service, and serves through them."""
+    import json
+    import urllib.request
+    decode, _ = cluster
+    router = Process("tandem-router", "--listen=127.0.0.1:0", "--http_listen=127.0.0.1:0",
+                     f"--workers_dns=localhost:{decode.port}")
+    try:
+        line = next(l for l in router.log if "http port " in l)
+        http = int(line.split("http port ")[1].split(",")[0])
+
+        def healthy():
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{http}/health", timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_until(healthy, what="the router to find the worker by DNS")
+        body = json.dumps({"prompt": "The capital of France is", "max_tokens": 4,
+                           "temperature": 0}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{http}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        answer = json.load(urllib.request.urlopen(request, timeout=60))
+        assert answer["usage"]["completion_tokens"] == 4
+    finally:
+        router.kill()
