@@ -1,12 +1,10 @@
 """What the cluster tests share: Python stubs generated from the repo's protos, and worker
 processes started on loopback, waited for, and killed."""
-import importlib
 import os
 import pathlib
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -14,30 +12,13 @@ ROOT = pathlib.Path(os.environ.get("TANDEM_SOURCE_DIR", pathlib.Path(__file__).r
 BIN = pathlib.Path(os.environ["TANDEM_BIN_DIR"])
 
 
-class Protos:
-    """tandem.v1 modules generated at test time with grpcio-tools."""
+sys.path.insert(0, str(ROOT / "tests" / "proto_interop"))
+from generated_protos import GeneratedProtos  # noqa: E402
 
-    def __init__(self):
-        import grpc_tools  # noqa: F401  (fails clearly when the test requirements are missing)
-        self._folder = tempfile.TemporaryDirectory(prefix="tandem_cluster_py_")
-        out = pathlib.Path(self._folder.name)
-        protos = ["tandem/v1/inference.proto", "tandem/v1/worker.proto"]
-        subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'proto'}",
-                        f"--python_out={out}", f"--grpc_python_out={out}", *protos], check=True)
-        for package in (out / "tandem", out / "tandem" / "v1"):
-            (package / "__init__.py").touch()
-        for name in list(sys.modules):
-            if name == "tandem" or name.startswith("tandem."):
-                del sys.modules[name]
-        sys.path.insert(0, str(out))
-        importlib.invalidate_caches()
-        try:
-            self.inference = importlib.import_module("tandem.v1.inference_pb2")
-            self.worker = importlib.import_module("tandem.v1.worker_pb2")
-            self.inference_grpc = importlib.import_module("tandem.v1.inference_pb2_grpc")
-            self.worker_grpc = importlib.import_module("tandem.v1.worker_pb2_grpc")
-        finally:
-            sys.path.remove(str(out))
+
+def Protos():
+    """tandem.v1 modules generated at test time with grpcio-tools."""
+    return GeneratedProtos(ROOT / "proto")
 
 
 class Process:
