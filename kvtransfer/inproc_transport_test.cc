@@ -15,64 +15,22 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
+#include "kvtransfer/transport_test_util.h"
 #include "gtest/gtest.h"
 
 namespace tandem::kvtransfer {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr absl::Duration kWait = absl::Seconds(10);  // bounds every wait; never reached when OK
+using testing::Done;
+using testing::kWait;
+using testing::RandomPool;
+using testing::SameLayers;
 
 KvLayout Layout(int64_t blocks, int64_t layers = 4) {
   return KvLayout{.num_blocks = blocks, .num_layers = layers, .block_size = 4, .num_kv_heads = 2,
                   .head_dim = 8};
 }
-
-std::unique_ptr<KvStorage> RandomPool(const KvLayout& layout, uint32_t seed) {
-  auto pool = *KvStorage::Create(layout);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  for (int64_t i = 0; i < layout.total_floats(); ++i) pool->data()[i] = dist(rng);
-  return pool;
-}
-
-// Whether layers [first, first + n) of `src` in `from` equal those of `dst` in `to`.
-bool SameLayers(KvStorage& from, int32_t src, KvStorage& to, int32_t dst, int64_t first, int64_t n) {
-  const size_t bytes = static_cast<size_t>(n * from.layout().layer_stride()) * sizeof(float);
-  return std::memcmp(from.KeyBlock(src, first), to.KeyBlock(dst, first), bytes) == 0;
-}
-
-// The status an operation ended with, once it ended.
-class Done {
- public:
-  DoneCallback Callback() {
-    return [this](absl::Status s) {
-      absl::MutexLock lock(&mu_);
-      ++calls_;
-      status_ = std::move(s);
-    };
-  }
-  // The status, after waiting (bounded) for the callback.
-  absl::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    if (!mu_.AwaitWithTimeout(absl::Condition(
-                                  +[](int* calls) { return *calls > 0; }, &calls_),
-                              kWait)) {
-      return absl::InternalError("the operation did not end within the test's wait");
-    }
-    return status_;
-  }
-  int calls() {
-    absl::MutexLock lock(&mu_);
-    return calls_;
-  }
-
- private:
-  absl::Mutex mu_;
-  int calls_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
 
 struct Side {
   std::unique_ptr<KvStorage> pool;

@@ -17,24 +17,21 @@
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "gmock/gmock.h"
+#include "kvtransfer/transport_test_util.h"
 #include "gtest/gtest.h"
 
 namespace tandem::kvtransfer {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::Done;
+using testing::kWait;
+using testing::RandomPool;
+using testing::SameLayers;
 
 KvLayout Layout(int64_t blocks, int64_t layers = 4, int64_t block_size = 4) {
   return KvLayout{.num_blocks = blocks, .num_layers = layers, .block_size = block_size,
                   .num_kv_heads = 2, .head_dim = 8};
-}
-
-std::unique_ptr<KvStorage> RandomPool(const KvLayout& layout, uint32_t seed) {
-  auto pool = *KvStorage::Create(layout);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  for (int64_t i = 0; i < layout.total_floats(); ++i) pool->data()[i] = dist(rng);
-  return pool;
 }
 
 absl::Status WaitFor(const std::function<absl::Status(DoneCallback)>& start) {
@@ -112,49 +109,7 @@ TEST_P(UcxTransportTest, WritesLayersAndNotifiesAfterTheData) {
 // Failure, refusal and concurrency, with both sides in this process.
 // ---------------------------------------------------------------------------------------------
 
-constexpr absl::Duration kWait = absl::Seconds(10);  // bounds every wait; never reached when OK
 constexpr absl::Duration kSlack = absl::Seconds(1);  // how late after a deadline an error may come
-
-// The status an operation ended with, and how often its callback ran.
-class Done {
- public:
-  DoneCallback Callback() {
-    return [this](absl::Status s) {
-      absl::MutexLock lock(&mu_);
-      ++calls_;
-      status_ = std::move(s);
-      when_ = absl::Now();
-    };
-  }
-  // The status, after waiting (bounded) for the callback.
-  absl::Status Wait(absl::Duration timeout = kWait) {
-    absl::MutexLock lock(&mu_);
-    if (!mu_.AwaitWithTimeout(absl::Condition(+[](int* calls) { return *calls > 0; }, &calls_),
-                              timeout)) {
-      return absl::InternalError("the operation did not end within the test's wait");
-    }
-    return status_;
-  }
-  int calls() {
-    absl::MutexLock lock(&mu_);
-    return calls_;
-  }
-  absl::Time when() {
-    absl::MutexLock lock(&mu_);
-    return when_;
-  }
-
- private:
-  absl::Mutex mu_;
-  int calls_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  absl::Time when_ ABSL_GUARDED_BY(mu_);
-};
-
-bool SameLayers(KvStorage& from, int32_t src, KvStorage& to, int32_t dst, int64_t first, int64_t n) {
-  const size_t bytes = static_cast<size_t>(n * from.layout().layer_stride()) * sizeof(float);
-  return std::memcmp(from.KeyBlock(src, first), to.KeyBlock(dst, first), bytes) == 0;
-}
 
 std::shared_ptr<Connection> MustConnect(Side& writer, const PoolDescriptor& remote) {
   absl::StatusOr<std::shared_ptr<Connection>> c =
