@@ -5,11 +5,35 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/status_conversion.h"
 #include "engine/serving/proto_conversion.h"
 
 namespace tandem {
 namespace {
+
+// The prefill worker's transfer metrics (docs/metrics.md).
+struct PrefillMetrics {
+  prometheus::Family<prometheus::Counter>& requests = prometheus::BuildCounter()
+      .Name("tandem_prefill_requests_total")
+      .Help("Prefill requests by outcome: ok, error")
+      .Register(ProcessMetrics());
+  prometheus::Counter& bytes = prometheus::BuildCounter()
+      .Name("tandem_prefill_transfer_bytes_total")
+      .Help("KV bytes written into decode workers' pools")
+      .Register(ProcessMetrics())
+      .Add({});
+  prometheus::Histogram& seconds = prometheus::BuildHistogram()
+      .Name("tandem_prefill_transfer_seconds")
+      .Help("From a request's arrival to its last KV write in place (compute and transfer overlap)")
+      .Register(ProcessMetrics())
+      .Add({}, RequestLatencyBuckets());
+};
+
+PrefillMetrics& Metrics() {
+  static PrefillMetrics* metrics = new PrefillMetrics();
+  return *metrics;
+}
 
 grpc::Status Invalid(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
@@ -66,6 +90,13 @@ absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> PrefillService::Connecti
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
                                      const v1::PrefillRequest* request,
                                      v1::PrefillResponse* response) {
+  grpc::Status status = Serve(context, request, response);
+  Metrics().requests.Add({{"outcome", status.ok() ? "ok" : "error"}}).Increment();
+  return status;
+}
+
+grpc::Status PrefillService::Serve(grpc::ServerContext* context, const v1::PrefillRequest* request,
+                                   v1::PrefillResponse* response) {
   const absl::Time start = absl::Now();
   if (!request->model().empty() && request->model() != loop_->model_id()) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -211,6 +242,9 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
                         absl::StrCat("writing the KV to ", request->destination().worker_id(),
                                      " failed: ", transfer->error.message()));
   }
+  Metrics().bytes.Increment(static_cast<double>(transfer->bytes));
+  Metrics().seconds.Observe(
+      absl::ToDoubleSeconds(std::max(transfer->writes_done, transfer->compute_done) - start));
   response->set_first_token_id(transfer->token);
   if (transfer->logprob.has_value()) {
     response->mutable_first_token_logprobs()->set_token_id(transfer->token);

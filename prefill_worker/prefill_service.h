@@ -33,6 +33,8 @@ class PrefillService final : public v1::Prefill::Service {
                       v1::CancelResponse* response) override;
 
  private:
+  grpc::Status Serve(grpc::ServerContext* context, const v1::PrefillRequest* request,
+                     v1::PrefillResponse* response);
   // A connection to the destination pool, reused across requests until it breaks.
   absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> ConnectionTo(
       const v1::KvDestination& destination, const kvtransfer::PoolDescriptor& pool,

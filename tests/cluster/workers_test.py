@@ -2,6 +2,7 @@
 UCX shared memory) and fallback paths give the same greedy tokens; a killed prefill worker costs
 no request; cancellation frees the blocks; WatchState's block hashes follow docs/block_hashing.md
 (checked with PyPI xxhash); bad requests get clear errors."""
+import re
 import struct
 import threading
 import time
@@ -26,7 +27,8 @@ def pb():
 def cluster():
     decode = Process("tandem-decode", *FLAGS, "--worker_id=d0", "--metrics_listen=127.0.0.1:0",
                      env=UCX)
-    prefill = Process("tandem-prefill", *FLAGS, "--worker_id=p0", env=UCX)
+    prefill = Process("tandem-prefill", *FLAGS, "--worker_id=p0", "--metrics_listen=127.0.0.1:0",
+                      env=UCX)
     yield decode, prefill
     for p in (decode, prefill):
         p.kill()
@@ -187,6 +189,20 @@ def test_worker_metrics_pass_promtool(pb, cluster):
     for name in ("tandem_worker_kv_blocks{state=\"used\"}", "tandem_worker_batch_size_bucket",
                  "vllm:num_requests_running", "vllm:gpu_cache_usage_perc"):
         assert name in text, name
+
+    # The prefill worker counts the KV it wrote.
+    _, prefill = cluster
+    generate(pb, decode, PROMPTS[1], max_tokens=2, targets=[("p0", prefill.address)])
+    line = next(l for l in prefill.log if "metrics port " in l)
+    pport = int(line.split("metrics port ")[1].split(")")[0])
+    ptext = urllib.request.urlopen(f"http://127.0.0.1:{pport}/metrics", timeout=5).read().decode()
+    sent = re.search(r"^tandem_prefill_transfer_bytes_total (\S+)$", ptext, re.M)
+    assert sent and float(sent.group(1)) > 0, ptext
+    assert 'tandem_prefill_requests_total{outcome="ok"}' in ptext
+    check = subprocess.run(["promtool", "check", "metrics"], input=ptext, capture_output=True,
+                           text=True)
+    problems = [l for l in (check.stdout + check.stderr).splitlines() if l.strip()]
+    assert all(p.startswith("vllm:") and "should not contain ':'" in p for p in problems), problems
 
 
 def test_router_finds_workers_through_dns(pb, cluster):
