@@ -220,19 +220,18 @@ struct HttpServer::Impl {
   absl::Mutex mu;
   std::deque<std::pair<std::shared_ptr<HttpCall>, std::variant<v1::GenerateResponse, absl::Status>>>
       pending ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<HttpCall*, std::shared_ptr<HttpCall>> calls;  // loop thread only
 
   void Post(HttpCall* call, std::variant<v1::GenerateResponse, absl::Status> item) {
     {
       absl::MutexLock lock(&mu);
-      auto it = calls_mirror.find(call);
-      if (it == calls_mirror.end()) return;
+      auto it = calls.find(call);
+      if (it == calls.end()) return;
       pending.emplace_back(it->second, std::move(item));
     }
     event_active(wake, EV_READ, 0);
   }
-  // Same as `calls`, readable from gRPC threads.
-  absl::flat_hash_map<HttpCall*, std::shared_ptr<HttpCall>> calls_mirror ABSL_GUARDED_BY(mu);
+  // The calls in flight, keeping them alive until their relay ended and the reply was sent.
+  absl::flat_hash_map<HttpCall*, std::shared_ptr<HttpCall>> calls ABSL_GUARDED_BY(mu);
 
   void Handle(evhttp_request* req);
   void HandleGenerate(evhttp_request* req, bool chat);
@@ -244,9 +243,8 @@ struct HttpServer::Impl {
       event_free(call->closed_watch);
       call->closed_watch = nullptr;
     }
-    calls.erase(call);
     absl::MutexLock lock(&mu);
-    calls_mirror.erase(call);
+    calls.erase(call);
   }
 };
 
@@ -359,10 +357,9 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat) {
   call->model = router->ModelId();
   call->created = absl::ToUnixSeconds(absl::Now());
   call->prompt_tokens = static_cast<int64_t>(prepared->tokens.size());
-  calls[call.get()] = call;
   {
     absl::MutexLock lock(&mu);
-    calls_mirror[call.get()] = call;
+    calls[call.get()] = call;
   }
   absl::StatusOr<std::shared_ptr<RelayedCall>> relay = router->Start(*std::move(prepared), call.get());
   if (!relay.ok()) {
@@ -539,7 +536,7 @@ HttpServer::~HttpServer() {
   std::vector<std::shared_ptr<HttpCall>> open;
   {
     absl::MutexLock lock(&impl_->mu);
-    for (auto& [raw, call] : impl_->calls_mirror) open.push_back(call);
+    for (auto& [raw, call] : impl_->calls) open.push_back(call);
   }
   for (auto& call : open) {
     if (call->relay != nullptr) call->relay->Cancel();
@@ -547,9 +544,9 @@ HttpServer::~HttpServer() {
   const absl::Time until = absl::Now() + absl::Seconds(5);
   while (absl::Now() < until) {
     absl::MutexLock lock(&impl_->mu);
-    if (impl_->calls_mirror.empty()) break;
+    if (impl_->calls.empty()) break;
     impl_->mu.AwaitWithTimeout(absl::Condition(+[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->mu) {
-                                 return i->calls_mirror.empty();
+                                 return i->calls.empty();
                                }, impl_.get()),
                                absl::Milliseconds(50));
   }
