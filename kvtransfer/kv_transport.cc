@@ -1,7 +1,5 @@
 #include "kvtransfer/kv_transport.h"
 
-#include <cstdlib>
-
 #include "absl/strings/str_cat.h"
 #include "tandem/v1/worker.pb.h"
 
@@ -15,25 +13,8 @@ int64_t BlockBytes(const KvLayout& l) { return l.layer_stride() * kFloatBytes; }
 }  // namespace
 
 KvAllocator KvTransport::PoolAllocator() {
-  return KvAllocator{
-      .allocate = [this](size_t bytes) -> absl::StatusOr<void*> {
-        absl::StatusOr<void*> memory = AllocatePoolMemory(bytes);
-        if (memory.ok() || memory.status().code() != absl::StatusCode::kUnimplemented) {
-          return memory;
-        }
-        void* heap = std::aligned_alloc(size_t{2} << 20, (bytes + (size_t{2} << 20) - 1) &
-                                                             ~((size_t{2} << 20) - 1));
-        if (heap == nullptr) return absl::ResourceExhaustedError("cannot allocate the KV pool");
-        heap_.insert(heap);
-        return heap;
-      },
-      .release = [this](void* memory) {
-        if (heap_.erase(memory) > 0) {
-          std::free(memory);
-        } else {
-          ReleasePoolMemory(memory);
-        }
-      }};
+  return KvAllocator{.allocate = [this](size_t bytes) { return AllocatePoolMemory(bytes); },
+                     .release = [this](void* memory) { ReleasePoolMemory(memory); }};
 }
 
 absl::Status CheckCompatibleLayouts(const KvLayout& local, const KvLayout& remote) {

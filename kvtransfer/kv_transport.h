@@ -28,7 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -125,7 +124,7 @@ class KvTransport {
     return absl::UnimplementedError("this transport takes any memory");
   }
   virtual void ReleasePoolMemory(void* /*memory*/) {}
-  // A KvAllocator over AllocatePoolMemory, falling back to the heap when it is UNIMPLEMENTED.
+  // A KvAllocator over AllocatePoolMemory (KvStorage uses the heap when it is UNIMPLEMENTED).
   KvAllocator PoolAllocator();
 
   // Registers `pool` (which must outlive the transport) for remote writes into it and as the
@@ -144,9 +143,6 @@ class KvTransport {
 
   // This side's name in logs and notifications.
   virtual const std::string& name() const = 0;
-
- private:
-  absl::flat_hash_set<void*> heap_;  // PoolAllocator's heap fallbacks
 };
 
 // The checks every transport makes before a write starts.

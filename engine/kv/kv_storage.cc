@@ -36,8 +36,9 @@ absl::StatusOr<std::unique_ptr<KvStorage>> KvStorage::Create(const KvLayout& lay
                                                              const KvAllocator& allocator) {
   if (absl::Status s = layout.Validate(); !s.ok()) return s;
   const size_t bytes = static_cast<size_t>(layout.total_floats()) * sizeof(float);
-  if (allocator.allocate) {
-    absl::StatusOr<void*> memory = allocator.allocate(bytes);
+  absl::StatusOr<void*> memory = absl::UnimplementedError("no allocator");
+  if (allocator.allocate) memory = allocator.allocate(bytes);
+  if (memory.status().code() != absl::StatusCode::kUnimplemented) {
     if (!memory.ok()) return memory.status();
     if (*memory == nullptr || reinterpret_cast<uintptr_t>(*memory) % 64 != 0) {
       if (*memory != nullptr && allocator.release) allocator.release(*memory);

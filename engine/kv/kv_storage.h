@@ -42,8 +42,8 @@ struct KvLayout {
 
 // Where a pool's memory comes from when not from the heap: e.g. a transport that exposes memory it
 // allocated itself best (UCX: shared memory that a peer on the host maps, so a remote write is a
-// single copy). `allocate` returns at least `bytes` bytes aligned to 64 or an error; `release`
-// gets the same pointer back.
+// single copy). `allocate` returns at least `bytes` bytes aligned to 64, UNIMPLEMENTED to have the
+// pool on the heap after all, or another error; `release` gets the same pointer back.
 struct KvAllocator {
   std::function<absl::StatusOr<void*>(size_t bytes)> allocate;
   std::function<void(void*)> release;
