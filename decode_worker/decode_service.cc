@@ -54,7 +54,6 @@ bool DecodeService::PrefillRemotely(const v1::DecodeRequest& request, uint64_t i
   *prefill.mutable_sampling() = request.sampling();
   prefill.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
 
-  const absl::Time start = absl::Now();
   for (const v1::PrefillTarget& target : request.prefill_targets()) {
     if (context->IsCancelled()) break;
     // The call inherits the client's deadline and cancellation, capped at the prefill timeout.
@@ -80,7 +79,6 @@ bool DecodeService::PrefillRemotely(const v1::DecodeRequest& request, uint64_t i
     timings->set_prefill_worker(target.worker_id());
     timings->set_prefill_us(response.timings().compute_us());
     timings->set_kv_transfer_us(response.timings().transfer_us());
-    (void)start;
     return true;
   }
   if (absl::Status s = loop_->FallBackToLocalPrefill(id); !s.ok()) {

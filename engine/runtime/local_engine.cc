@@ -133,8 +133,7 @@ absl::Status LocalEngine::Validate(const GenerationRequest& r) const {
   RETURN_IF_ERROR(
       sampling::ValidatePromptLength(r.sampling, prompt_len, static_cast<int>(c.max_context)));
   // The pool must hold the request at its longest, or it could never finish.
-  const int64_t longest = std::min<int64_t>(
-      c.max_context, prompt_len + r.sampling.max_tokens.value_or(c.max_context));
+  const int64_t longest = prompt_len + MaxNewTokens(r);
   const int64_t bs = pool_->block_size();
   if ((longest + bs - 1) / bs > pool_->num_blocks()) {
     return absl::ResourceExhaustedError(absl::StrCat(

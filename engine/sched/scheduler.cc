@@ -180,14 +180,18 @@ bool Scheduler::ScheduleRunning(Sequence* seq, bool decoding, ScheduledStep* ste
   return true;
 }
 
-bool Scheduler::TryAdmit(Sequence* seq, ScheduledStep* step, int64_t* budget) {
-  const int64_t bs = pool_->block_size();
+void Scheduler::AdoptCachedPrefix(Sequence* seq) {
   // At least the last token is computed, for its logits: a fully cached prompt reuses all but
   // its last block.
-  const size_t reusable = std::min(seq->hashes.size(), (seq->tokens.size() - 1) / static_cast<size_t>(bs));
+  const size_t reusable = std::min(seq->hashes.size(),
+                                   (seq->tokens.size() - 1) / static_cast<size_t>(pool_->block_size()));
   seq->table.AdoptCachedPrefix(
       pool_->AcquirePrefix(absl::MakeConstSpan(seq->hashes).first(reusable)));
   seq->num_computed = seq->table.num_tokens();
+}
+
+bool Scheduler::TryAdmit(Sequence* seq, ScheduledStep* step, int64_t* budget) {
+  AdoptCachedPrefix(seq);
   const int64_t n = ChunkFor(*seq, *budget);
   const int64_t reserve = running_.empty() ? 0 : options_.admission_reserve_blocks;
   const int64_t needed = seq->table.BlocksNeededFor(n) + reserve;
@@ -223,12 +227,8 @@ absl::StatusOr<RemotePrefillPlan> Scheduler::AddRemotePrefill(SequenceId id,
   }
   RETURN_IF_ERROR(Add(id, std::move(prompt), max_new_tokens, priority));
   Sequence* seq = sequences_.at(id).get();
-  const int64_t bs = pool_->block_size();
-  const size_t reusable =
-      std::min(seq->hashes.size(), (seq->tokens.size() - 1) / static_cast<size_t>(bs));
-  seq->table.AdoptCachedPrefix(
-      pool_->AcquirePrefix(absl::MakeConstSpan(seq->hashes).first(reusable)));
-  const int64_t cached = seq->table.num_tokens();
+  AdoptCachedPrefix(seq);
+  const int64_t cached = seq->num_computed;
   const int64_t rest = static_cast<int64_t>(seq->tokens.size()) - cached;
   const int64_t reserve = running_.empty() ? 0 : options_.admission_reserve_blocks;
   if (seq->table.BlocksNeededFor(rest) + reserve > pool_->num_available()) {

@@ -168,6 +168,8 @@ class Scheduler {
   // Appends the next `n` tokens of `seq` (their slots already in its table) to the step.
   void AddItem(Sequence* seq, int64_t n, bool is_decode, ScheduledStep* step, int64_t* budget);
   bool TryAdmit(Sequence* seq, ScheduledStep* step, int64_t* budget);
+  // Starts `seq`'s empty table with the longest cached prefix of its blocks (never all of it).
+  void AdoptCachedPrefix(Sequence* seq);
   void Preempt(Sequence* seq, ScheduledStep* step, int64_t* budget);
   // Blocks that preempting every running sequence of priority below `priority` would free.
   int64_t BlocksFreedByPreempting(int priority) const;
