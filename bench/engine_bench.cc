@@ -333,6 +333,19 @@ std::string Cell(const std::vector<double>& v, const char* format = "%.1f") {
                          absl::StrFormat(format, *std::max_element(v.begin(), v.end())));
 }
 
+// The table of `rows`: Tandem's and the peer's medians [min..max] and their ratio.
+void PrintRows(const std::vector<Row>& rows, const char* tandem, const char* peer) {
+  std::printf("| %-15s | %-26s | %-26s | %-7s | %s\n", "row", tandem, peer, "ratio", "peer");
+  std::printf("|-----------------|----------------------------|----------------------------|"
+              "---------|-----\n");
+  for (const Row& row : rows) {
+    const std::string ratio =
+        row.peer.empty() ? "-" : absl::StrFormat("%.2fx", Median(row.tandem) / Median(row.peer));
+    std::printf("| %-15s | %-26s | %-26s | %-7s | %s\n", row.name.c_str(), Cell(row.tandem).c_str(),
+                Cell(row.peer).c_str(), ratio.c_str(), row.peer_note.c_str());
+  }
+}
+
 absl::Status RunServingRows(const std::string& model_path, int threads, int reps,
                             const std::string& batched_bench,
                             const std::function<bool(const std::string&)>& want) {
@@ -390,16 +403,7 @@ absl::Status RunServingRows(const std::string& model_path, int threads, int reps
               "each, all queued at once; max_running 64, 512 tokens per step\n%s\n\n",
               static_cast<long long>(kServePrompt), static_cast<long long>(kServeOutput),
               peer_status.c_str());
-  std::printf("| %-15s | %-26s | %-26s | %-7s | %s\n", "row", "Tandem output tok/s",
-              "llama.cpp output tok/s", "ratio", "peer");
-  std::printf("|-----------------|----------------------------|----------------------------|"
-              "---------|-----\n");
-  for (const Row& row : rows) {
-    const std::string ratio =
-        row.peer.empty() ? "-" : absl::StrFormat("%.2fx", Median(row.tandem) / Median(row.peer));
-    std::printf("| %-15s | %-26s | %-26s | %-7s | %s\n", row.name.c_str(), Cell(row.tandem).c_str(),
-                Cell(row.peer).c_str(), ratio.c_str(), row.peer_note.c_str());
-  }
+  PrintRows(rows, "Tandem output tok/s", "llama.cpp output tok/s");
   if (!overhead_64.empty()) {
     std::printf("\nscheduler overhead at 64 sequences (decode steps): %s %% of step time "
                 "(target < 2 %%), %s us per sequence per step\n",
@@ -553,21 +557,7 @@ absl::Status Main() {
               "decode: %lld-token prompts, %lld greedy steps\n%s\n\n",
               model_path->c_str(), threads, reps, static_cast<long long>(decode_prompt),
               static_cast<long long>(steps), peer_status.c_str());
-  std::printf("| %-15s | %-26s | %-26s | %-7s | %s\n", "row", "Tandem tok/s", "llama.cpp tok/s",
-              "ratio", "peer");
-  std::printf("|-----------------|----------------------------|----------------------------|"
-              "---------|-----\n");
-  auto cell = [](const std::vector<double>& v) -> std::string {
-    if (v.empty()) return "-";
-    return absl::StrFormat("%.1f [%.1f..%.1f]", Median(v), *std::min_element(v.begin(), v.end()),
-                           *std::max_element(v.begin(), v.end()));
-  };
-  for (const Row& row : rows) {
-    const std::string ratio =
-        row.peer.empty() ? "-" : absl::StrFormat("%.2fx", Median(row.tandem) / Median(row.peer));
-    std::printf("| %-15s | %-26s | %-26s | %-7s | %s\n", row.name.c_str(), cell(row.tandem).c_str(),
-                cell(row.peer).c_str(), ratio.c_str(), row.peer_note.c_str());
-  }
+  PrintRows(rows, "Tandem tok/s", "llama.cpp tok/s");
   auto find = [&](const std::string& key) -> const Row* {
     for (const Row& row : rows) {
       if (row.key == key) return &row;
