@@ -84,7 +84,10 @@ class InProcessConnection : public Connection,
         thread_(std::move(thread)) {}
 
   absl::Status Write(const WriteOp& op, absl::Time deadline, DoneCallback done) override {
-    if (state_.load() != kOpen) return absl::UnavailableError("the connection is closed");
+    // Only a cancelled connection refuses at once. One closed by a passed deadline ends what comes
+    // after in issue order (Check), so an operation's outcome never depends on how far the
+    // transport's thread has got.
+    if (state_.load() == kCancelled) return absl::UnavailableError("the connection is closed");
     if (absl::Status s = ValidateWrite(op, local_->layout(), remote_layout_); !s.ok()) return s;
     thread_->Post([self = shared_from_this(), op, deadline, done = std::move(done)]() mutable {
       std::move(done)(self->Copy(op, deadline));
@@ -93,7 +96,10 @@ class InProcessConnection : public Connection,
   }
 
   absl::Status Notify(std::string message, absl::Time deadline, DoneCallback done) override {
-    if (state_.load() != kOpen) return absl::UnavailableError("the connection is closed");
+    // Only a cancelled connection refuses at once. One closed by a passed deadline ends what comes
+    // after in issue order (Check), so an operation's outcome never depends on how far the
+    // transport's thread has got.
+    if (state_.load() == kCancelled) return absl::UnavailableError("the connection is closed");
     if (message.size() > kMaxNotificationBytes) {
       return absl::InvalidArgumentError(absl::StrCat("a notification of ", message.size(),
                                                      " bytes exceeds ", kMaxNotificationBytes));
