@@ -1,5 +1,6 @@
 #include "engine/serving/engine_loop.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -44,7 +45,7 @@ EngineLoop::~EngineLoop() {
 
 void EngineLoop::Loop() {
   while (true) {
-    std::deque<absl::AnyInvocable<void(LocalEngine&) &&>> tasks;
+    std::deque<absl::AnyInvocable<void(LocalEngine*) &&>> tasks;
     bool stopping;
     {
       absl::MutexLock lock(&mu_);
@@ -58,7 +59,7 @@ void EngineLoop::Loop() {
       tasks.swap(tasks_);
       stopping = stopping_;
     }
-    for (auto& task : tasks) std::move(task)(*engine_);
+    for (auto& task : tasks) std::move(task)(engine_.get());
     if (stopping) break;
     if (!engine_->HasWork()) continue;
     StepInfo info;
@@ -73,30 +74,60 @@ void EngineLoop::Loop() {
     PublishStats();
   }
   // Stopping: the last tasks run (their callers wait for them).
-  std::deque<absl::AnyInvocable<void(LocalEngine&) &&>> rest;
+  std::deque<absl::AnyInvocable<void(LocalEngine*) &&>> rest;
   {
     absl::MutexLock lock(&mu_);
     rest.swap(tasks_);
     exited_ = true;
   }
-  for (auto& task : rest) std::move(task)(*engine_);
+  for (auto& task : rest) std::move(task)(engine_.get());
 }
 
 void EngineLoop::PublishStats() { stats_ = engine_->scheduler_stats(); }
 
-bool EngineLoop::RunOnEngine(absl::AnyInvocable<void(LocalEngine&) &&> task) {
-  absl::Notification done;
+void EngineLoop::Post(absl::AnyInvocable<void(LocalEngine*) &&> task) {
   {
     absl::MutexLock lock(&mu_);
-    if (exited_) return false;
-    tasks_.push_back([&task, &done](LocalEngine& engine) mutable {
-      std::move(task)(engine);
-      done.Notify();
-    });
+    if (!exited_) {
+      tasks_.push_back(std::move(task));
+      return;
+    }
   }
-  done.WaitForNotification();
-  return true;
+  std::move(task)(nullptr);
 }
+
+bool EngineLoop::RunOnEngine(absl::AnyInvocable<void(LocalEngine&) &&> task) {
+  absl::Notification done;
+  bool ran = false;
+  Post([&](LocalEngine* engine) {
+    if (engine != nullptr) {
+      std::move(task)(*engine);
+      ran = true;
+    }
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return ran;
+}
+
+namespace {
+
+// Runs an asynchronous form and waits for its result.
+template <typename Result, typename Start>
+Result Await(Start start) {
+  absl::Notification done;
+  std::optional<Result> result;
+  start([&](Result r) {
+    result.emplace(std::move(r));
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return *std::move(result);
+}
+
+absl::Status Stopped() { return absl::UnavailableError("the engine stopped"); }
+
+}  // namespace
 
 absl::Status EngineLoop::Admit() {
   absl::MutexLock lock(&mu_);
@@ -119,61 +150,106 @@ LocalEngine::DeltaCallback EngineLoop::Counted(LocalEngine::DeltaCallback on_del
   };
 }
 
+void EngineLoop::SubmitAsync(uint64_t id, GenerationRequest request,
+                             LocalEngine::DeltaCallback on_delta,
+                             absl::AnyInvocable<void(absl::Status) &&> done) {
+  if (absl::Status s = Admit(); !s.ok()) return std::move(done)(std::move(s));
+  Post([this, id, request = std::move(request), on_delta = std::move(on_delta),
+        done = std::move(done)](LocalEngine* engine) mutable {
+    absl::Status status =
+        engine == nullptr ? Stopped()
+                          : engine->Add(id, std::move(request), Counted(std::move(on_delta)));
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status.ok()) --requests_;
+      PublishStats();
+    }
+    std::move(done)(std::move(status));
+  });
+}
+
+void EngineLoop::SubmitRemotePrefillAsync(
+    uint64_t id, GenerationRequest request, LocalEngine::DeltaCallback on_delta,
+    absl::AnyInvocable<void(absl::StatusOr<RemotePrefillPlan>) &&> done) {
+  if (absl::Status s = Admit(); !s.ok()) return std::move(done)(std::move(s));
+  Post([this, id, request = std::move(request), on_delta = std::move(on_delta),
+        done = std::move(done)](LocalEngine* engine) mutable {
+    absl::StatusOr<RemotePrefillPlan> plan =
+        engine == nullptr
+            ? absl::StatusOr<RemotePrefillPlan>(Stopped())
+            : engine->AddRemotePrefill(id, std::move(request), Counted(std::move(on_delta)));
+    {
+      absl::MutexLock lock(&mu_);
+      if (!plan.ok()) --requests_;
+      PublishStats();
+    }
+    std::move(done)(std::move(plan));
+  });
+}
+
+void EngineLoop::CompleteRemotePrefillAsync(uint64_t id, int32_t first_token,
+                                            absl::AnyInvocable<void(absl::Status) &&> done) {
+  Post([this, id, first_token, done = std::move(done)](LocalEngine* engine) mutable {
+    absl::Status status =
+        engine == nullptr ? Stopped() : engine->CompleteRemotePrefill(id, first_token);
+    if (engine != nullptr) {
+      absl::MutexLock lock(&mu_);
+      PublishStats();
+    }
+    std::move(done)(std::move(status));
+  });
+}
+
+void EngineLoop::FallBackToLocalPrefillAsync(uint64_t id,
+                                             absl::AnyInvocable<void(absl::Status) &&> done) {
+  Post([this, id, done = std::move(done)](LocalEngine* engine) mutable {
+    absl::Status status = engine == nullptr ? Stopped() : engine->FallBackToLocalPrefill(id);
+    if (engine != nullptr) {
+      absl::MutexLock lock(&mu_);
+      PublishStats();
+    }
+    std::move(done)(std::move(status));
+  });
+}
+
+void EngineLoop::CancelAsync(uint64_t id, absl::AnyInvocable<void(bool) &&> done) {
+  Post([this, id, done = std::move(done)](LocalEngine* engine) mutable {
+    const bool found = engine != nullptr && engine->Cancel(id);
+    if (engine != nullptr) {
+      absl::MutexLock lock(&mu_);
+      if (found) --requests_;
+      PublishStats();
+    }
+    if (done != nullptr) std::move(done)(found);
+  });
+}
+
 absl::Status EngineLoop::Submit(uint64_t id, GenerationRequest request,
                                 LocalEngine::DeltaCallback on_delta) {
-  RETURN_IF_ERROR(Admit());
-  absl::Status status = absl::UnavailableError("the engine stopped");
-  RunOnEngine([&](LocalEngine& engine) {
-    status = engine.Add(id, std::move(request), Counted(std::move(on_delta)));
-    absl::MutexLock lock(&mu_);
-    if (!status.ok()) --requests_;
-    PublishStats();
+  return Await<absl::Status>([&](auto done) {
+    SubmitAsync(id, std::move(request), std::move(on_delta), std::move(done));
   });
-  return status;
 }
 
 absl::StatusOr<RemotePrefillPlan> EngineLoop::SubmitRemotePrefill(
     uint64_t id, GenerationRequest request, LocalEngine::DeltaCallback on_delta) {
-  RETURN_IF_ERROR(Admit());
-  absl::StatusOr<RemotePrefillPlan> plan = absl::UnavailableError("the engine stopped");
-  RunOnEngine([&](LocalEngine& engine) {
-    plan = engine.AddRemotePrefill(id, std::move(request), Counted(std::move(on_delta)));
-    absl::MutexLock lock(&mu_);
-    if (!plan.ok()) --requests_;
-    PublishStats();
+  return Await<absl::StatusOr<RemotePrefillPlan>>([&](auto done) {
+    SubmitRemotePrefillAsync(id, std::move(request), std::move(on_delta), std::move(done));
   });
-  return plan;
 }
 
 absl::Status EngineLoop::CompleteRemotePrefill(uint64_t id, int32_t first_token) {
-  absl::Status status = absl::UnavailableError("the engine stopped");
-  RunOnEngine([&](LocalEngine& engine) {
-    status = engine.CompleteRemotePrefill(id, first_token);
-    absl::MutexLock lock(&mu_);
-    PublishStats();
-  });
-  return status;
+  return Await<absl::Status>(
+      [&](auto done) { CompleteRemotePrefillAsync(id, first_token, std::move(done)); });
 }
 
 absl::Status EngineLoop::FallBackToLocalPrefill(uint64_t id) {
-  absl::Status status = absl::UnavailableError("the engine stopped");
-  RunOnEngine([&](LocalEngine& engine) {
-    status = engine.FallBackToLocalPrefill(id);
-    absl::MutexLock lock(&mu_);
-    PublishStats();
-  });
-  return status;
+  return Await<absl::Status>(
+      [&](auto done) { FallBackToLocalPrefillAsync(id, std::move(done)); });
 }
 
 bool EngineLoop::Cancel(uint64_t id) {
-  bool found = false;
-  RunOnEngine([&](LocalEngine& engine) {
-    found = engine.Cancel(id);
-    absl::MutexLock lock(&mu_);
-    if (found) --requests_;
-    PublishStats();
-  });
-  return found;
+  return Await<bool>([&](auto done) { CancelAsync(id, std::move(done)); });
 }
 
 EngineLoop::State EngineLoop::Snapshot() {

@@ -80,6 +80,21 @@ class EngineLoop {
   // Drops the request at once and frees its blocks; no delta follows. False for an unknown id.
   bool Cancel(uint64_t id);
 
+  // The same without waiting for the engine thread, for handlers that must not block (gRPC's
+  // callback API): `done` gets the result on the engine thread and must not block either, or on
+  // the calling thread before the call returns when the engine has stopped or Submit* refuses at
+  // once (RESOURCE_EXHAUSTED, UNAVAILABLE). Each `done` runs exactly once; results are as in the
+  // blocking forms.
+  void SubmitAsync(uint64_t id, GenerationRequest request, LocalEngine::DeltaCallback on_delta,
+                   absl::AnyInvocable<void(absl::Status) &&> done);
+  void SubmitRemotePrefillAsync(uint64_t id, GenerationRequest request,
+                                LocalEngine::DeltaCallback on_delta,
+                                absl::AnyInvocable<void(absl::StatusOr<RemotePrefillPlan>) &&> done);
+  void CompleteRemotePrefillAsync(uint64_t id, int32_t first_token,
+                                  absl::AnyInvocable<void(absl::Status) &&> done);
+  void FallBackToLocalPrefillAsync(uint64_t id, absl::AnyInvocable<void(absl::Status) &&> done);
+  void CancelAsync(uint64_t id, absl::AnyInvocable<void(bool) &&> done = nullptr);
+
   // The prefix cache and counters at one moment, consistent with the events up to last_event_id.
   struct State {
     SchedulerStats stats;
@@ -101,6 +116,9 @@ class EngineLoop {
  private:
   EngineLoop(std::unique_ptr<LocalEngine> engine, const Options& options);
   void Loop();
+  // Runs `task` once: on the engine thread with the engine, or on this thread with nullptr once
+  // the thread has stopped.
+  void Post(absl::AnyInvocable<void(LocalEngine*) &&> task);
   // Runs `task` on the engine thread and waits for it; false (and `task` never runs) once the
   // thread has stopped.
   bool RunOnEngine(absl::AnyInvocable<void(LocalEngine&) &&> task);
@@ -119,7 +137,7 @@ class EngineLoop {
   std::thread thread_;
 
   absl::Mutex mu_;
-  std::deque<absl::AnyInvocable<void(LocalEngine&) &&>> tasks_ ABSL_GUARDED_BY(mu_);
+  std::deque<absl::AnyInvocable<void(LocalEngine*) &&>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool exited_ ABSL_GUARDED_BY(mu_) = false;  // the thread takes no more tasks
   int64_t requests_ ABSL_GUARDED_BY(mu_) = 0;  // submitted and not finished or cancelled

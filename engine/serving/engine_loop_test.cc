@@ -135,6 +135,64 @@ TEST(EngineLoopTest, TooManyRequestsAreRefused) {
   EXPECT_EQ(loop->Submit(4, empty, c.Callback()).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The asynchronous forms never block their caller: results come on the engine thread, refusals
+// at once on the caller's, and every `done` runs exactly once.
+TEST(EngineLoopTest, AsyncFormsReportOnTheEngineThreadOrAtOnceWhenRefused) {
+  auto loop = StartLoop(/*max_requests=*/1);
+  const std::thread::id caller = std::this_thread::get_id();
+  Stream a;
+  absl::Notification submitted;
+  std::thread::id reported_on;
+  loop->SubmitAsync(1, Greedy(loop->EncodePrompt("a"), 30), a.Callback(), [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    reported_on = std::this_thread::get_id();
+    submitted.Notify();
+  });
+  submitted.WaitForNotification();
+  EXPECT_NE(reported_on, caller);
+
+  // Over max_requests: refused before SubmitAsync returns.
+  bool refused = false;
+  Stream b;
+  loop->SubmitAsync(2, Greedy(loop->EncodePrompt("b"), 4), b.Callback(), [&](absl::Status s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+    refused = true;
+  });
+  EXPECT_TRUE(refused);
+  loop->SubmitRemotePrefillAsync(3, Greedy(loop->EncodePrompt("c"), 4), b.Callback(),
+                                 [&](absl::StatusOr<RemotePrefillPlan> plan) {
+                                   EXPECT_EQ(plan.status().code(),
+                                             absl::StatusCode::kResourceExhausted);
+                                   refused = false;
+                                 });
+  EXPECT_FALSE(refused);
+
+  // Cancelling: found once, then unknown; a remote-prefill call for an unknown id is NOT_FOUND.
+  absl::Notification cancelled, unknown, complete;
+  loop->CancelAsync(1, [&](bool found) {
+    EXPECT_TRUE(found);
+    cancelled.Notify();
+  });
+  loop->CancelAsync(1, [&](bool found) {
+    EXPECT_FALSE(found);
+    unknown.Notify();
+  });
+  loop->CompleteRemotePrefillAsync(42, 7, [&](absl::Status s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    complete.Notify();
+  });
+  cancelled.WaitForNotification();
+  unknown.WaitForNotification();
+  complete.WaitForNotification();
+  EXPECT_EQ(loop->stats().running + loop->stats().waiting, 0);
+
+  // The count was released with the cancellation: a new request fits again.
+  Stream c;
+  EXPECT_TRUE(loop->Submit(4, Greedy(loop->EncodePrompt("c"), 3), c.Callback()).ok());
+  EXPECT_EQ(c.Wait().size(), 3u);
+}
+
 // A subscriber that takes a snapshot and then follows the events holds what a later snapshot
 // holds.
 TEST(EngineLoopTest, SnapshotPlusEventsEqualsTheNextSnapshot) {
