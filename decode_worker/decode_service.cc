@@ -1,7 +1,9 @@
 #include "decode_worker/decode_service.h"
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -12,17 +14,323 @@
 
 namespace tandem {
 
-// One Generate stream: the deltas the engine thread hands over, for the RPC thread to send.
-struct DecodeService::Call {
-  absl::Mutex mu;
-  std::deque<GenerationDelta> deltas ABSL_GUARDED_BY(mu);
-  uint64_t id = 0;
+// One Generate stream. Owned by itself from Begin until gRPC's OnDone, and by every callback it
+// handed out (the engine's delta callback, the prefill calls'), so a late callback finds it alive
+// and only its state: once Finish was called the reactor is never touched again.
+//
+// Threads: Begin on gRPC's (inside Generate); OnDelta and the engine results on the engine
+// thread; OnWriteDone, OnCancel and the prefill results on gRPC's. Everything shared is under mu_.
+class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::DecodeResponse> {
+ public:
+  GenerateCall(DecodeService* service, grpc::CallbackServerContext* context,
+               const v1::DecodeRequest& request)
+      : service_(service),
+        loop_(service->loop_),
+        request_(request),
+        start_(absl::Now()),
+        client_deadline_(context->deadline()) {}
+
+  uint64_t id() const { return id_; }
+
+  void Begin(std::shared_ptr<GenerateCall> self) {
+    self_ = self;
+    if (!request_.model().empty() && request_.model() != loop_->model_id()) {
+      return End(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                              absl::StrCat("model '", request_.model(), "' is not served here (",
+                                           loop_->model_id(), " is)")));
+    }
+    GenerationRequest r;
+    r.prompt.assign(request_.prompt_token_ids().begin(), request_.prompt_token_ids().end());
+    r.prompt.insert(r.prompt.end(), request_.prior_output_token_ids().begin(),
+                    request_.prior_output_token_ids().end());
+    r.sampling = SamplingFromProto(request_.sampling());
+    if (prior_ > 0 && r.sampling.max_tokens.has_value()) {
+      *r.sampling.max_tokens -= prior_;
+      if (*r.sampling.max_tokens <= 0) {
+        return End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                "prior_output_token_ids already reach max_tokens"));
+      }
+    }
+    r.priority = request_.priority();
+    {
+      absl::MutexLock lock(&service_->mu_);
+      id_ = service_->next_id_++;
+      if (!request_.request_id().empty() &&
+          !service_->calls_.try_emplace(request_.request_id(), self).second) {
+        return End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                                absl::StrCat("request id '", request_.request_id(), "' is in use")));
+      }
+      registered_ = !request_.request_id().empty();
+    }
+    timings_.set_decode_worker(service_->options_.worker_id);
+    if (request_.prefill_targets().empty() || service_->options_.kv_pool.regions_size() == 0) {
+      return SubmitLocally(std::move(r));
+    }
+    // Kept in case the engine has no room to receive a remote prefill now.
+    GenerationRequest copy = r;
+    loop_->SubmitRemotePrefillAsync(
+        id_, std::move(r), DeltaCallback(),
+        [self, copy = std::move(copy)](absl::StatusOr<RemotePrefillPlan> plan) mutable {
+          if (plan.ok()) return self->PrefillRemotely(*plan);
+          if (plan.status().code() == absl::StatusCode::kResourceExhausted) {
+            return self->SubmitLocally(std::move(copy));  // queued here instead
+          }
+          self->End(ToGrpcStatus(plan.status()));
+        });
+  }
+
+  // The engine's delta, on the engine thread; or a cancellation by the Cancel RPC.
+  void OnDelta(const GenerationDelta& d) {
+    {
+      absl::MutexLock lock(&mu_);
+      deltas_.push_back(d);
+    }
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+    }
+    if (!ok) Abort(grpc::Status(grpc::StatusCode::CANCELLED, "the stream to the client broke"));
+    Pump();
+  }
+
+  void OnCancel() override {
+    Abort(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"));
+  }
+
+  void OnDone() override {
+    if (registered_) {
+      absl::MutexLock lock(&service_->mu_);
+      service_->calls_.erase(request_.request_id());
+    }
+    self_.reset();  // the last callback still holding the call frees it
+  }
+
+ private:
+  LocalEngine::DeltaCallback DeltaCallback() {
+    return [self = self_](const GenerationDelta& d) { self->OnDelta(d); };
+  }
+
+  void SubmitLocally(GenerationRequest r) {
+    if (Cancelled()) return;
+    loop_->SubmitAsync(id_, std::move(r), DeltaCallback(), [self = self_](absl::Status s) {
+      if (!s.ok()) return self->End(ToGrpcStatus(s));
+      self->CancelIfAborted();
+    });
+  }
+
+  // The plan's blocks are reserved: ask the prefill targets in order.
+  void PrefillRemotely(const RemotePrefillPlan& plan) {
+    if (CancelIfAborted()) return;
+    const absl::Duration timeout = request_.prefill_timeout_ms() > 0
+                                       ? absl::Milliseconds(request_.prefill_timeout_ms())
+                                       : service_->options_.default_prefill_timeout;
+    prefill_timeout_ = timeout;
+    {
+      absl::MutexLock lock(&mu_);
+      cached_tokens_ = plan.cached_tokens;
+    }
+    v1::PrefillRequest& prefill = prefill_request_;
+    prefill.set_request_id(request_.request_id());
+    prefill.set_model(request_.model());
+    prefill.mutable_token_ids()->Add(request_.prompt_token_ids().begin(),
+                                     request_.prompt_token_ids().end());
+    prefill.mutable_token_ids()->Add(request_.prior_output_token_ids().begin(),
+                                     request_.prior_output_token_ids().end());
+    prefill.set_num_destination_cached_tokens(static_cast<uint32_t>(plan.cached_tokens));
+    prefill.set_num_prior_output_tokens(static_cast<uint32_t>(prior_));
+    v1::KvDestination* dst = prefill.mutable_destination();
+    dst->set_worker_id(service_->options_.worker_id);
+    *dst->mutable_pool() = service_->options_.kv_pool;
+    for (int32_t b : plan.blocks) dst->add_block_ids(static_cast<uint32_t>(b));
+    *prefill.mutable_sampling() = request_.sampling();
+    prefill.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
+    TryPrefillTarget(0);
+  }
+
+  void TryPrefillTarget(int index) {
+    if (index >= request_.prefill_targets_size()) {
+      if (Cancelled()) return;
+      loop_->FallBackToLocalPrefillAsync(id_, [self = self_](absl::Status s) {
+        if (!s.ok()) LOG(ERROR) << "request " << self->request_.request_id() << ": " << s;
+      });
+      return;
+    }
+    const v1::PrefillTarget& target = request_.prefill_targets(index);
+    grpc::ClientContext* context;
+    {
+      absl::MutexLock lock(&mu_);
+      if (end_.has_value()) return;  // Abort cancels the engine's side
+      prefill_contexts_.push_back(std::make_unique<grpc::ClientContext>());
+      context = prefill_contexts_.back().get();
+    }
+    // The client's deadline, capped at the prefill timeout; Abort cancels the call.
+    const auto cap = std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(absl::ToInt64Milliseconds(prefill_timeout_));
+    context->set_deadline(std::min(client_deadline_, cap));
+    service_->PrefillStub(target.address())
+        ->async()
+        ->Prefill(context, &prefill_request_, &prefill_response_,
+                  [self = self_, index](grpc::Status status) {
+                    self->OnPrefillDone(index, status);
+                  });
+  }
+
+  void OnPrefillDone(int index, const grpc::Status& status) {
+    const v1::PrefillTarget& target = request_.prefill_targets(index);
+    if (!status.ok()) {
+      LOG(WARNING) << "request " << request_.request_id() << ": prefill worker "
+                   << target.worker_id() << " (" << target.address()
+                   << ") failed: " << status.error_message() << "; trying the next";
+      return TryPrefillTarget(index + 1);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      timings_.set_remote_prefill(true);
+      timings_.set_prefill_worker(target.worker_id());
+      timings_.set_prefill_us(prefill_response_.timings().compute_us());
+      timings_.set_kv_transfer_us(prefill_response_.timings().transfer_us());
+    }
+    loop_->CompleteRemotePrefillAsync(
+        id_, prefill_response_.first_token_id(), [self = self_](absl::Status s) {
+          // A bad answer: the engine prefills here instead.
+          if (!s.ok()) LOG(WARNING) << "request " << self->request_.request_id() << ": " << s;
+        });
+  }
+
+  bool Cancelled() {
+    absl::MutexLock lock(&mu_);
+    return end_.has_value() && !end_->ok();
+  }
+
+  // After the engine accepted the request: an Abort that came first posted its cancellation
+  // before the request existed there, so cancel again.
+  bool CancelIfAborted() {
+    if (!Cancelled()) return false;
+    loop_->CancelAsync(id_);
+    return true;
+  }
+
+  // Ends the stream with an error after the write in flight, and stops the request everywhere.
+  void Abort(const grpc::Status& status) {
+    std::vector<grpc::ClientContext*> prefills;
+    {
+      absl::MutexLock lock(&mu_);
+      if (end_.has_value()) return;
+      end_ = status;
+      for (auto& c : prefill_contexts_) prefills.push_back(c.get());
+    }
+    loop_->CancelAsync(id_);
+    for (grpc::ClientContext* c : prefills) c->TryCancel();
+    Pump();
+  }
+
+  // Ends the stream with `status` after the write in flight; the engine holds nothing for it.
+  void End(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!end_.has_value()) end_ = status;
+    }
+    Pump();
+  }
+
+  // Starts the next write, or finishes, when nothing is in flight.
+  void Pump() {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || writing_) return;
+      if (end_.has_value()) {
+        finished_ = true;
+        finish = *end_;
+      } else if (!deltas_.empty()) {
+        writing_ = true;
+        BuildResponse();
+      } else {
+        return;
+      }
+    }
+    if (finish.has_value()) {
+      Finish(*finish);
+    } else {
+      StartWrite(&response_);
+    }
+  }
+
+  // Moves the queued deltas into response_, up to the request's last.
+  void BuildResponse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    response_.Clear();
+    bool last = false;
+    while (!deltas_.empty() && !last) {
+      const GenerationDelta& d = deltas_.front();
+      if (d.token >= 0) {
+        AppendDelta(d, response_.mutable_token_ids(), response_.mutable_logprobs());
+        ++completion_tokens_;
+      }
+      if (!request_.omit_text()) response_.mutable_text()->append(d.text);
+      if (d.finish != sampling::FinishReason::kNone) {
+        response_.set_finish_reason(FinishReasonToProto(d.finish));
+        if (d.finish == sampling::FinishReason::kError) {
+          response_.set_error_message("the engine failed while computing this request");
+        }
+        last = true;
+      }
+      deltas_.pop_front();
+    }
+    const absl::Time now = absl::Now();
+    if (first_) {
+      timings_.set_ttft_us(static_cast<uint64_t>(absl::ToInt64Microseconds(now - start_)));
+      first_ = false;
+    }
+    if (last) {
+      deltas_.clear();
+      v1::Usage* usage = response_.mutable_usage();
+      usage->set_prompt_tokens(static_cast<uint32_t>(request_.prompt_token_ids_size()));
+      usage->set_completion_tokens(static_cast<uint32_t>(completion_tokens_ + prior_));
+      usage->set_cached_prompt_tokens(static_cast<uint32_t>(cached_tokens_));
+      timings_.set_e2e_us(static_cast<uint64_t>(absl::ToInt64Microseconds(now - start_)));
+      *response_.mutable_timings() = timings_;
+      end_ = grpc::Status::OK;  // finish once this write is done
+    }
+  }
+
+  DecodeService* const service_;
+  EngineLoop* const loop_;
+  const v1::DecodeRequest request_;
+  const int64_t prior_ = request_.prior_output_token_ids_size();
+  const absl::Time start_;
+  const std::chrono::system_clock::time_point client_deadline_;
+  uint64_t id_ = 0;          // set in Begin
+  bool registered_ = false;  // in service_->calls_ (set in Begin)
+  std::shared_ptr<GenerateCall> self_;
+
+  // Set before the first prefill call and read-only after: the calls run one at a time.
+  absl::Duration prefill_timeout_;
+  v1::PrefillRequest prefill_request_;
+  v1::PrefillResponse prefill_response_;
+
+  absl::Mutex mu_;
+  std::deque<GenerationDelta> deltas_ ABSL_GUARDED_BY(mu_);
+  // How the stream ends once the write in flight is done: OK after the last delta, or an error.
+  std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called: the reactor is off limits
+  v1::DecodeResponse response_ ABSL_GUARDED_BY(mu_);
+  v1::Timings timings_ ABSL_GUARDED_BY(mu_);
+  int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  bool first_ ABSL_GUARDED_BY(mu_) = true;
+  // Every prefill call made, kept so that Abort can cancel the one in flight.
+  std::vector<std::unique_ptr<grpc::ClientContext>> prefill_contexts_ ABSL_GUARDED_BY(mu_);
 };
 
 DecodeService::DecodeService(EngineLoop* loop, Options options)
     : loop_(loop), options_(std::move(options)) {}
 
-v1::Prefill::StubInterface* DecodeService::PrefillStub(const std::string& address) {
+v1::Prefill::Stub* DecodeService::PrefillStub(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
   if (stub == nullptr) {
@@ -31,205 +339,40 @@ v1::Prefill::StubInterface* DecodeService::PrefillStub(const std::string& addres
   return stub.get();
 }
 
-bool DecodeService::PrefillRemotely(const v1::DecodeRequest& request, uint64_t id,
-                                    const RemotePrefillPlan& plan, grpc::ServerContext* context,
-                                    v1::Timings* timings) {
-  const absl::Duration timeout = request.prefill_timeout_ms() > 0
-                                     ? absl::Milliseconds(request.prefill_timeout_ms())
-                                     : options_.default_prefill_timeout;
-  v1::PrefillRequest prefill;
-  prefill.set_request_id(request.request_id());
-  prefill.set_model(request.model());
-  prefill.mutable_token_ids()->Add(request.prompt_token_ids().begin(),
-                                   request.prompt_token_ids().end());
-  prefill.mutable_token_ids()->Add(request.prior_output_token_ids().begin(),
-                                   request.prior_output_token_ids().end());
-  prefill.set_num_destination_cached_tokens(static_cast<uint32_t>(plan.cached_tokens));
-  prefill.set_num_prior_output_tokens(
-      static_cast<uint32_t>(request.prior_output_token_ids_size()));
-  v1::KvDestination* dst = prefill.mutable_destination();
-  dst->set_worker_id(options_.worker_id);
-  *dst->mutable_pool() = options_.kv_pool;
-  for (int32_t b : plan.blocks) dst->add_block_ids(static_cast<uint32_t>(b));
-  *prefill.mutable_sampling() = request.sampling();
-  prefill.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
-
-  for (const v1::PrefillTarget& target : request.prefill_targets()) {
-    if (context->IsCancelled()) break;
-    // The call inherits the client's deadline and cancellation, capped at the prefill timeout.
-    std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*context);
-    const auto cap = std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
-    if (call->deadline() > cap) call->set_deadline(cap);
-    v1::PrefillResponse response;
-    const grpc::Status status =
-        PrefillStub(target.address())->Prefill(call.get(), prefill, &response);
-    if (!status.ok()) {
-      LOG(WARNING) << "request " << request.request_id() << ": prefill worker "
-                   << target.worker_id() << " (" << target.address()
-                   << ") failed: " << status.error_message() << "; trying the next";
-      continue;
-    }
-    if (absl::Status s = loop_->CompleteRemotePrefill(id, response.first_token_id()); !s.ok()) {
-      // A bad answer: the engine prefills here instead.
-      LOG(WARNING) << "request " << request.request_id() << ": " << s;
-      return true;
-    }
-    timings->set_remote_prefill(true);
-    timings->set_prefill_worker(target.worker_id());
-    timings->set_prefill_us(response.timings().compute_us());
-    timings->set_kv_transfer_us(response.timings().transfer_us());
-    return true;
-  }
-  if (absl::Status s = loop_->FallBackToLocalPrefill(id); !s.ok()) {
-    LOG(ERROR) << "request " << request.request_id() << ": " << s;
-  }
-  return false;
+grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Generate(
+    grpc::CallbackServerContext* context, const v1::DecodeRequest* request) {
+  auto call = std::make_shared<GenerateCall>(this, context, *request);
+  call->Begin(call);
+  return call.get();
 }
 
-grpc::Status DecodeService::Generate(grpc::ServerContext* context,
-                                     const v1::DecodeRequest* request,
-                                     grpc::ServerWriter<v1::DecodeResponse>* writer) {
-  const absl::Time start = absl::Now();
-  if (!request->model().empty() && request->model() != loop_->model_id()) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("model '", request->model(), "' is not served here (",
-                                     loop_->model_id(), " is)"));
-  }
-  GenerationRequest r;
-  r.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
-  r.prompt.insert(r.prompt.end(), request->prior_output_token_ids().begin(),
-                  request->prior_output_token_ids().end());
-  r.sampling = SamplingFromProto(request->sampling());
-  const int64_t prior = request->prior_output_token_ids_size();
-  if (prior > 0 && r.sampling.max_tokens.has_value()) {
-    *r.sampling.max_tokens -= prior;
-    if (*r.sampling.max_tokens <= 0) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "prior_output_token_ids already reach max_tokens");
-    }
-  }
-  r.priority = request->priority();
-  const int64_t prompt_tokens = request->prompt_token_ids_size();
-
-  auto call = std::make_shared<Call>();
-  {
-    absl::MutexLock lock(&mu_);
-    call->id = next_id_++;
-    if (!request->request_id().empty() &&
-        !calls_.try_emplace(request->request_id(), call).second) {
-      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                          absl::StrCat("request id '", request->request_id(), "' is in use"));
-    }
-  }
-  struct Unregister {
-    DecodeService* self;
-    const std::string& key;
-    ~Unregister() {
-      absl::MutexLock lock(&self->mu_);
-      self->calls_.erase(key);
-    }
-  } unregister{this, request->request_id()};
-
-  LocalEngine::DeltaCallback on_delta = [call](const GenerationDelta& d) {
-    absl::MutexLock lock(&call->mu);
-    call->deltas.push_back(d);
-  };
-  v1::Timings timings;
-  timings.set_decode_worker(options_.worker_id);
-  int64_t cached_tokens = 0;
-  bool submitted = false;
-  if (!request->prefill_targets().empty() && options_.kv_pool.regions_size() > 0) {
-    absl::StatusOr<RemotePrefillPlan> plan = loop_->SubmitRemotePrefill(call->id, r, on_delta);
-    if (plan.ok()) {
-      cached_tokens = plan->cached_tokens;
-      PrefillRemotely(*request, call->id, *plan, context, &timings);
-      submitted = true;
-    } else if (plan.status().code() != absl::StatusCode::kResourceExhausted) {
-      return ToGrpcStatus(plan.status());
-    }
-    // No room to receive a remote prefill now: queue the request here instead.
-  }
-  if (!submitted) {
-    if (absl::Status s = loop_->Submit(call->id, std::move(r), on_delta); !s.ok()) {
-      return ToGrpcStatus(s);
-    }
-  }
-
-  int64_t completion_tokens = 0;
-  bool first = true;
-  while (true) {
-    std::vector<GenerationDelta> batch;
-    {
-      absl::MutexLock lock(&call->mu);
-      call->mu.AwaitWithTimeout(
-          absl::Condition(
-              +[](std::deque<GenerationDelta>* q) { return !q->empty(); }, &call->deltas),
-          absl::Milliseconds(50));
-      batch.assign(call->deltas.begin(), call->deltas.end());
-      call->deltas.clear();
-    }
-    if (context->IsCancelled()) {
-      loop_->Cancel(call->id);
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request");
-    }
-    if (batch.empty()) continue;
-    v1::DecodeResponse response;
-    bool finished = false;
-    for (const GenerationDelta& d : batch) {
-      if (d.token >= 0) {
-        AppendDelta(d, response.mutable_token_ids(), response.mutable_logprobs());
-        ++completion_tokens;
-      }
-      if (!request->omit_text()) response.mutable_text()->append(d.text);
-      if (d.finish != sampling::FinishReason::kNone) {
-        response.set_finish_reason(FinishReasonToProto(d.finish));
-        if (d.finish == sampling::FinishReason::kError) {
-          response.set_error_message("the engine failed while computing this request");
-        }
-        finished = true;
-        break;
-      }
-    }
-    if (first) {
-      timings.set_ttft_us(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start)));
-      first = false;
-    }
-    if (finished) {
-      v1::Usage* usage = response.mutable_usage();
-      usage->set_prompt_tokens(static_cast<uint32_t>(prompt_tokens));
-      usage->set_completion_tokens(static_cast<uint32_t>(completion_tokens + prior));
-      usage->set_cached_prompt_tokens(static_cast<uint32_t>(cached_tokens));
-      timings.set_e2e_us(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start)));
-      *response.mutable_timings() = timings;
-    }
-    if (!writer->Write(response)) {
-      loop_->Cancel(call->id);
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the stream to the client broke");
-    }
-    if (finished) return grpc::Status::OK;
-  }
-}
-
-grpc::Status DecodeService::Cancel(grpc::ServerContext* /*context*/,
-                                   const v1::CancelRequest* request,
-                                   v1::CancelResponse* response) {
-  std::shared_ptr<Call> call;
+grpc::ServerUnaryReactor* DecodeService::Cancel(grpc::CallbackServerContext* context,
+                                                const v1::CancelRequest* request,
+                                                v1::CancelResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<GenerateCall> call;
   {
     absl::MutexLock lock(&mu_);
     auto it = calls_.find(request->request_id());
     if (it != calls_.end()) call = it->second;
   }
-  response->set_found(call != nullptr && loop_->Cancel(call->id));
-  if (call != nullptr) {
-    // The stream ends with the cancellation as its finish reason.
-    GenerationDelta d;
-    d.token = -1;
-    d.finish = sampling::FinishReason::kCancelled;
-    absl::MutexLock lock(&call->mu);
-    call->deltas.push_back(d);
+  if (call == nullptr) {
+    response->set_found(false);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
   }
-  return grpc::Status::OK;
+  loop_->CancelAsync(call->id(), [call, reactor, response](bool found) {
+    response->set_found(found);
+    if (found) {
+      // The stream ends with the cancellation as its finish reason.
+      GenerationDelta d;
+      d.token = -1;
+      d.finish = sampling::FinishReason::kCancelled;
+      call->OnDelta(d);
+    }
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
 }
 
 }  // namespace tandem

@@ -3,6 +3,10 @@
 // write the rest of the prompt's K/V into them, falls back to the next one and then to prefilling
 // locally when one fails or misses its deadline, then decodes the request in its continuous batch
 // and streams the tokens. A request without prefill targets is prefilled here (aggregated mode).
+//
+// Built on gRPC's callback API: a stream waiting in the queue or between tokens holds no thread;
+// the engine thread hands each request's tokens to its stream, which writes them as the client
+// takes them (tokens that come while a write is in flight go out together in the next message).
 #ifndef TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
 #define TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
 
@@ -16,7 +20,7 @@
 
 namespace tandem {
 
-class DecodeService final : public v1::Decode::Service {
+class DecodeService final : public v1::Decode::CallbackService {
  public:
   struct Options {
     std::string worker_id;
@@ -30,25 +34,22 @@ class DecodeService final : public v1::Decode::Service {
   // `loop` must outlive the service.
   DecodeService(EngineLoop* loop, Options options);
 
-  grpc::Status Generate(grpc::ServerContext* context, const v1::DecodeRequest* request,
-                        grpc::ServerWriter<v1::DecodeResponse>* writer) override;
-  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
-                      v1::CancelResponse* response) override;
+  grpc::ServerWriteReactor<v1::DecodeResponse>* Generate(grpc::CallbackServerContext* context,
+                                                        const v1::DecodeRequest* request) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
+                                   const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) override;
 
  private:
-  struct Call;
-  // Asks the prefill targets in order; true when one of them wrote the prompt and the request
-  // continues from its first token.
-  bool PrefillRemotely(const v1::DecodeRequest& request, uint64_t id, const RemotePrefillPlan& plan,
-                       grpc::ServerContext* context, v1::Timings* timings);
-  v1::Prefill::StubInterface* PrefillStub(const std::string& address);
+  class GenerateCall;
+  v1::Prefill::Stub* PrefillStub(const std::string& address);
 
   EngineLoop* const loop_;
   const Options options_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<std::string, std::shared_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::StubInterface>> stubs_
+  absl::flat_hash_map<std::string, std::shared_ptr<GenerateCall>> calls_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
 };
 
