@@ -6,7 +6,8 @@
    asyncio thread here: the decode worker runs a few at a time and the rest wait in its queue, so
    most streams are idle. Prints the router's resident memory before, with all streams open, and
    after they were all cancelled by closing the connections, and whether every stream got its
-   headers (the router held them all).
+   headers (the router held them all); and the router's and the decode worker's thread counts
+   idle and with every stream open (both hops use gRPC's callback API: no thread per stream).
 2. Sends --requests short requests at --concurrency and prints the router's own overhead per
    request (hashing, placement, starting the relay; `tandem_router_overhead_seconds`, measured
    inside the router) as p50 / p99 estimated from the histogram, against the targets
@@ -32,8 +33,16 @@ def rss_kib(pid):
     return -1
 
 
-def router_pid(up_pid):
-    out = subprocess.run(["pgrep", "-P", str(up_pid), "-f", "tandem-router"], capture_output=True,
+def threads(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return -1
+
+
+def child_pid(up_pid, binary):
+    out = subprocess.run(["pgrep", "-P", str(up_pid), "-f", binary], capture_output=True,
                          text=True).stdout.split()
     return int(out[0]) if out else None
 
@@ -59,7 +68,7 @@ async def open_stream(port, body, ready, release, results, i):
     writer.close()
 
 
-async def hold_streams(port, n, hold_s, router):
+async def hold_streams(port, n, hold_s, router, decode):
     body = {"messages": [{"role": "user", "content": "Count from one to one thousand."}],
             "max_tokens": 500, "temperature": 0, "stream": True}
     ready = asyncio.Semaphore(0)
@@ -71,12 +80,14 @@ async def hold_streams(port, n, hold_s, router):
         await asyncio.wait_for(ready.acquire(), 300)
     held = sum(1 for r in results if r and r.startswith("HTTP/1.1 200"))
     rss_open = rss_kib(router)
+    open_threads = {"router": threads(router), "decode worker": threads(decode)}
+    decode_rss_open = rss_kib(decode)
     await asyncio.sleep(hold_s)
     rss_held = rss_kib(router)
     release.set()
     await asyncio.gather(*tasks)
     failures = [r for r in results if not (r and r.startswith("HTTP/1.1 200"))]
-    return held, rss_open, rss_held, failures[:3]
+    return held, rss_open, rss_held, failures[:3], open_threads, decode_rss_open
 
 
 def quantile_from_histogram(text, name, q):
@@ -125,11 +136,14 @@ def main():
                 break
         if port is None:
             sys.exit("tandem up did not start")
-        router = router_pid(up.pid)
+        router = child_pid(up.pid, "tandem-router")
+        decode = child_pid(up.pid, "tandem-decode")
         rss_idle = rss_kib(router)
+        decode_rss_idle = rss_kib(decode)
+        idle_threads = {"router": threads(router), "decode worker": threads(decode)}
         t0 = time.monotonic()
-        held, rss_open, rss_held, failures = asyncio.run(
-            hold_streams(port, args.streams, args.hold_s, router))
+        held, rss_open, rss_held, failures, open_threads, decode_rss_open = asyncio.run(
+            hold_streams(port, args.streams, args.hold_s, router, decode))
         time.sleep(2)
         rss_after = rss_kib(router)
         print(f"\nrouter_bench: {args.streams} concurrent SSE streams (chat, max_tokens 500, 1 decode "
@@ -141,6 +155,10 @@ def main():
         print(f"  router RSS: idle {rss_idle / 1024:.1f} MiB, all open {rss_open / 1024:.1f} MiB, "
               f"after {args.hold_s:.0f} s {rss_held / 1024:.1f} MiB, all closed {rss_after / 1024:.1f} MiB "
               f"({(rss_held - rss_idle) / max(1, args.streams):.1f} KiB per stream)")
+        print(f"  decode worker RSS: idle {decode_rss_idle / 1024:.1f} MiB, all open "
+              f"{decode_rss_open / 1024:.1f} MiB")
+        for name in idle_threads:
+            print(f"  {name} threads: idle {idle_threads[name]}, all open {open_threads[name]}")
 
         # Overhead under load.
         def one(i):

@@ -1,5 +1,6 @@
 #include "router/server/inference_service.h"
 
+#include <atomic>
 #include <deque>
 #include <optional>
 
@@ -9,90 +10,154 @@
 namespace tandem::router {
 namespace {
 
-// Hands a relayed call's responses to the thread that writes them to the client.
-class QueueSink final : public ResponseSink {
+// One Generate stream: the relay's responses are queued and written one at a time. The object
+// ends when both gRPC (OnDone) and the relay (the sink's OnDone) are through with it.
+class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
+                           public ResponseSink {
  public:
-  void OnResponse(const v1::GenerateResponse& response) override {
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(response);
-  }
-  void OnDone(const absl::Status& status) override {
-    absl::MutexLock lock(&mu_);
-    done_ = status;
-  }
-  // Waits up to `timeout` for something; moves out what came. True once done (and drained).
-  bool Take(std::deque<v1::GenerateResponse>* out, absl::Status* status, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](QueueSink* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-                               return !s->queue_.empty() || s->done_.has_value();
-                             },
-                             this),
-                         timeout);
-    out->swap(queue_);
-    queue_.clear();
-    if (done_.has_value()) *status = *done_;
-    return done_.has_value();
+  GenerateCall(RequestRouter* router, grpc::CallbackServerContext* context,
+               const v1::GenerateRequest& request) {
+    absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(request);
+    if (!prepared.ok()) {
+      CountRejected();
+      Refuse(ToGrpcStatus(prepared.status()));
+      return;
+    }
+    const auto client_deadline = context->deadline();
+    const absl::Time deadline = client_deadline == std::chrono::system_clock::time_point::max()
+                                    ? absl::InfiniteFuture()
+                                    : absl::FromChrono(client_deadline);
+    absl::StatusOr<std::shared_ptr<RelayedCall>> call =
+        router->Start(*std::move(prepared), this, deadline);
+    if (!call.ok()) {
+      CountRejected();
+      Refuse(ToGrpcStatus(call.status()));
+      return;
+    }
+    bool cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      relay_ = *std::move(call);
+      cancel = cancel_;
+    }
+    if (cancel) relay_->Cancel();  // the client left before the relay started
   }
 
+  // ResponseSink, on the relay's threads.
+  void OnResponse(const v1::GenerateResponse& response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      queue_.push_back(response);
+    }
+    Pump();
+  }
+  void OnDone(const absl::Status& status) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!end_.has_value()) end_ = ToGrpcStatus(status);
+    }
+    Pump();
+    Unref();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+    }
+    if (!ok) CancelRelay();  // the client is gone; the relay's OnDone ends the stream
+    Pump();
+  }
+  void OnCancel() override { CancelRelay(); }
+  void OnDone() override { Unref(); }
+
  private:
+  // Finishes at once, before any relay started: only gRPC holds the call.
+  void Refuse(const grpc::Status& status) {
+    refs_.store(1);
+    {
+      absl::MutexLock lock(&mu_);
+      end_ = status;
+    }
+    Pump();
+  }
+
+  void CancelRelay() {
+    std::shared_ptr<RelayedCall> relay;
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancel_) return;
+      cancel_ = true;
+      relay = relay_;
+    }
+    if (relay != nullptr) relay->Cancel();  // else the constructor cancels it
+  }
+
+  // Starts the next write, or finishes once the relay is done and its responses are written.
+  void Pump() {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || writing_) return;
+      if (!queue_.empty() && !cancel_) {
+        writing_ = true;
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+      } else if (end_.has_value()) {
+        finished_ = true;
+        queue_.clear();
+        finish = *end_;
+      } else {
+        return;
+      }
+    }
+    if (finish.has_value()) {
+      Finish(*finish);
+    } else {
+      StartWrite(&current_);
+    }
+  }
+
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  std::atomic<int> refs_{2};  // gRPC's OnDone and the relay's
   absl::Mutex mu_;
+  std::shared_ptr<RelayedCall> relay_ ABSL_GUARDED_BY(mu_);
+  bool cancel_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
-  std::optional<absl::Status> done_ ABSL_GUARDED_BY(mu_);
+  v1::GenerateResponse current_;  // the response being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
 
-grpc::Status InferenceService::Generate(grpc::ServerContext* context,
-                                        const v1::GenerateRequest* request,
-                                        grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  absl::StatusOr<RequestRouter::Prepared> prepared = router_->Prepare(*request);
-  if (!prepared.ok()) {
-    CountRejected();
-    return ToGrpcStatus(prepared.status());
-  }
-  QueueSink sink;
-  const auto client_deadline = context->deadline();
-  const absl::Time deadline = client_deadline == std::chrono::system_clock::time_point::max()
-                                  ? absl::InfiniteFuture()
-                                  : absl::FromChrono(client_deadline);
-  absl::StatusOr<std::shared_ptr<RelayedCall>> call =
-      router_->Start(*std::move(prepared), &sink, deadline);
-  if (!call.ok()) {
-    CountRejected();
-    return ToGrpcStatus(call.status());
-  }
-  bool cancelled = false;
-  bool broken = false;
-  while (true) {
-    std::deque<v1::GenerateResponse> responses;
-    absl::Status status;
-    const bool done = sink.Take(&responses, &status, absl::Milliseconds(50));
-    for (const v1::GenerateResponse& r : responses) {
-      if (!broken && !writer->Write(r)) broken = true;
-    }
-    if (done) return ToGrpcStatus(status);
-    if (!cancelled && (broken || context->IsCancelled())) {
-      (*call)->Cancel();  // OnDone follows; the sink must live until then
-      cancelled = true;
-    }
-  }
+grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  return new GenerateCall(router_, context, *request);
 }
 
-grpc::Status InferenceService::Tokenize(grpc::ServerContext* /*context*/,
-                                        const v1::TokenizeRequest* request,
-                                        v1::TokenizeResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* context,
+                                                     const v1::TokenizeRequest* request,
+                                                     v1::TokenizeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<v1::TokenizeResponse> r = router_->Tokenize(*request);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *response = *std::move(r);
-  return grpc::Status::OK;
+  if (r.ok()) *response = *std::move(r);
+  reactor->Finish(r.ok() ? grpc::Status::OK : ToGrpcStatus(r.status()));
+  return reactor;
 }
 
-grpc::Status InferenceService::ListModels(grpc::ServerContext* /*context*/,
-                                          const v1::ListModelsRequest* /*request*/,
-                                          v1::ListModelsResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::ListModels(grpc::CallbackServerContext* context,
+                                                       const v1::ListModelsRequest* /*request*/,
+                                                       v1::ListModelsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   *response = router_->ListModels();
-  return grpc::Status::OK;
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
 }  // namespace tandem::router

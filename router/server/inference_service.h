@@ -1,6 +1,7 @@
 // tandem.v1.Inference, the client gRPC API of the router: Generate (server stream), Tokenize,
-// ListModels. Each Generate call holds one server thread while it streams (gRPC's synchronous
-// API); the relay to the decode worker does not.
+// ListModels. Built on gRPC's callback API, like the relay to the decode worker: a stream holds no
+// thread while it waits for tokens, and responses that come while a write to a slow client is in
+// flight wait in the call's queue.
 #ifndef TANDEM_ROUTER_SERVER_INFERENCE_SERVICE_H_
 #define TANDEM_ROUTER_SERVER_INFERENCE_SERVICE_H_
 
@@ -9,16 +10,18 @@
 
 namespace tandem::router {
 
-class InferenceService final : public v1::Inference::Service {
+class InferenceService final : public v1::Inference::CallbackService {
  public:
   explicit InferenceService(RequestRouter* router) : router_(router) {}
 
-  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
-  grpc::Status Tokenize(grpc::ServerContext* context, const v1::TokenizeRequest* request,
-                        v1::TokenizeResponse* response) override;
-  grpc::Status ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
-                          v1::ListModelsResponse* response) override;
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
 
  private:
   RequestRouter* const router_;

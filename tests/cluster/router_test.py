@@ -5,7 +5,7 @@ official `openai` SDK) and its gRPC API (tandem.v1.Inference and grpc.health.v1)
 Covered: the same greedy text disaggregated (2 prefill + 2 decode workers), aggregated (one decode
 worker) and in one process (`tandem generate`); streaming equals non-streaming; SSE framing; the
 gRPC inputs (prompt, chat, token ids), Tokenize, ListModels and the health check; a closed stream
-or a cancelled call frees its blocks on the workers; kv_aware placement beats round_robin on a
+or a cancelled call frees its blocks on the workers; waiting gRPC streams hold no thread each; kv_aware placement beats round_robin on a
 shared-prefix workload; a SIGKILLed prefill worker costs no request; bad input gets the right
 status and a clear message, and the cluster keeps serving."""
 import http.client
@@ -501,6 +501,37 @@ def test_cancelling_a_grpc_call_frees_the_blocks(pb, cluster, stays_healthy):
             pass
     assert error.value.code() == grpc.StatusCode.CANCELLED
     wait_idle(pb, cluster, timeout=15, what="the cancelled call's blocks to be freed")
+
+
+def threads(process):
+    with open(f"/proc/{process.proc.pid}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("Threads:"))
+
+
+def test_waiting_grpc_streams_hold_no_thread_each(pb, cluster, stays_healthy):
+    """Both gRPC hops use the callback API: 200 open streams, most of them queued on the decode
+    workers, leave the router's and the workers' thread counts where they were (a thread per
+    stream would add 200 to the router and about 100 to each decode worker). Cancelling them
+    all frees every block."""
+    before = {p.proc.pid: threads(p) for p in [cluster.router] + cluster.decode}
+    stub = pb.inference_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc_address))
+    calls = [stub.Generate(pb.inference.GenerateRequest(
+        prompt=f"{i}: {LONG_GENERATION['prompt']}",
+        sampling=pb.inference.SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)),
+        timeout=120) for i in range(200)]
+    try:
+        def held():
+            samples = [load(pb, w.address) for w in cluster.decode]
+            return sum(s.running_seqs + s.waiting_seqs for s in samples) == len(calls)
+
+        wait_until(held, timeout=60, interval=0.2, what="the decode workers to hold every stream")
+        for p in [cluster.router] + cluster.decode:
+            grown = threads(p) - before[p.proc.pid]
+            assert grown < 20, (p.proc.args[0], before[p.proc.pid], threads(p))
+    finally:
+        for call in calls:
+            call.cancel()
+    wait_idle(pb, cluster, timeout=30, what="the cancelled streams' blocks to be freed")
 
 
 # ------------------------------------------------------------------------------------------------
