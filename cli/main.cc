@@ -1,17 +1,20 @@
 // `tandem`: the command-line entry point.
 //
 //   tandem up        start a local cluster (router + prefill + decode workers) on loopback
-//   tandem generate  generate text in this process (single-process mode)
+//   tandem generate  generate text in this process (single-process mode), or on a cluster (--url)
+//   tandem bench     load-test a running cluster or OpenAI-compatible server (bench/tandem_bench)
 //   tandem version   print the version, build and accelerators
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "cli/default_model.h"
 #include "cli/generate.h"
 #include "cli/up.h"
@@ -24,6 +27,7 @@ ABSL_FLAG(std::string, model, "", "Model file (GGUF); empty uses the default mod
 ABSL_FLAG(std::string, models_dir, "", "Folder of downloaded models; empty uses <source>/models");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(std::string, log_format, "text", "text or json (one JSON object per line)");
+ABSL_DECLARE_FLAG(std::string, url);  // generate.cc
 
 namespace tandem {
 namespace {
@@ -34,7 +38,10 @@ usage: tandem <command> [flags]
 
 commands:
   up        start a local cluster (router, prefill and decode workers) on the default model
-  generate  generate text from --prompt in this process (--chat for the chat template)
+  generate  generate text from --prompt in this process (--chat for the chat template), or on
+            a running cluster with --url=HOST:PORT (its gRPC API, as `tandem up` prints it)
+  bench     load-test a running cluster or any OpenAI-compatible server: open-loop arrivals,
+            latency percentiles, SLO attainment and goodput, plots (`tandem bench --help`)
   version   print the version, the build and the accelerators this binary can use
   help      print this message)";
 
@@ -75,7 +82,33 @@ int Up() {
   return RunUp(*model, SelfDir());
 }
 
+// `tandem bench ARGS...`: the load generator is Python (bench/tandem_bench, docs/bench.md); it runs
+// in the project's environment, with this build's binaries for the clusters it starts.
+int Bench(int argc, char** argv) {
+  const std::string python = absl::StrCat(kSourceDir, "/.venv/bin/python");
+  if (::access(python.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "error: %s is missing: run scripts/setup.sh first\n", python.c_str());
+    return 1;
+  }
+  std::string path = absl::StrCat(kSourceDir, "/bench");
+  if (const char* old = std::getenv("PYTHONPATH"); old != nullptr && *old != '\0') {
+    absl::StrAppend(&path, ":", old);
+  }
+  ::setenv("PYTHONPATH", path.c_str(), 1);
+  ::setenv("TANDEM_BIN_DIR", SelfDir().c_str(), 0);
+  ::setenv("TANDEM_SOURCE_DIR", kSourceDir, 0);
+  std::vector<char*> args = {const_cast<char*>(python.c_str()), const_cast<char*>("-m"),
+                             const_cast<char*>("tandem_bench")};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  ::execv(python.c_str(), args.data());
+  std::perror("error: cannot run the load generator");
+  return 1;
+}
+
 int Main(int argc, char** argv) {
+  // Its flags are the load generator's own, not this binary's.
+  if (argc > 1 && absl::string_view(argv[1]) == "bench") return Bench(argc, argv);
   std::vector<char*> args = ParseFlagsWithEnvironment(argc, argv, kUsage);
   const auto level = ParseLogSeverity(absl::GetFlag(FLAGS_log_level));
   const auto format = ParseLogFormat(absl::GetFlag(FLAGS_log_format));
@@ -94,6 +127,7 @@ int Main(int argc, char** argv) {
   if (command == "version" || command == "--version") return Version();
   if (command == "up") return Up();
   if (command == "generate") {
+    if (!absl::GetFlag(FLAGS_url).empty()) return RunGenerate("");
     const auto model =
         ResolveModelPath(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_models_dir));
     if (!model.ok()) {

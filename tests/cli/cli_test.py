@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -86,6 +87,8 @@ def test_up_starts_a_cluster_that_answers_and_stops_cleanly():
             lines.append(line)
             if "OpenAI HTTP API: http://127.0.0.1:" in line:
                 port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+            if "gRPC API:" in line:
+                grpc_address = line.split("gRPC API:")[1].split()[0]
             if "Ctrl-C stops the cluster" in line:
                 break
         assert port, "".join(lines)
@@ -98,6 +101,20 @@ def test_up_starts_a_cluster_that_answers_and_stops_cleanly():
         answer = json.loads(curl.stdout)
         assert "Paris" in answer["choices"][0]["text"], curl.stdout
         assert answer["usage"]["completion_tokens"] == 8
+        # `tandem generate --url` is the cluster's own client: the same greedy text as in one
+        # process, and the cluster's account of the request on stderr.
+        args = ("generate", "--prompt=The capital of France is", "--max_tokens=8")
+        remote = run(*args, f"--url={grpc_address}")
+        assert remote.returncode == 0, remote.stderr
+        local = run(*args, "--threads=1")
+        assert remote.stdout == local.stdout and "Paris" in remote.stdout, (remote, local)
+        prompt_tokens = local.stderr.split("prompt: ")[1].split(" tokens")[0]
+        assert f"prompt: {prompt_tokens} tokens" in remote.stderr, (remote.stderr, local.stderr)
+        assert "generated: 8 tokens" in remote.stderr, remote.stderr
+        assert "decode worker decode-0, prefill local" in remote.stderr, remote.stderr
+        children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
+                                   text=True).stdout.split()
+        assert len(children) == 3, children  # router, prefill and decode worker
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
         assert p.returncode == 0
@@ -105,11 +122,10 @@ def test_up_starts_a_cluster_that_answers_and_stops_cleanly():
         if p.poll() is None:
             p.kill()
             p.wait()
-    # The workers and the router it started are gone too.
+    # The workers and the router it started are gone too (other tests' clusters may be running).
     time.sleep(0.5)
-    left = subprocess.run(["pgrep", "-f", r"tandem-(decode|prefill) --worker_id=(decode|prefill)-0|"
-                           r"tandem-router --model="], capture_output=True, text=True)
-    assert left.stdout.strip() == "", "processes left behind: " + left.stdout
+    left = [pid for pid in children if os.path.exists(f"/proc/{pid}")]
+    assert not left, "processes left behind: " + " ".join(left)
 
 
 def test_generate_streams_text_and_reports_speed():
@@ -135,6 +151,18 @@ def test_generate_same_seed_same_text():
     a, b = run(*args), run(*args)
     assert a.returncode == 0 and b.returncode == 0
     assert a.stdout == b.stdout
+
+
+def test_generate_with_a_bad_url_is_a_clear_error():
+    p = run("generate", "--prompt=hi", "--url=http://127.0.0.1:8000/v1")
+    assert p.returncode == 2 and "is an HTTP URL" in p.stderr, p.stderr
+    p = run("generate", "--prompt=hi", "--url=nowhere")
+    assert p.returncode == 2 and "host:port" in p.stderr, p.stderr
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    p = run("generate", "--prompt=hi", f"--url=127.0.0.1:{free}")
+    assert p.returncode == 1 and "no cluster answers at 127.0.0.1:" in p.stderr, p.stderr
 
 
 def test_generate_bad_input_is_a_clear_error():
