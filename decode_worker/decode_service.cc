@@ -44,13 +44,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     r.prompt.insert(r.prompt.end(), request_.prior_output_token_ids().begin(),
                     request_.prior_output_token_ids().end());
     r.sampling = SamplingFromProto(request_.sampling());
-    if (prior_ > 0 && r.sampling.max_tokens.has_value()) {
-      *r.sampling.max_tokens -= prior_;
-      if (*r.sampling.max_tokens <= 0) {
-        return End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                "prior_output_token_ids already reach max_tokens"));
-      }
-    }
+    r.prior_output_tokens = prior_;  // the engine checks them against max_tokens
     r.priority = request_.priority();
     {
       absl::MutexLock lock(&service_->mu_);

@@ -171,8 +171,10 @@ grpc::Status PrefillService::Serve(grpc::ServerContext* context, const v1::Prefi
   GenerationRequest r;
   r.prompt.assign(request->token_ids().begin(), request->token_ids().end());
   r.sampling = SamplingFromProto(request->sampling());
-  r.sampling.max_tokens = 1;
-  r.sampling.min_tokens = std::min<int64_t>(r.sampling.min_tokens, 1);
+  // Only the next token, sampled after the request's earlier output (a migrated request).
+  r.prior_output_tokens = request->num_prior_output_tokens();
+  r.sampling.max_tokens = r.prior_output_tokens + 1;
+  r.sampling.min_tokens = std::min<int64_t>(r.sampling.min_tokens, r.prior_output_tokens + 1);
   const int64_t dst_cached_blocks = dst_cached / bs;
   r.on_kv_layer = [transfer, write, dst_cached_blocks, bs, num_layers](const KvLayerDone& d) {
     {

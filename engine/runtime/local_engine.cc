@@ -123,6 +123,10 @@ absl::Status LocalEngine::Validate(const GenerationRequest& r) const {
     }
   }
   const int64_t prompt_len = static_cast<int64_t>(r.prompt.size());
+  if (r.prior_output_tokens < 0 || r.prior_output_tokens >= prompt_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prior_output_tokens must be in [0, ", prompt_len, "), got ", r.prior_output_tokens));
+  }
   if (prompt_len >= c.max_context) {
     return absl::InvalidArgumentError(
         absl::StrCat("the prompt has ", prompt_len, " tokens; the context holds ", c.max_context,
@@ -130,8 +134,12 @@ absl::Status LocalEngine::Validate(const GenerationRequest& r) const {
   }
   RETURN_IF_ERROR(
       sampling::ValidateSamplingOptions(r.sampling, c.vocab_size, static_cast<int>(c.max_context)));
-  RETURN_IF_ERROR(
-      sampling::ValidatePromptLength(r.sampling, prompt_len, static_cast<int>(c.max_context)));
+  RETURN_IF_ERROR(sampling::ValidatePromptLength(r.sampling, prompt_len - r.prior_output_tokens,
+                                                 static_cast<int>(c.max_context)));
+  if (MaxNewTokens(r) <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", r.prior_output_tokens, " prior output tokens already reach max_tokens"));
+  }
   // The pool must hold the request at its longest, or it could never finish.
   const int64_t longest = prompt_len + MaxNewTokens(r);
   const int64_t bs = pool_->block_size();
@@ -208,27 +216,43 @@ absl::Status LocalEngine::FallBackToLocalPrefill(uint64_t id) {
 int64_t LocalEngine::MaxNewTokens(const GenerationRequest& request) const {
   const int64_t context = model_.config.max_context;
   const int64_t prompt_len = static_cast<int64_t>(request.prompt.size());
-  return std::min<int64_t>(context, prompt_len + request.sampling.max_tokens.value_or(context)) -
+  // max_tokens counts the prior output tokens too.
+  const int64_t original_prompt = prompt_len - request.prior_output_tokens;
+  return std::min<int64_t>(context,
+                           original_prompt + request.sampling.max_tokens.value_or(context)) -
          prompt_len;
 }
 
 absl::StatusOr<std::unique_ptr<LocalEngine::Request>> LocalEngine::MakeRequest(
     uint64_t id, const GenerationRequest& request, DeltaCallback on_delta) const {
   const ModelConfig& c = model_.config;
+  const int64_t original_prompt =
+      static_cast<int64_t>(request.prompt.size()) - request.prior_output_tokens;
+  const absl::Span<const int32_t> prompt(request.prompt);
   ASSIGN_OR_RETURN(sampling::Sampler sampler,
-                   sampling::Sampler::Create(request.sampling,
-                                             {.vocab_size = static_cast<int>(c.vocab_size),
-                                              .eos_token_ids = eos_ids_,
-                                              .prompt_tokens = request.prompt}));
+                   sampling::Sampler::Create(
+                       request.sampling, {.vocab_size = static_cast<int>(c.vocab_size),
+                                          .eos_token_ids = eos_ids_,
+                                          .prompt_tokens = prompt.first(original_prompt)}));
   ASSIGN_OR_RETURN(sampling::StopChecker stop,
-                   sampling::StopChecker::Create(
-                       request.sampling,
-                       {.eos_token_ids = eos_ids_,
-                        .prompt_tokens = static_cast<int64_t>(request.prompt.size()),
-                        .max_context = c.max_context}));
-  return std::make_unique<Request>(Request{id, std::move(sampler), std::move(stop),
-                                           StreamingDetokenizer(*tokenizer_), std::move(on_delta),
-                                           request.on_kv_layer});
+                   sampling::StopChecker::Create(request.sampling,
+                                                 {.eos_token_ids = eos_ids_,
+                                                  .prompt_tokens = original_prompt,
+                                                  .max_context = c.max_context}));
+  auto r = std::make_unique<Request>(Request{id, std::move(sampler), std::move(stop),
+                                             StreamingDetokenizer(*tokenizer_), std::move(on_delta),
+                                             request.on_kv_layer});
+  // Replay the output generated elsewhere; its text was emitted there.
+  for (int32_t token : prompt.subspan(original_prompt)) {
+    RETURN_IF_ERROR(r->sampler.Accept(token));
+    const sampling::StopStep step = r->stop.Append(token, r->detokenizer.Add(token));
+    if (step.finish != sampling::FinishReason::kNone) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the prior output tokens already end the request (",
+                       sampling::FinishReasonName(step.finish), ")"));
+    }
+  }
+  return r;
 }
 
 bool LocalEngine::Cancel(uint64_t id) {

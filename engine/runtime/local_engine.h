@@ -48,6 +48,13 @@ struct GenerationRequest {
   sampling::SamplingOptions sampling;
   // Higher runs first and is preempted last (GenerateRequest.priority).
   int priority = 0;
+  // The last `prior_output_tokens` tokens of `prompt` were generated earlier for this request,
+  // elsewhere (it resumes here after its worker failed). They are replayed through the sampler,
+  // the stop checker and the detokenizer, so penalties, the seeded random stream, min/max_tokens
+  // (which count them) and stop strings go on as if the request had never moved, and text that
+  // was held back there (a partial character, a possible stop string) comes out here. Their own
+  // text is not emitted again. In [0, prompt.size()).
+  int64_t prior_output_tokens = 0;
   // Called during Step for every layer, as soon as the layer's K/V of this request's tokens in
   // the step are in the cache (a prefill worker sends each layer to the decode worker then).
   // Positions before the first call's first_position came from the prefix cache. On the

@@ -113,6 +113,74 @@ TEST(LocalEngineTest, SameSeedSameTextAndStopStrings) {
   EXPECT_THAT(c[0].text, HasSubstr("8"));
 }
 
+// A request resumed with its earlier output as prior_output_tokens (after its worker failed)
+// continues exactly: the same seeded random stream, penalties, max_tokens and stop strings, and
+// the same text, cut anywhere -- also inside a held-back stop-string prefix.
+TEST(LocalEngineTest, ResumedRequestContinuesTheSameSeededStreamAndText) {
+  GenerationRequest r = Greedy("Write a short poem about the sea.", 32);
+  r.sampling.temperature = 0.9f;
+  r.sampling.top_p = 0.95f;
+  r.sampling.seed = 1234;
+  r.sampling.repetition_penalty = 1.3f;
+  r.sampling.frequency_penalty = 0.5f;
+  r.sampling.ignore_eos = true;
+  absl::Status status;
+  const Result whole = GenerateAll({r}, &status)[0];
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(whole.tokens.size(), 32u);
+  for (int cut : {1, 7, 20, 31}) {
+    SCOPED_TRACE(absl::StrCat("resumed after ", cut, " tokens"));
+    const Result head = GenerateAll({[&] {
+                                       GenerationRequest h = r;
+                                       h.sampling.max_tokens = cut;
+                                       return h;
+                                     }()},
+                                    &status)[0];
+    ASSERT_TRUE(status.ok()) << status;
+    GenerationRequest tail = r;
+    tail.prompt.insert(tail.prompt.end(), whole.tokens.begin(), whole.tokens.begin() + cut);
+    tail.prior_output_tokens = cut;
+    const Result rest = GenerateAll({tail}, &status)[0];
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(rest.tokens,
+              std::vector<int32_t>(whole.tokens.begin() + cut, whole.tokens.end()));
+    EXPECT_EQ(rest.finish, whole.finish);
+    // The cut head emitted all its text at its end (kLength); an uncut run holds nothing back
+    // mid-stream here, so the two texts together are the whole text.
+    EXPECT_EQ(head.text + rest.text, whole.text);
+  }
+
+  // A stop string whose first characters came before the cut still matches after it.
+  GenerationRequest counting = Greedy("1, 2, 3, 4, 5,", 40);
+  counting.sampling.stop = {" 8, 9"};
+  const Result counted = GenerateAll({counting}, &status)[0];
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(counted.finish, sampling::FinishReason::kStopString);
+  size_t cut = 0;  // just after the token that brought " 8"
+  for (std::string text; cut < counted.tokens.size() && text.find(" 8") == std::string::npos;
+       ++cut) {
+    text += Engine().tokenizer().TokenBytes(counted.tokens[cut]);
+  }
+  GenerationRequest resumed = counting;
+  resumed.prompt.insert(resumed.prompt.end(), counted.tokens.begin(), counted.tokens.begin() + cut);
+  resumed.prior_output_tokens = static_cast<int64_t>(cut);
+  const Result after = GenerateAll({resumed}, &status)[0];
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(after.finish, sampling::FinishReason::kStopString);
+  EXPECT_EQ(after.tokens,
+            std::vector<int32_t>(counted.tokens.begin() + cut, counted.tokens.end()));
+
+  // Prior output that already reaches max_tokens, or is the whole prompt, is refused.
+  GenerationRequest full = r;
+  full.prompt.insert(full.prompt.end(), whole.tokens.begin(), whole.tokens.end());
+  full.prior_output_tokens = 32;
+  EXPECT_THAT(Engine().Generate({full}, [](const GenerationDelta&) {}).message(),
+              HasSubstr("already reach max_tokens"));
+  full.prior_output_tokens = static_cast<int64_t>(full.prompt.size());
+  EXPECT_THAT(Engine().Generate({full}, [](const GenerationDelta&) {}).message(),
+              HasSubstr("prior_output_tokens must be in"));
+}
+
 TEST(LocalEngineTest, BadRequestsAreRejectedBeforeAnythingRuns) {
   const int64_t context = Engine().config().max_context;
   struct Case {
