@@ -33,6 +33,9 @@ ABSL_FLAG(int64_t, local_prefill_threshold, 256,
 ABSL_FLAG(std::string, model, "", "Model file whose tokenizer the router uses; empty: the default");
 ABSL_FLAG(std::string, models_dir, "", "Folder of downloaded models; empty: <source>/models");
 ABSL_FLAG(int64_t, max_body_bytes, 8 << 20, "Largest HTTP request body accepted");
+ABSL_FLAG(int32_t, max_migrations, 2,
+          "How many times a request may move to another decode worker after its own failed "
+          "mid-stream (0: never; the client then gets the error)");
 
 namespace tandem::router {
 namespace {
@@ -58,6 +61,8 @@ absl::Status Run() {
   RouterOptions options;
   options.model_path = *model_path;
   options.policy = absl::GetFlag(FLAGS_policy);
+  options.max_migrations = absl::GetFlag(FLAGS_max_migrations);
+  if (options.max_migrations < 0) return absl::InvalidArgumentError("--max_migrations must be >= 0");
   options.policy_options.local_prefill_threshold_tokens =
       absl::GetFlag(FLAGS_local_prefill_threshold);
   absl::StatusOr<std::unique_ptr<RequestRouter>> router = RequestRouter::Create(options, &registry);

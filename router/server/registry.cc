@@ -143,7 +143,8 @@ void Registry::Discover() {
 }
 
 absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
-                                      const placement::Request& request) {
+                                      const placement::Request& request,
+                                      const absl::flat_hash_set<std::string>& avoid) {
   absl::MutexLock lock(&mu_);
   placement::ClusterView view;
   absl::flat_hash_map<std::string, Worker*> by_id;
@@ -152,6 +153,7 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
     std::optional<placement::WorkerCandidate> candidate = ToCandidate(w->view);
     if (!candidate.has_value()) continue;
     placement::WorkerCandidate& c = *candidate;
+    if (avoid.contains(c.id)) c.healthy = false;
     by_id[c.id] = w.get();
     view.workers.push_back(std::move(*candidate));
   }

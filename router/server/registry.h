@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "router/placement/placement.h"
@@ -52,9 +53,10 @@ class Registry {
   explicit Registry(RegistryOptions options);
   ~Registry();  // stops every watcher
 
-  // Places `request` with `policy` over the ready workers and counts the placed load.
-  // UNAVAILABLE when no decode-capable worker is ready.
-  absl::StatusOr<Route> Place(placement::PlacementPolicy& policy, const placement::Request& request);
+  // Places `request` with `policy` over the ready workers but those whose id is in `avoid`, and
+  // counts the placed load. UNAVAILABLE when no decode-capable worker is ready.
+  absl::StatusOr<Route> Place(placement::PlacementPolicy& policy, const placement::Request& request,
+                              const absl::flat_hash_set<std::string>& avoid = {});
   // The request left its decode (and prefill) worker: uncount its load.
   void Release(const Route& route);
   // Whether some decode-capable worker is ready; its model id, block size and context.

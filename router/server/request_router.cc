@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -26,6 +27,10 @@ struct RouterMetrics {
   prometheus::Family<prometheus::Counter>& placements = prometheus::BuildCounter()
       .Name("tandem_router_placements_total")
       .Help("Placement decisions by policy and prefill location (local on the decode worker or remote)")
+      .Register(ProcessMetrics());
+  prometheus::Family<prometheus::Counter>& migrations = prometheus::BuildCounter()
+      .Name("tandem_router_migrations_total")
+      .Help("Requests moved to another decode worker after theirs failed, by reason")
       .Register(ProcessMetrics());
   prometheus::Histogram& ttft = Histogram("tandem_router_time_to_first_token_seconds",
                                           "From arrival at the router to the first token", RequestLatencyBuckets());
@@ -61,39 +66,94 @@ void CountRejected() { Metrics().requests.Add({{"outcome", "rejected"}}).Increme
 
 namespace {
 
-// Relays one Decode.Generate stream to a sink, with gRPC's callback API.
-class DecodeRelay final : public grpc::ClientReadReactor<v1::DecodeResponse>, public RelayedCall {
+// Whether a decode stream that ended with `status` (no final response, not cancelled by us) may
+// go on elsewhere: the worker died, dropped the stream or failed inside. Errors about the request
+// itself (bad input, deadline) would fail the same way anywhere.
+bool Migratable(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::CANCELLED:  // the worker shut down
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::DATA_LOSS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+class DecodeRelay;
+
+// One Decode.Generate stream to one decode worker, with gRPC's callback API. Alive until OnDone.
+class DecodeAttempt final : public grpc::ClientReadReactor<v1::DecodeResponse> {
  public:
-  DecodeRelay(Registry* registry, Route route, std::string request_id, ResponseSink* sink)
-      : registry_(registry),
-        route_(std::move(route)),
-        request_id_(std::move(request_id)),
-        sink_(sink),
-        start_(absl::Now()) {}
+  explicit DecodeAttempt(std::shared_ptr<DecodeRelay> relay) : relay_(std::move(relay)) {}
 
   void Begin(v1::Decode::Stub* stub, const v1::DecodeRequest& request, absl::Time deadline,
-             std::shared_ptr<DecodeRelay> self) {
+             std::shared_ptr<DecodeAttempt> self) {
     self_ = std::move(self);
     if (deadline != absl::InfiniteFuture()) context_.set_deadline(absl::ToChronoTime(deadline));
     stub->async()->Generate(&context_, &request, this);
     StartRead(&response_);
     StartCall();
   }
+  void Cancel() { context_.TryCancel(); }
 
-  void Cancel() override { context_.TryCancel(); }
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows
+ private:
+  std::shared_ptr<DecodeRelay> relay_;
+  grpc::ClientContext context_;
+  v1::DecodeResponse response_;
+  std::shared_ptr<DecodeAttempt> self_;
+};
+
+// Relays one request to its decode worker and the responses to a sink. When the decode worker
+// dies or its stream breaks before the last response, the request moves to another decode worker
+// with the tokens generated so far (prior_output_token_ids), up to RouterOptions::max_migrations
+// times, and the client's stream goes on: the new worker replays those tokens, so greedy and
+// seeded output are the same as if nothing had happened.
+class DecodeRelay final : public RelayedCall, public std::enable_shared_from_this<DecodeRelay> {
+ public:
+  DecodeRelay(RequestRouter* router, Route route, v1::DecodeRequest request, ResponseSink* sink,
+              placement::Request placement, absl::Time deadline, int max_migrations)
+      : router_(router),
+        request_(std::move(request)),
+        sink_(sink),
+        placement_(std::move(placement)),
+        deadline_(deadline),
+        max_migrations_(max_migrations),
+        start_(absl::Now()),
+        route_(std::move(route)) {}
+
+  void Begin(v1::Decode::Stub* stub) { StartAttempt(stub, request_); }
+
+  void Cancel() override {
+    std::shared_ptr<DecodeAttempt> attempt;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      attempt = attempt_;
+    }
+    attempt->Cancel();
+  }
+
+  // On the attempt's gRPC thread; attempts run one at a time, so the fields below are only
+  // touched by one thread at a time.
+  void OnResponse(const v1::DecodeResponse& response) {
     v1::GenerateResponse out;
-    out.set_request_id(request_id_);
-    *out.mutable_token_ids() = response_.token_ids();
-    out.set_text(response_.text());
-    *out.mutable_logprobs() = response_.logprobs();
-    out.set_finish_reason(response_.finish_reason());
-    out.set_error_message(response_.error_message());
-    if (response_.has_usage()) *out.mutable_usage() = response_.usage();
+    out.set_request_id(request_.request_id());
+    *out.mutable_token_ids() = response.token_ids();
+    out.set_text(response.text());
+    *out.mutable_logprobs() = response.logprobs();
+    out.set_finish_reason(response.finish_reason());
+    out.set_error_message(response.error_message());
+    if (response.has_usage()) *out.mutable_usage() = response.usage();
+    generated_.insert(generated_.end(), response.token_ids().begin(), response.token_ids().end());
     const absl::Time now = absl::Now();
-    if (response_.token_ids_size() > 0) {
+    if (response.token_ids_size() > 0) {
       if (first_) {
         ttft_us_ = absl::ToInt64Microseconds(now - start_);
         Metrics().ttft.Observe(absl::ToDoubleSeconds(now - start_));
@@ -101,26 +161,37 @@ class DecodeRelay final : public grpc::ClientReadReactor<v1::DecodeResponse>, pu
         first_ = false;
       } else {
         // Tokens that came together share the gap since the previous message.
-        const double gap = absl::ToDoubleSeconds(now - last_) / response_.token_ids_size();
-        for (int i = 0; i < response_.token_ids_size(); ++i) {
+        const double gap = absl::ToDoubleSeconds(now - last_) / response.token_ids_size();
+        for (int i = 0; i < response.token_ids_size(); ++i) {
           Metrics().itl.Observe(gap);
           Metrics().vllm_tpot.Observe(gap);
         }
       }
       last_ = now;
     }
-    if (response_.has_timings()) {
+    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finished_ = true;
+    if (response.has_timings()) {
       v1::Timings* t = out.mutable_timings();
-      *t = response_.timings();
+      *t = response.timings();
       t->set_ttft_us(static_cast<uint64_t>(ttft_us_));
       t->set_e2e_us(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start_)));
+      t->set_migrations(static_cast<uint32_t>(migrations_));
     }
     sink_->OnResponse(out);
-    StartRead(&response_);
   }
 
-  void OnDone(const grpc::Status& status) override {
-    registry_->Release(route_);
+  void OnAttemptDone(const grpc::Status& status) {
+    router_->registry().Release(route_);
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled = cancelled_;
+    }
+    if (!status.ok() && !cancelled && !finished_ && Migratable(status)) {
+      const absl::Status moved = Migrate(status);
+      if (moved.ok()) return;
+      LOG(WARNING) << "request " << request_.request_id() << ": " << moved;
+    }
     const char* outcome = status.ok()                                        ? "ok"
                           : status.error_code() == grpc::StatusCode::CANCELLED ? "cancelled"
                                                                                : "error";
@@ -130,22 +201,96 @@ class DecodeRelay final : public grpc::ClientReadReactor<v1::DecodeResponse>, pu
       Metrics().vllm_e2e.Observe(absl::ToDoubleSeconds(absl::Now() - start_));
     }
     sink_->OnDone(FromGrpcStatus(status));
-    self_.reset();  // may destroy this
   }
 
  private:
-  Registry* const registry_;
-  const Route route_;
-  const std::string request_id_;
+  void StartAttempt(v1::Decode::Stub* stub, const v1::DecodeRequest& request) {
+    auto attempt = std::make_shared<DecodeAttempt>(shared_from_this());
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      attempt_ = attempt;
+      cancelled = cancelled_;
+    }
+    attempt->Begin(stub, request, deadline_, attempt);
+    if (cancelled) attempt->Cancel();  // Cancel() saw the previous attempt
+  }
+
+  // Places the request again, away from the workers that failed it, and resumes it there.
+  absl::Status Migrate(const grpc::Status& why) {
+    const std::string& failed = route_.decision.decode_worker;
+    if (migrations_ >= max_migrations_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "decode worker ", failed, " failed (", why.error_message(), ") after ", migrations_,
+          " migrations, the limit"));
+    }
+    if (absl::Now() >= deadline_) {
+      return absl::DeadlineExceededError(absl::StrCat("decode worker ", failed,
+                                                      " failed and the deadline has passed"));
+    }
+    avoid_.insert(failed);
+    v1::Decode::Stub* stub;
+    absl::StatusOr<Route> route = router_->PlaceForRelay(placement_, avoid_, &stub);
+    if (!route.ok()) {
+      return absl::Status(route.status().code(),
+                          absl::StrCat("decode worker ", failed, " failed (", why.error_message(),
+                                       ") and the request cannot move: ", route.status().message()));
+    }
+    ++migrations_;
+    Metrics().migrations.Add({{"reason", grpc::StatusCode::CANCELLED == why.error_code()
+                                             ? "stream_cancelled"
+                                             : "worker_failed"}})
+        .Increment();
+    LOG(WARNING) << "request " << request_.request_id() << ": decode worker " << failed
+                 << " failed (" << why.error_message() << ") after " << generated_.size()
+                 << " tokens; moving it to " << route->decision.decode_worker;
+    route_ = *std::move(route);
+    v1::DecodeRequest resumed = request_;
+    *resumed.mutable_prior_output_token_ids() = {generated_.begin(), generated_.end()};
+    resumed.clear_prefill_targets();
+    for (const auto& [id, address] : route_.prefill) {
+      v1::PrefillTarget* t = resumed.add_prefill_targets();
+      t->set_worker_id(id);
+      t->set_address(address);
+    }
+    StartAttempt(stub, resumed);
+    return absl::OkStatus();
+  }
+
+  RequestRouter* const router_;
+  const v1::DecodeRequest request_;
   ResponseSink* const sink_;
+  const placement::Request placement_;
+  const absl::Time deadline_;
+  const int max_migrations_;
   const absl::Time start_;
-  grpc::ClientContext context_;
-  v1::DecodeResponse response_;
+
+  // Touched by one attempt's thread at a time.
+  Route route_;
+  std::vector<int32_t> generated_;
+  absl::flat_hash_set<std::string> avoid_;
+  int migrations_ = 0;
+  bool finished_ = false;  // the last response came
   bool first_ = true;
   int64_t ttft_us_ = 0;
   absl::Time last_;
-  std::shared_ptr<DecodeRelay> self_;  // alive until OnDone
+
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<DecodeAttempt> attempt_ ABSL_GUARDED_BY(mu_);
 };
+
+void DecodeAttempt::OnReadDone(bool ok) {
+  if (!ok) return;  // OnDone follows
+  relay_->OnResponse(response_);
+  StartRead(&response_);
+}
+
+void DecodeAttempt::OnDone(const grpc::Status& status) {
+  relay_->OnAttemptDone(status);
+  relay_.reset();
+  self_.reset();  // may destroy this
+}
 
 }  // namespace
 
@@ -253,24 +398,9 @@ absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, Re
   req.block_size = model->block_size;
   req.block_hashes = HashFullBlocks(ModelIdHash(model->model_id), p.tokens, model->block_size);
   req.priority = p.request.priority();
-  absl::StatusOr<Route> route;
   v1::Decode::Stub* stub;
-  {
-    absl::MutexLock lock(&mu_);
-    route = registry_->Place(*policy_, req);
-    if (!route.ok()) return route.status();
-    Metrics()
-        .placements
-        .Add({{"policy", std::string(policy_->name())},
-              {"prefill", route->decision.local_prefill ? "local" : "remote"}})
-        .Increment();
-    auto& slot = stubs_[route->decode_address];
-    if (slot == nullptr) {
-      slot = v1::Decode::NewStub(
-          grpc::CreateChannel(route->decode_address, grpc::InsecureChannelCredentials()));
-    }
-    stub = slot.get();
-  }
+  absl::StatusOr<Route> route = PlaceForRelay(req, {}, &stub);
+  if (!route.ok()) return route.status();
   v1::DecodeRequest d;
   d.set_request_id(p.request.request_id());
   d.set_model(model->model_id);
@@ -286,10 +416,31 @@ absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, Re
     t->set_address(address);
   }
   if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + options_.default_deadline;
-  auto relay = std::make_shared<DecodeRelay>(registry_, *route, p.request.request_id(), sink);
-  relay->Begin(stub, d, deadline, relay);
+  auto relay = std::make_shared<DecodeRelay>(this, *std::move(route), std::move(d), sink,
+                                             std::move(req), deadline, options_.max_migrations);
+  relay->Begin(stub);
   Metrics().overhead.Observe(absl::ToDoubleSeconds(absl::Now() - begin));
   return std::shared_ptr<RelayedCall>(relay);
+}
+
+absl::StatusOr<Route> RequestRouter::PlaceForRelay(const placement::Request& request,
+                                                   const absl::flat_hash_set<std::string>& avoid,
+                                                   v1::Decode::Stub** stub) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Route> route = registry_->Place(*policy_, request, avoid);
+  if (!route.ok()) return route.status();
+  Metrics()
+      .placements
+      .Add({{"policy", std::string(policy_->name())},
+            {"prefill", route->decision.local_prefill ? "local" : "remote"}})
+      .Increment();
+  auto& slot = stubs_[route->decode_address];
+  if (slot == nullptr) {
+    slot = v1::Decode::NewStub(
+        grpc::CreateChannel(route->decode_address, grpc::InsecureChannelCredentials()));
+  }
+  *stub = slot.get();
+  return route;
 }
 
 absl::StatusOr<v1::TokenizeResponse> RequestRouter::Tokenize(const v1::TokenizeRequest& request) {

@@ -1,7 +1,8 @@
 // The router's request path, shared by its gRPC and HTTP frontends: validate and tokenize a
 // request, hash its prompt's blocks (docs/block_hashing.md), place it (placement policy over the
 // registry), open Decode.Generate on the chosen decode worker with the ranked prefill workers, and
-// relay the responses. Streams are relayed with gRPC's callback API: no thread per request.
+// relay the responses. Streams are relayed with gRPC's callback API: no thread per request. A
+// request whose decode worker fails mid-stream moves to another one and its stream goes on.
 #ifndef TANDEM_ROUTER_SERVER_REQUEST_ROUTER_H_
 #define TANDEM_ROUTER_SERVER_REQUEST_ROUTER_H_
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/tokenizer/chat_template.h"
@@ -51,6 +53,8 @@ struct RouterOptions {
   absl::Duration default_deadline = absl::Minutes(10);
   // How long a decode worker waits for a prefill worker before trying the next.
   absl::Duration prefill_timeout = absl::Seconds(30);
+  // How many times a request may move to another decode worker after its own failed.
+  int max_migrations = 2;
 };
 
 class RequestRouter {
@@ -77,6 +81,12 @@ class RequestRouter {
   std::string ModelId();
   Registry& registry() { return *registry_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+
+  // Places `request` over the ready workers but those in `avoid` and returns the route and the
+  // decode worker's stub (for the relay, also when it migrates a request).
+  absl::StatusOr<Route> PlaceForRelay(const placement::Request& request,
+                                      const absl::flat_hash_set<std::string>& avoid,
+                                      v1::Decode::Stub** stub);
 
  private:
   RequestRouter(const RouterOptions& options, Registry* registry);

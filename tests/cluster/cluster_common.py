@@ -1,5 +1,8 @@
-"""What the cluster tests share: Python stubs generated from the repo's protos, and worker
-processes started on loopback, waited for, and killed."""
+"""What the cluster tests share: Python stubs generated from the repo's protos, worker processes
+started on loopback, waited for, and killed, a router in front of them (Cluster), and HTTP
+helpers."""
+import http.client
+import json
 import os
 import pathlib
 import signal
@@ -73,3 +76,77 @@ def wait_until(predicate, timeout=20, interval=0.05, what="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def http_request(port, method, path, body=None, headers=None, timeout=60):
+    """(status, parsed JSON or raw text) of one HTTP request; `body` is a dict (sent as JSON),
+    bytes or None."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        conn.request(method, path, body=data,
+                     headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        raw = response.read().decode("utf-8", "replace")
+        try:
+            return response.status, json.loads(raw)
+        except ValueError:
+            return response.status, raw
+    finally:
+        conn.close()
+
+
+def http_get(port, path):
+    try:
+        return http_request(port, "GET", path, timeout=5)
+    except OSError as error:
+        return 0, str(error)
+
+
+UCX = {"UCX_TLS": "posix,self"}
+WORKER_FLAGS = ["--listen=127.0.0.1:0", "--kv_cache_mb=64", "--threads=1"]
+
+
+class Cluster:
+    """`prefill` + `decode` workers and a router in front of them; stop() kills every process."""
+
+    def __init__(self, prefill=2, decode=2, policy="kv_aware", tag="", router_flags=()):
+        self.prefill, self.decode, self.router = [], [], None
+        try:
+            for i in range(prefill):
+                self.prefill.append(Process("tandem-prefill", *WORKER_FLAGS,
+                                            f"--worker_id={tag}p{i}", env=UCX))
+            for i in range(decode):
+                self.decode.append(Process("tandem-decode", *WORKER_FLAGS,
+                                           f"--worker_id={tag}d{i}", env=UCX))
+            addresses = ",".join(w.address for w in self.workers)
+            self.router = Process("tandem-router", "--listen=127.0.0.1:0",
+                                  "--http_listen=127.0.0.1:0", f"--workers={addresses}",
+                                  f"--policy={policy}", "--local_prefill_threshold=16",
+                                  *router_flags)
+            line = next(l for l in self.router.log if "listening on port " in l)
+            self.http_port = int(line.split("(http port ")[1].split(",")[0])
+            assert self.http_port > 0, line
+            # Every worker joined the router's registry (its WatchState stream is up).
+            wait_until(lambda: sum(" joined (" in l for l in self.router.log) >= len(self.workers),
+                       timeout=60, what="every worker to join the router")
+            wait_until(lambda: http_get(self.http_port, "/health")[0] == 200, timeout=60,
+                       what="GET /health to answer 200")
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def workers(self):
+        return self.prefill + self.decode
+
+    @property
+    def grpc_address(self):
+        return self.router.address
+
+    def stop(self):
+        for p in ([self.router] if self.router else []) + self.workers:
+            p.kill()
+
+    def logs(self):
+        return "".join(self.router.log[-40:]) if self.router else ""

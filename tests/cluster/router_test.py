@@ -20,85 +20,14 @@ import grpc
 import openai
 import pytest
 
-from cluster_common import BIN, Process, Protos, wait_until
+from cluster_common import BIN, Cluster, Process, Protos, http_get, http_request, wait_until
 
-UCX = {"UCX_TLS": "posix,self"}
-WORKER_FLAGS = ["--listen=127.0.0.1:0", "--kv_cache_mb=64", "--threads=1"]
 MAX_CONTEXT = 8192
-
-
-class Cluster:
-    """`prefill` + `decode` workers and a router in front of them; stop() kills every process."""
-
-    def __init__(self, prefill=2, decode=2, policy="kv_aware", tag=""):
-        self.prefill, self.decode, self.router = [], [], None
-        try:
-            for i in range(prefill):
-                self.prefill.append(Process("tandem-prefill", *WORKER_FLAGS,
-                                            f"--worker_id={tag}p{i}", env=UCX))
-            for i in range(decode):
-                self.decode.append(Process("tandem-decode", *WORKER_FLAGS,
-                                           f"--worker_id={tag}d{i}", env=UCX))
-            addresses = ",".join(w.address for w in self.workers)
-            self.router = Process("tandem-router", "--listen=127.0.0.1:0",
-                                  "--http_listen=127.0.0.1:0", f"--workers={addresses}",
-                                  f"--policy={policy}", "--local_prefill_threshold=16")
-            line = next(l for l in self.router.log if "listening on port " in l)
-            self.http_port = int(line.split("(http port ")[1].split(",")[0])
-            assert self.http_port > 0, line
-            # Every worker joined the router's registry (its WatchState stream is up).
-            wait_until(lambda: sum(" joined (" in l for l in self.router.log) >= len(self.workers),
-                       timeout=60, what="every worker to join the router")
-            wait_until(lambda: http_get(self.http_port, "/health")[0] == 200, timeout=60,
-                       what="GET /health to answer 200")
-        except BaseException:
-            self.stop()
-            raise
-
-    @property
-    def workers(self):
-        return self.prefill + self.decode
-
-    @property
-    def grpc_address(self):
-        return self.router.address
-
-    def stop(self):
-        for p in ([self.router] if self.router else []) + self.workers:
-            p.kill()
-
-    def logs(self):
-        return "".join(self.router.log[-40:]) if self.router else ""
 
 
 # ------------------------------------------------------------------------------------------------
 # Helpers: HTTP, SSE, worker state.
 # ------------------------------------------------------------------------------------------------
-
-
-def http_request(port, method, path, body=None, headers=None, timeout=60):
-    """(status, parsed JSON or raw text) of one HTTP request; `body` is a dict (sent as JSON),
-    bytes or None."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        data = json.dumps(body).encode() if isinstance(body, dict) else body
-        conn.request(method, path, body=data,
-                     headers={"Content-Type": "application/json", **(headers or {})})
-        response = conn.getresponse()
-        raw = response.read().decode("utf-8", "replace")
-        try:
-            return response.status, json.loads(raw)
-        except ValueError:
-            return response.status, raw
-    finally:
-        conn.close()
-
-
-def http_get(port, path):
-    try:
-        return http_request(port, "GET", path, timeout=5)
-    except OSError as error:
-        return 0, str(error)
 
 
 def complete(port, prompt, max_tokens=12, **extra):
