@@ -260,6 +260,11 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     bool last = false;
     while (!deltas_.empty() && !last) {
       const GenerationDelta& d = deltas_.front();
+      // Reported on the first delta (local prefill too); a resumed request's cache may cover
+      // some of its earlier output, which is not prompt.
+      cached_tokens_ = std::max(
+          cached_tokens_,
+          std::min<int64_t>(d.cached_prompt_tokens, request_.prompt_token_ids_size()));
       if (d.token >= 0) {
         AppendDelta(d, response_.mutable_token_ids(), response_.mutable_logprobs());
         ++completion_tokens_;

@@ -33,6 +33,7 @@ struct LocalEngine::Request {
   DeltaCallback on_delta;
   std::function<void(const KvLayerDone&)> on_kv_layer;
   bool remote = false;  // waiting for a peer's prefill
+  bool reported_first = false;  // its first delta went out
 };
 
 LocalEngine::LocalEngine(LoadedModel model, const Options& options)
@@ -275,6 +276,10 @@ absl::StatusOr<bool> LocalEngine::Deliver(Request& r, sampling::SampledToken nex
   GenerationDelta delta{.index = r.id, .token = next.id, .text = std::move(step.text),
                         .logprob = next.logprob, .top_logprobs = std::move(next.top_logprobs),
                         .finish = step.finish};
+  if (!r.reported_first) {
+    delta.cached_prompt_tokens = scheduler_->cached_prompt_tokens(r.id);
+    r.reported_first = true;
+  }
   const bool done = step.finish != sampling::FinishReason::kNone;
   // Bytes the detokenizer still holds (an unfinished character) end the text.
   if (done && step.finish != sampling::FinishReason::kStop &&

@@ -72,6 +72,9 @@ struct GenerationDelta {
   std::vector<sampling::TokenLogprob> top_logprobs = {};
   // kNone while the request goes on; its last delta carries why it ended.
   sampling::FinishReason finish = sampling::FinishReason::kNone;
+  // On the request's first delta: leading prompt tokens found in this worker's prefix cache
+  // (not computed for it). 0 on the others.
+  int64_t cached_prompt_tokens = 0;
 };
 
 // What Generate did.

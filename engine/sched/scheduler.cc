@@ -32,6 +32,8 @@ struct Scheduler::Sequence {
   bool running = false;
   // Its prompt's K/V are being written by another worker into `table` (disaggregated prefill).
   bool remote = false;
+  // Prompt tokens taken from the prefix cache at the first admission; -1 before it.
+  int64_t first_cached_tokens = -1;
 
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
 };
@@ -97,6 +99,11 @@ absl::Span<const int32_t> Scheduler::tokens(SequenceId id) const {
   auto it = sequences_.find(id);
   CHECK(it != sequences_.end()) << "unknown sequence " << id;
   return it->second->tokens;
+}
+
+int64_t Scheduler::cached_prompt_tokens(SequenceId id) const {
+  auto it = sequences_.find(id);
+  return it == sequences_.end() ? 0 : std::max<int64_t>(it->second->first_cached_tokens, 0);
 }
 
 int64_t Scheduler::ChunkFor(const Sequence& seq, int64_t budget) const {
@@ -215,6 +222,7 @@ bool Scheduler::TryAdmit(Sequence* seq, ScheduledStep* step, int64_t* budget) {
   AddItem(seq, n, /*is_decode=*/false, step, budget);
   counters_.admitted_tokens += static_cast<int64_t>(seq->tokens.size());
   counters_.prefix_hit_tokens += cached_tokens;
+  if (seq->first_cached_tokens < 0) seq->first_cached_tokens = cached_tokens;
   return true;
 }
 
@@ -243,6 +251,7 @@ absl::StatusOr<RemotePrefillPlan> Scheduler::AddRemotePrefill(SequenceId id,
   seq->num_computed = cached;
   counters_.admitted_tokens += static_cast<int64_t>(seq->tokens.size());
   counters_.prefix_hit_tokens += cached;
+  seq->first_cached_tokens = cached;
   const auto blocks = seq->table.blocks();
   return RemotePrefillPlan{.cached_tokens = cached,
                            .blocks = std::vector<int32_t>(blocks.begin(), blocks.end())};

@@ -156,6 +156,9 @@ class Scheduler {
   bool Contains(SequenceId id) const { return sequences_.contains(id); }
   // The sequence's tokens so far (prompt, then generated).
   absl::Span<const int32_t> tokens(SequenceId id) const;
+  // Leading prompt tokens its first admission found in the prefix cache (not computed for it);
+  // 0 before it was admitted.
+  int64_t cached_prompt_tokens(SequenceId id) const;
   SchedulerStats stats() const;
   const SchedulerOptions& options() const { return options_; }
 
