@@ -144,6 +144,23 @@ class Cluster:
     def grpc_address(self):
         return self.router.address
 
+    def restart_router(self):
+        """SIGKILLs the router and starts it again with the same flags; returns the seconds from
+        the new process's start until it answers GET /health with 200 (it has rebuilt its view
+        from the workers' WatchState snapshots)."""
+        args = self.router.proc.args
+        self.router.kill()
+        start = time.monotonic()
+        self.router = Process(pathlib.Path(args[0]).name, *args[1:])
+        line = next(l for l in self.router.log if "listening on port " in l)
+        self.http_port = int(line.split("(http port ")[1].split(",")[0])
+        try:
+            wait_until(lambda: http_get(self.http_port, "/health")[0] == 200, timeout=60,
+                       interval=0.01, what="the restarted router to answer GET /health")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; its log:\n{self.logs()}") from None
+        return time.monotonic() - start
+
     def stop(self):
         for p in ([self.router] if self.router else []) + self.workers:
             p.kill()

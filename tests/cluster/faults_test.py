@@ -1,5 +1,7 @@
-"""Request migration (issue 8): a decode worker SIGKILLed mid-stream costs no accepted request.
+"""Faults (issue 8): a decode worker SIGKILLed mid-stream costs no accepted request, and a
+restarted router rebuilds its view from the workers and serves at once.
 
+Request migration:
 A router in front of 1 prefill + 2 decode workers (round_robin, so both decode workers hold
 streams). Every request first runs undisturbed, one at a time, for the reference; then all of them
 run at once and one decode worker is killed while they stream. The router moves each request of
@@ -138,5 +140,38 @@ def test_without_migrations_the_client_gets_the_error(pb):
         assert failed[0].error.code() == grpc.StatusCode.UNAVAILABLE, failed[0].error
         ok = [s for s in streams if s.error is None]
         assert len(ok[0].tokens) == 400
+    finally:
+        cluster.stop()
+
+
+def test_a_restarted_router_rebuilds_its_view_from_the_workers(pb):
+    """SIGKILL the router and start it again: the workers keep their state (their prefix caches),
+    the new router learns it from their WatchState snapshots and serves within about a second,
+    and kv_aware places a request on the worker that caches its prefix."""
+    cluster = Cluster(prefill=0, decode=2, policy="kv_aware", tag="restart")
+    try:
+        prefix = ("Rules of the harbour: every boat reports at dawn, nets are mended before noon, "
+                  "and no one sails when the red flag flies over the customs house. ") * 4
+        greedy = pb.inference.SamplingParams(max_tokens=4, temperature=0)
+
+        def generate(prompt):
+            stub = pb.inference_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc_address))
+            last = None
+            for response in stub.Generate(pb.inference.GenerateRequest(prompt=prompt,
+                                                                        sampling=greedy),
+                                          timeout=60):
+                last = response
+            return last
+
+        first = generate(prefix + "Who reports at dawn?")
+        holder = first.timings.decode_worker
+        seconds = cluster.restart_router()
+        print(f"restarted router healthy after {seconds:.2f} s")
+        # "Serves within a second": the bound leaves room for a loaded test machine.
+        assert seconds < 2.0, seconds
+        again = generate(prefix + "When does no one sail?")
+        assert again.timings.decode_worker == holder, (again.timings, holder)
+        # All of the shared prefix's full blocks came from the worker's cache.
+        assert again.usage.cached_prompt_tokens >= 16 * 4, again.usage
     finally:
         cluster.stop()
