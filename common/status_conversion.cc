@@ -1,7 +1,10 @@
 #include "common/status_conversion.h"
 
+#include <algorithm>
 #include <string>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
@@ -51,6 +54,31 @@ int HttpStatusFromCode(absl::StatusCode code) {
     default:
       return 500;
   }
+}
+
+namespace {
+constexpr char kRetryAfterPayload[] = "type.tandem.dev/RetryAfterMicros";
+}  // namespace
+
+absl::Status WithRetryAfter(absl::Status status, absl::Duration delay) {
+  if (!status.ok()) {
+    status.SetPayload(kRetryAfterPayload, absl::Cord(absl::StrCat(absl::ToInt64Microseconds(
+                                              std::max(delay, absl::ZeroDuration())))));
+  }
+  return status;
+}
+
+std::optional<absl::Duration> RetryAfter(const absl::Status& status) {
+  const auto payload = status.GetPayload(kRetryAfterPayload);  // absl::optional here
+  int64_t micros = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &micros)) {
+    return std::nullopt;
+  }
+  return absl::Microseconds(micros);
+}
+
+int64_t RetryAfterSeconds(absl::Duration delay) {
+  return std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(delay, absl::Seconds(1))));
 }
 
 }  // namespace tandem

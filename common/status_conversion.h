@@ -4,7 +4,11 @@
 #ifndef TANDEM_COMMON_STATUS_CONVERSION_H_
 #define TANDEM_COMMON_STATUS_CONVERSION_H_
 
+#include <cstdint>
+#include <optional>
+
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "grpcpp/support/status.h"
 
 namespace tandem {
@@ -22,6 +26,15 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // RESOURCE_EXHAUSTED -> 429, CANCELLED -> 499, UNIMPLEMENTED -> 501, UNAVAILABLE -> 503,
 // DEADLINE_EXCEEDED -> 504, everything else -> 500; OK -> 200.
 int HttpStatusFromCode(absl::StatusCode code);
+
+// A hint that the client may try again after `delay` (a refusal under load): kept as an absl
+// payload, sent as the HTTP Retry-After header and as the gRPC trailing metadata "retry-after"
+// (kRetryAfterKey), both in whole seconds.
+absl::Status WithRetryAfter(absl::Status status, absl::Duration delay);
+std::optional<absl::Duration> RetryAfter(const absl::Status& status);
+// `delay` in whole seconds, rounded up, at least 1 (the header's value).
+int64_t RetryAfterSeconds(absl::Duration delay);
+inline constexpr char kRetryAfterKey[] = "retry-after";
 
 }  // namespace tandem
 

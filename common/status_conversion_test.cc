@@ -46,5 +46,20 @@ TEST(StatusConversionTest, HttpStatus) {
   }
 }
 
+TEST(StatusConversionTest, RetryAfterRidesAlongAndRoundsUpToWholeSeconds) {
+  const absl::Status refused =
+      WithRetryAfter(absl::ResourceExhaustedError("busy"), absl::Milliseconds(2300));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.message(), "busy");
+  ASSERT_TRUE(RetryAfter(refused).has_value());
+  EXPECT_EQ(*RetryAfter(refused), absl::Milliseconds(2300));
+  EXPECT_EQ(RetryAfterSeconds(*RetryAfter(refused)), 3);
+  EXPECT_EQ(RetryAfterSeconds(absl::ZeroDuration()), 1);
+  EXPECT_EQ(RetryAfterSeconds(absl::Seconds(4)), 4);
+  EXPECT_FALSE(RetryAfter(absl::ResourceExhaustedError("busy")).has_value());
+  // An OK status carries no hint.
+  EXPECT_FALSE(RetryAfter(WithRetryAfter(absl::OkStatus(), absl::Seconds(1))).has_value());
+}
+
 }  // namespace
 }  // namespace tandem

@@ -197,6 +197,7 @@ struct HttpCall final : public ResponseSink {
   int64_t completion_tokens = 0;
   std::string finish;
   bool sent_role = false;
+  bool headers_sent = false;  // a stream's 200 and SSE headers went out
   v1::Usage usage;
   std::shared_ptr<RelayedCall> relay;
   // Fires when the client closes its side, even while nothing reads the socket (a non-streamed
@@ -205,7 +206,11 @@ struct HttpCall final : public ResponseSink {
 
   void OnResponse(const v1::GenerateResponse& response) override;
   void OnDone(const absl::Status& status) override;
+  void OnAdmitted() override;
 };
+
+// A queued request started on a worker (ResponseSink::OnAdmitted).
+struct Admitted {};
 
 struct HttpServer::Impl {
   RequestRouter* router = nullptr;
@@ -218,10 +223,10 @@ struct HttpServer::Impl {
 
   // Relay events handed from gRPC threads to the loop.
   absl::Mutex mu;
-  std::deque<std::pair<std::shared_ptr<HttpCall>, std::variant<v1::GenerateResponse, absl::Status>>>
+  std::deque<std::pair<std::shared_ptr<HttpCall>, std::variant<v1::GenerateResponse, absl::Status, Admitted>>>
       pending ABSL_GUARDED_BY(mu);
 
-  void Post(HttpCall* call, std::variant<v1::GenerateResponse, absl::Status> item) {
+  void Post(HttpCall* call, std::variant<v1::GenerateResponse, absl::Status, Admitted> item) {
     {
       absl::MutexLock lock(&mu);
       auto it = calls.find(call);
@@ -238,6 +243,8 @@ struct HttpServer::Impl {
   void Drain();
   void Deliver(HttpCall& call, const v1::GenerateResponse& response);
   void Finish(HttpCall& call, const absl::Status& status);
+  // Sends a stream's 200 and server-sent-event headers, once.
+  static void StartStream(HttpCall& call);
   void Forget(HttpCall* call) {
     if (call->closed_watch != nullptr) {
       event_free(call->closed_watch);
@@ -250,6 +257,7 @@ struct HttpServer::Impl {
 
 void HttpCall::OnResponse(const v1::GenerateResponse& response) { server->Post(this, response); }
 void HttpCall::OnDone(const absl::Status& status) { server->Post(this, status); }
+void HttpCall::OnAdmitted() { server->Post(this, Admitted{}); }
 
 namespace {
 
@@ -264,6 +272,10 @@ void Reply(evhttp_request* req, int code, const std::string& content_type, const
 
 void ReplyError(evhttp_request* req, const absl::Status& status) {
   CountRejected();
+  if (std::optional<absl::Duration> after = RetryAfter(status); after.has_value()) {
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After",
+                      absl::StrCat(RetryAfterSeconds(*after)).c_str());
+  }
   Reply(req, HttpStatusFromCode(status.code()), "application/json", ErrorBody(status));
 }
 
@@ -388,16 +400,22 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat) {
         call.get());
     if (call->closed_watch != nullptr) event_add(call->closed_watch, nullptr);
   }
-  if (call->stream) {
-    evkeyvalq* headers = evhttp_request_get_output_headers(req);
-    evhttp_add_header(headers, "Content-Type", "text/event-stream");
-    evhttp_add_header(headers, "Cache-Control", "no-cache");
-    evhttp_send_reply_start(req, 200, "OK");
-  }
+  // A request waiting in the router's admission queue answers once it starts: a refusal after
+  // the wait is then still a plain 429.
+  if (call->stream && !call->relay->queued()) StartStream(*call);
+}
+
+void HttpServer::Impl::StartStream(HttpCall& call) {
+  if (call.headers_sent || call.req == nullptr) return;
+  call.headers_sent = true;
+  evkeyvalq* headers = evhttp_request_get_output_headers(call.req);
+  evhttp_add_header(headers, "Content-Type", "text/event-stream");
+  evhttp_add_header(headers, "Cache-Control", "no-cache");
+  evhttp_send_reply_start(call.req, 200, "OK");
 }
 
 void HttpServer::Impl::Drain() {
-  std::deque<std::pair<std::shared_ptr<HttpCall>, std::variant<v1::GenerateResponse, absl::Status>>>
+  std::deque<std::pair<std::shared_ptr<HttpCall>, std::variant<v1::GenerateResponse, absl::Status, Admitted>>>
       items;
   {
     absl::MutexLock lock(&mu);
@@ -406,6 +424,8 @@ void HttpServer::Impl::Drain() {
   for (auto& [call, item] : items) {
     if (auto* r = std::get_if<v1::GenerateResponse>(&item)) {
       Deliver(*call, *r);
+    } else if (std::holds_alternative<Admitted>(item)) {
+      if (call->stream) StartStream(*call);
     } else {
       Finish(*call, std::get<absl::Status>(item));
     }
@@ -421,6 +441,7 @@ void HttpServer::Impl::Deliver(HttpCall& call, const v1::GenerateResponse& r) {
     return;
   }
   if (call.req == nullptr) return;
+  StartStream(call);
   if (r.text().empty() && call.finish.empty()) return;
   json choice = {{"index", 0}, {"logprobs", nullptr},
                  {"finish_reason", call.finish.empty() ? json(nullptr) : json(call.finish)}};
@@ -447,7 +468,10 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
                       {"completion_tokens", call.completion_tokens},
                       {"total_tokens", call.prompt_tokens + call.completion_tokens}};
   if (req != nullptr) {
-    if (call.stream) {
+    if (call.stream && !call.headers_sent && !status.ok()) {
+      ReplyError(req, status);  // refused before it started: a plain HTTP error
+    } else if (call.stream) {
+      StartStream(call);
       if (!status.ok()) {
         SendChunk(req, Sse(json::parse(ErrorBody(status))));
       } else if (call.include_usage) {

@@ -4,6 +4,7 @@
 #include <deque>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_conversion.h"
 
@@ -16,11 +17,12 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
                            public ResponseSink {
  public:
   GenerateCall(RequestRouter* router, grpc::CallbackServerContext* context,
-               const v1::GenerateRequest& request) {
+               const v1::GenerateRequest& request)
+      : context_(context) {
     absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(request);
     if (!prepared.ok()) {
       CountRejected();
-      Refuse(ToGrpcStatus(prepared.status()));
+      Refuse(prepared.status());
       return;
     }
     const auto client_deadline = context->deadline();
@@ -31,7 +33,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
         router->Start(*std::move(prepared), this, deadline);
     if (!call.ok()) {
       CountRejected();
-      Refuse(ToGrpcStatus(call.status()));
+      Refuse(call.status());
       return;
     }
     bool cancel;
@@ -55,7 +57,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   void OnDone(const absl::Status& status) override {
     {
       absl::MutexLock lock(&mu_);
-      if (!end_.has_value()) end_ = ToGrpcStatus(status);
+      if (!end_.has_value()) end_ = Ending(status);
     }
     Pump();
     Unref();
@@ -74,13 +76,22 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
 
  private:
   // Finishes at once, before any relay started: only gRPC holds the call.
-  void Refuse(const grpc::Status& status) {
+  void Refuse(const absl::Status& status) {
     refs_.store(1);
     {
       absl::MutexLock lock(&mu_);
-      end_ = status;
+      end_ = Ending(status);
     }
     Pump();
+  }
+
+  // The call's final status; a retry-after hint goes into the trailing metadata (before Finish,
+  // which is the only other user of the context's trailers).
+  grpc::Status Ending(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (std::optional<absl::Duration> after = RetryAfter(status); after.has_value()) {
+      context_->AddTrailingMetadata(kRetryAfterKey, absl::StrCat(RetryAfterSeconds(*after)));
+    }
+    return ToGrpcStatus(status);
   }
 
   void CancelRelay() {
@@ -123,6 +134,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     if (refs_.fetch_sub(1) == 1) delete this;
   }
 
+  grpc::CallbackServerContext* const context_;  // valid until gRPC's OnDone
   std::atomic<int> refs_{2};  // gRPC's OnDone and the relay's
   absl::Mutex mu_;
   std::shared_ptr<RelayedCall> relay_ ABSL_GUARDED_BY(mu_);

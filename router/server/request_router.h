@@ -31,6 +31,9 @@ class ResponseSink {
   virtual ~ResponseSink() = default;
   virtual void OnResponse(const v1::GenerateResponse& response) = 0;
   virtual void OnDone(const absl::Status& status) = 0;
+  // A request that Start left in the admission queue (RelayedCall::queued) started on a worker;
+  // before its first OnResponse. Not called for one started at once.
+  virtual void OnAdmitted() {}
 };
 
 // A request in flight. Cancel() ends it (the decode worker frees its blocks and cancels its
@@ -39,6 +42,10 @@ class RelayedCall {
  public:
   virtual ~RelayedCall() = default;
   virtual void Cancel() = 0;
+  // True when Start left the request waiting in the router's admission queue: the sink gets
+  // OnAdmitted when it starts, or OnDone with RESOURCE_EXHAUSTED (and a retry-after hint,
+  // common/status_conversion.h) when it is refused after all.
+  virtual bool queued() const { return false; }
 };
 
 // Counts a request refused before placement (bad input, no worker) in the router's metrics.
