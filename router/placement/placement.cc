@@ -42,6 +42,8 @@ absl::string_view PrefillReasonName(PrefillReason reason) {
       return "short_uncached";
     case PrefillReason::kNoPrefillWorker:
       return "no_prefill_worker";
+    case PrefillReason::kPredictedLocal:
+      return "predicted_local";
   }
   return "unknown";
 }
@@ -95,9 +97,17 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
         "placement: worker '", w.id, "' has an invalid role ", static_cast<int>(w.role)));
   }
   const std::pair<absl::string_view, int64_t> numbers[] = {
-      {"max_running", w.max_running},           {"running_seqs", w.running_seqs},
-      {"waiting_seqs", w.waiting_seqs},         {"queued_prefill_tokens", w.queued_prefill_tokens},
-      {"placed_sequences", w.placed_sequences}, {"placed_prefill_tokens", w.placed_prefill_tokens},
+      {"max_running", w.max_running},
+      {"running_seqs", w.running_seqs},
+      {"waiting_seqs", w.waiting_seqs},
+      {"queued_prefill_tokens", w.queued_prefill_tokens},
+      {"placed_sequences", w.placed_sequences},
+      {"placed_prefill_tokens", w.placed_prefill_tokens},
+      {"active_decode_tokens", w.active_decode_tokens},
+      {"placed_decode_tokens", w.placed_decode_tokens},
+      {"tightest_running_tpot_ms", w.tightest_running_tpot_ms},
+      {"max_tokens_per_step", w.max_tokens_per_step},
+      {"kv_bytes_per_token", w.kv_bytes_per_token},
   };
   for (const auto& [name, value] : numbers) {
     if (value < 0) {
@@ -155,6 +165,32 @@ absl::Status ValidateOptions(const PolicyOptions& options) {
   if (!std::isfinite(options.temperature) || options.temperature < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("placement: temperature ", options.temperature, " is not finite and >= 0"));
+  }
+  const std::pair<absl::string_view, int64_t> at_least_one[] = {
+      {"default_ttft_ms", options.default_ttft_ms},
+      {"default_tpot_ms", options.default_tpot_ms},
+      {"default_max_tokens_per_step", options.default_max_tokens_per_step},
+      {"expected_output_tokens", options.expected_output_tokens},
+  };
+  for (const auto& [name, value] : at_least_one) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("placement: ", name, " ", value, " < 1"));
+    }
+  }
+  if (options.default_kv_bytes_per_token < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("placement: default_kv_bytes_per_token ",
+                                                   options.default_kv_bytes_per_token, " < 0"));
+  }
+  if (!std::isfinite(options.default_transfer_seconds_per_byte) ||
+      options.default_transfer_seconds_per_byte < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("placement: default_transfer_seconds_per_byte ",
+                                                   options.default_transfer_seconds_per_byte,
+                                                   " is not finite and >= 0"));
+  }
+  absl::Status profile = ValidateProfile(options.default_step_profile);
+  if (!profile.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement: default_step_profile: ", profile.message()));
   }
   return absl::OkStatus();
 }
@@ -216,7 +252,7 @@ PrefillReason PlacementContext::ReasonFor(int decode_index) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// PolicyBase
+// PolicyBase, ThresholdPolicy
 
 absl::StatusOr<Decision> PolicyBase::Place(const Request& request, const ClusterView& cluster) {
   RETURN_IF_ERROR(ValidateInput(request, cluster));
@@ -225,6 +261,11 @@ absl::StatusOr<Decision> PolicyBase::Place(const Request& request, const Cluster
     return absl::UnavailableError(absl::StrCat("placement: no healthy decode worker among ",
                                                cluster.workers.size(), " workers"));
   }
+  return Decide(ctx);
+}
+
+Decision ThresholdPolicy::Decide(PlacementContext& ctx) {
+  const Request& request = ctx.request();
   const int d = ChooseDecode(ctx);
   Decision decision;
   decision.decode_worker = ctx.worker(d).id;
@@ -322,6 +363,7 @@ constexpr PolicyFactory kPolicies[] = {
     {"round_robin", &NewRoundRobinPolicy},
     {"least_loaded", &NewLeastLoadedPolicy},
     {"kv_aware", &NewKvAwarePolicy},
+    {"slo", &NewSloPolicy},
 };
 
 }  // namespace

@@ -11,11 +11,12 @@
 //                    policy->Place({.prompt_tokens = 700, .block_hashes = hashes}, cluster));
 //   // Open Decode.Generate on d.decode_worker with prefill_targets = d.prefill (empty: local).
 //
-// Every policy picks the decode worker its own way, then applies the same conditional
-// disaggregation: the prompt is prefilled on the decode worker itself when the part of it that
-// the decode worker has not cached is at most Options::local_prefill_threshold_tokens, or when no
-// healthy prefill worker (other than the decode worker) exists. Otherwise the policy ranks every
-// healthy prefill worker, best first, so that the decode worker can fall back down the list.
+// round_robin, least_loaded and kv_aware pick the decode worker each its own way, then apply the
+// same conditional disaggregation: the prompt is prefilled on the decode worker itself when the
+// part of it that the decode worker has not cached is at most
+// Options::local_prefill_threshold_tokens, or when no healthy prefill worker (other than the
+// decode worker) exists. Otherwise the policy ranks every healthy prefill worker, best first, so
+// that the decode worker can fall back down the list. slo decides both from predicted latencies.
 //
 // Policies (CreatePolicy):
 //   round_robin   decode workers in turn (by id), prefill workers in turn.
@@ -28,6 +29,15 @@
 //                 fully cached prompt is worth one full batch of load at weight 1). Equal scores
 //                 are broken at random; with temperature > 0 the first choice is sampled instead
 //                 (softmax over the scores scaled to [0, 1]).
+//   slo           predicts, with each worker's step cost model (cost_model.h), the request's TTFT
+//                 (wait for a batch slot + queued prompt tokens ahead + its own uncached prefill
+//                 + KV transfer when remote) and TPOT (a decode step of the batch it joins), for
+//                 every decode worker and every way to prefill (locally, or on each prefill
+//                 worker). Per decode worker the prefill that predicts the best TTFT wins, except
+//                 that a local prefill must not slow the worker's running streams past their
+//                 TPOT objective; the decode worker with the most SLO headroom wins (ties at
+//                 random). Ignores local_prefill_threshold_tokens, overlap_weight, temperature.
+//                 Fills Decision's predictions; docs/slo.md has the formulas.
 //
 // Load the router has placed but the worker has not reported yet is part of every load number
 // (WorkerCandidate::placed_*): the router counts it itself (DESIGN.md §5).
@@ -44,6 +54,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "engine/kv/block_hash.h"
+#include "router/placement/cost_model.h"
 
 namespace tandem::placement {
 
@@ -58,8 +69,8 @@ enum class Role {
 // "prefill" | "decode" | "both".
 absl::string_view RoleName(Role role);
 
-// Latency objectives of a request, as the client set them (tandem.v1.Slo). Not used by the
-// policies of this file; carried for SLO-aware policies.
+// Latency objectives of a request, as the client set them (tandem.v1.Slo). Used by slo only
+// (0: PolicyOptions::default_ttft_ms / default_tpot_ms).
 struct Slo {
   // Time to first token, milliseconds; 0: no objective. Negative: INVALID_ARGUMENT.
   int64_t ttft_ms = 0;
@@ -79,7 +90,7 @@ struct Request {
   // candidate worker (the router hashes per block size). >= 1.
   int64_t block_size = 16;
   // Scheduling priority (tandem.v1.GenerateRequest.priority): higher first. Not used by the
-  // policies of this file.
+  // policies (admission.h uses it).
   int32_t priority = 0;
   Slo slo = {};
 };
@@ -107,11 +118,34 @@ struct WorkerCandidate {
   // Hashes of the full blocks the worker's prefix cache holds; nullptr: none. Not owned; must stay
   // valid and unchanged for the duration of a Place call.
   const absl::flat_hash_set<BlockHash>* cached_hashes = nullptr;
+
+  // The fields below are read by slo only.
+  // The worker's step-time model, fitted from its StepTimings; nullptr:
+  // PolicyOptions::default_step_profile. Not owned; valid and unchanged during a Place call.
+  const StepCostModel* cost_model = nullptr;
+  // Sum of the context lengths of the sequences decoding (tandem.v1.LoadSample.
+  // active_decode_tokens).
+  int64_t active_decode_tokens = 0;
+  // Prompt tokens of the requests the router placed here to decode that the reported numbers do
+  // not show yet (their context when they start decoding).
+  int64_t placed_decode_tokens = 0;
+  // Tightest TPOT objective among the requests decoding here, ms (the router knows them: it placed
+  // them); 0: PolicyOptions::default_tpot_ms.
+  int64_t tightest_running_tpot_ms = 0;
+  // Tokens per engine step (SchedulerOptions::max_tokens_per_step); 0:
+  // PolicyOptions::default_max_tokens_per_step.
+  int64_t max_tokens_per_step = 0;
+  // Bytes of KV cache per token, all layers, K and V (what a remote prefill moves per token); 0:
+  // PolicyOptions::default_kv_bytes_per_token.
+  int64_t kv_bytes_per_token = 0;
 };
 
 // The workers a request may go to. Workers that serve another model must not be in it.
 struct ClusterView {
   std::vector<WorkerCandidate> workers = {};
+  // slo: transfer times between workers; nullptr: PolicyOptions::default_transfer_seconds_per_byte.
+  // Not owned; valid and unchanged during a Place call.
+  const TransferModel* transfers = nullptr;
 };
 
 // Why the prompt is prefilled where it is.
@@ -120,12 +154,16 @@ enum class PrefillReason {
   kRemote,
   // The uncached part is at most local_prefill_threshold_tokens: local.
   kShortUncached,
-  // The uncached part is above the threshold, but no healthy prefill worker other than the
-  // decode worker exists: local.
+  // The uncached part is above the threshold (slo: any prompt), but no healthy prefill worker
+  // other than the decode worker exists: local.
   kNoPrefillWorker,
+  // slo: prefilling on the decode worker predicts a TTFT at least as good as the best prefill
+  // worker's, and does not slow the worker's running streams past their TPOT objective.
+  kPredictedLocal,
 };
 
-// "remote" | "short_uncached" | "no_prefill_worker" (for logs and metric labels).
+// "remote" | "short_uncached" | "no_prefill_worker" | "predicted_local" (for logs and metric
+// labels).
 absl::string_view PrefillReasonName(PrefillReason reason);
 
 // A prefill worker in a decision's ranked list.
@@ -151,6 +189,28 @@ struct Decision {
   // Every healthy prefill-capable worker but the decode worker, best first (to try in order);
   // empty when local_prefill.
   std::vector<PrefillChoice> prefill = {};
+
+  // Latency predictions (slo; docs/slo.md). The other policies predict nothing: predicted false,
+  // the numbers 0, meets_slo true.
+  bool predicted = false;
+  // Time to first token, seconds: the waiting part (predicted_wait_seconds) + the prompt's own
+  // prefill + the KV transfer when remote.
+  double predicted_ttft_seconds = 0;
+  // Mean time per output token, seconds: a decode step of the batch the request joins.
+  double predicted_tpot_seconds = 0;
+  // The part of predicted_ttft_seconds spent behind other work: for a batch slot on the decode
+  // worker, and behind the prompt tokens queued on the worker that prefills.
+  double predicted_wait_seconds = 0;
+  // The objectives the predictions were held against (the request's, or the defaults), seconds.
+  double ttft_slo_seconds = 0;
+  double tpot_slo_seconds = 0;
+  // Whether the predictions keep this request's TTFT and TPOT and the decode worker's running
+  // streams' TPOT within their objectives, i.e. headroom >= 0. False: no worker could; the
+  // decision is the least bad one.
+  bool meets_slo = true;
+  // min over the objectives of (objective - predicted) / objective: 0.25 means every prediction
+  // is at least 25% under its objective, negative that one is over.
+  double headroom = 0;
 };
 
 // Options of every policy. CreatePolicy validates them.
@@ -170,6 +230,25 @@ struct PolicyOptions {
   // Seed of the policy's random source (tie-breaks and sampling). Two policies made with the same
   // name, options and seed make the same choices for the same calls.
   uint64_t seed = 0;
+
+  // The options below are read by slo only (every policy validates them).
+  // Objectives of a request that sets none (Slo fields 0), milliseconds; the TPOT one also stands
+  // for a worker's running streams when tightest_running_tpot_ms is 0. > 0.
+  int64_t default_ttft_ms = 2000;
+  int64_t default_tpot_ms = 100;
+  // Step-time coefficients of a worker without a cost model. ValidateProfile.
+  StepProfile default_step_profile = {};
+  // Tokens per step of a worker whose max_tokens_per_step is 0. >= 1.
+  int64_t default_max_tokens_per_step = 512;
+  // KV bytes per token of a worker whose kv_bytes_per_token is 0 (131072: an 8B Llama in 16 bits).
+  // >= 0.
+  int64_t default_kv_bytes_per_token = 131072;
+  // Seconds per KV byte moved when ClusterView::transfers is nullptr (1e-10: 10 GB/s). Finite,
+  // >= 0.
+  double default_transfer_seconds_per_byte = 1e-10;
+  // Output tokens a request is expected to generate: how long a sequence holds a batch slot, which
+  // sets the wait for a slot on a full worker. >= 1.
+  int64_t expected_output_tokens = 256;
 };
 
 // Chooses workers for requests. Thread-compatible, not thread-safe: a policy may keep state
@@ -189,7 +268,7 @@ class PlacementPolicy {
   virtual absl::StatusOr<Decision> Place(const Request& request, const ClusterView& cluster) = 0;
 };
 
-// The names CreatePolicy knows: "round_robin", "least_loaded", "kv_aware".
+// The names CreatePolicy knows: "round_robin", "least_loaded", "kv_aware", "slo".
 std::vector<std::string> KnownPolicies();
 
 // The policy called `name`. INVALID_ARGUMENT for an unknown name (the message lists the known

@@ -1,5 +1,6 @@
-// Tests of what every policy shares: input checks, errors, conditional disaggregation, the
-// factory. Policy-specific choices are in policies_test.cc.
+// Tests of what every policy shares: input checks, errors, the factory; and conditional
+// disaggregation by threshold (every policy but slo). Policy-specific choices are in
+// policies_test.cc and slo_policy_test.cc.
 #include "router/placement/placement.h"
 
 #include <cmath>
@@ -38,6 +39,7 @@ TEST(PlacementNamesTest, RolesAndReasons) {
   EXPECT_EQ(PrefillReasonName(PrefillReason::kRemote), "remote");
   EXPECT_EQ(PrefillReasonName(PrefillReason::kShortUncached), "short_uncached");
   EXPECT_EQ(PrefillReasonName(PrefillReason::kNoPrefillWorker), "no_prefill_worker");
+  EXPECT_EQ(PrefillReasonName(PrefillReason::kPredictedLocal), "predicted_local");
 }
 
 TEST(CachedPrefixBlocksTest, CountsLeadingHashesOnly) {
@@ -59,7 +61,7 @@ TEST(CachedPrefixBlocksTest, CountsLeadingHashesOnly) {
 // Factory
 
 TEST(CreatePolicyTest, KnowsEveryPolicyByName) {
-  EXPECT_THAT(KnownPolicies(), ElementsAre("round_robin", "least_loaded", "kv_aware"));
+  EXPECT_THAT(KnownPolicies(), ElementsAre("round_robin", "least_loaded", "kv_aware", "slo"));
   for (const std::string& name : KnownPolicies()) {
     absl::StatusOr<std::unique_ptr<PlacementPolicy>> policy = CreatePolicy(name, {});
     ASSERT_TRUE(policy.ok()) << name << ": " << policy.status();
@@ -68,10 +70,10 @@ TEST(CreatePolicyTest, KnowsEveryPolicyByName) {
 }
 
 TEST(CreatePolicyTest, UnknownNameListsTheKnownOnes) {
-  for (const char* name : {"", "random", "KV_AWARE", "slo"}) {
+  for (const char* name : {"", "random", "KV_AWARE", "SLO"}) {
     absl::StatusOr<std::unique_ptr<PlacementPolicy>> policy = CreatePolicy(name, {});
     ASSERT_EQ(policy.status().code(), absl::StatusCode::kInvalidArgument) << name;
-    EXPECT_THAT(policy.status().message(), HasSubstr("round_robin, least_loaded, kv_aware"));
+    EXPECT_THAT(policy.status().message(), HasSubstr("round_robin, least_loaded, kv_aware, slo"));
   }
 }
 
@@ -86,6 +88,16 @@ TEST(CreatePolicyTest, RejectsInvalidOptions) {
       {.temperature = -1.0},
       {.temperature = nan},
       {.temperature = inf},
+      {.default_ttft_ms = 0},
+      {.default_tpot_ms = -1},
+      {.default_step_profile = {.base_seconds = -0.001}},
+      {.default_step_profile = {.context_token_seconds = nan}},
+      {.default_step_profile = {.prefill_token_seconds = inf}},
+      {.default_max_tokens_per_step = 0},
+      {.default_kv_bytes_per_token = -1},
+      {.default_transfer_seconds_per_byte = -1e-9},
+      {.default_transfer_seconds_per_byte = inf},
+      {.expected_output_tokens = 0},
   };
   for (const std::string& name : KnownPolicies()) {
     for (const PolicyOptions& options : bad) {
@@ -178,6 +190,11 @@ TEST_P(EveryPolicyTest, InvalidClusterViews) {
       [](WorkerCandidate& w) { w.queued_prefill_tokens = -1; },
       [](WorkerCandidate& w) { w.placed_sequences = -1; },
       [](WorkerCandidate& w) { w.placed_prefill_tokens = -1; },
+      [](WorkerCandidate& w) { w.active_decode_tokens = -1; },
+      [](WorkerCandidate& w) { w.placed_decode_tokens = -1; },
+      [](WorkerCandidate& w) { w.tightest_running_tpot_ms = -1; },
+      [](WorkerCandidate& w) { w.max_tokens_per_step = -1; },
+      [](WorkerCandidate& w) { w.kv_bytes_per_token = -1; },
   };
   for (auto set_negative : negatives) {
     WorkerCandidate w = Worker("d0", Role::kDecode);
@@ -190,11 +207,39 @@ TEST_P(EveryPolicyTest, InvalidClusterViews) {
   }
 }
 
-// ----------------------------------------------------------------------------------------------
-// Conditional disaggregation (every policy). One decode worker holding `cached_blocks` of the
-// prompt's blocks, so every policy must pick it.
+TEST_P(EveryPolicyTest, SameSeedSameChoices) {
+  const absl::flat_hash_set<BlockHash> cache = CachedSet(20);
+  ClusterView cluster;
+  for (int i = 0; i < 4; ++i) {
+    cluster.workers.push_back(Worker("d" + std::to_string(i), Role::kDecode));
+    cluster.workers.push_back(Worker("p" + std::to_string(i), Role::kPrefill).Cached(&cache));
+  }
+  std::unique_ptr<PlacementPolicy> a = Policy({.temperature = 0.5, .seed = 7});
+  std::unique_ptr<PlacementPolicy> b = Policy({.temperature = 0.5, .seed = 7});
+  for (int call = 0; call < 50; ++call) {
+    const Request r = Prompt(300 + call * 37);
+    absl::StatusOr<Decision> da = a->Place(r, cluster);
+    absl::StatusOr<Decision> db = b->Place(r, cluster);
+    ASSERT_TRUE(da.ok() && db.ok());
+    EXPECT_EQ(da->decode_worker, db->decode_worker);
+    EXPECT_EQ(Ids(*da), Ids(*db));
+  }
+}
 
-TEST_P(EveryPolicyTest, LocalExactlyAtTheThresholdRemoteAboveIt) {
+// ----------------------------------------------------------------------------------------------
+// Conditional disaggregation by threshold (every policy but slo, which decides it from
+// predictions: slo_policy_test.cc). One decode worker holding `cached_blocks` of the prompt's
+// blocks, so every policy must pick it.
+
+class ThresholdPolicyTest : public EveryPolicyTest {};
+
+INSTANTIATE_TEST_SUITE_P(Policies, ThresholdPolicyTest,
+                         ::testing::Values("round_robin", "least_loaded", "kv_aware"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST_P(ThresholdPolicyTest, LocalExactlyAtTheThresholdRemoteAboveIt) {
   const absl::flat_hash_set<BlockHash> cached = CachedSet(10);  // 160 tokens
   for (int64_t threshold : {0, 16, 256, 1000}) {
     std::unique_ptr<PlacementPolicy> policy = Policy({.local_prefill_threshold_tokens = threshold});
@@ -221,7 +266,20 @@ TEST_P(EveryPolicyTest, LocalExactlyAtTheThresholdRemoteAboveIt) {
   }
 }
 
-TEST_P(EveryPolicyTest, DefaultThresholdIs256) {
+TEST_P(ThresholdPolicyTest, PredictsNothing) {
+  std::unique_ptr<PlacementPolicy> policy = Policy();
+  const ClusterView cluster = {.workers = {Worker("d0", Role::kDecode).Seqs(8, 8)}};
+  absl::StatusOr<Decision> d = policy->Place(Prompt(5000), cluster);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->predicted);
+  EXPECT_EQ(d->predicted_ttft_seconds, 0);
+  EXPECT_EQ(d->predicted_tpot_seconds, 0);
+  EXPECT_EQ(d->predicted_wait_seconds, 0);
+  EXPECT_EQ(d->headroom, 0);
+  EXPECT_TRUE(d->meets_slo);
+}
+
+TEST_P(ThresholdPolicyTest, DefaultThresholdIs256) {
   EXPECT_EQ(PolicyOptions{}.local_prefill_threshold_tokens, 256);
   std::unique_ptr<PlacementPolicy> policy = Policy();
   const ClusterView cluster = {
@@ -230,7 +288,7 @@ TEST_P(EveryPolicyTest, DefaultThresholdIs256) {
   EXPECT_FALSE(policy->Place(Prompt(257), cluster)->local_prefill);
 }
 
-TEST_P(EveryPolicyTest, FullyCachedPromptStaysLocalEvenAtThresholdZero) {
+TEST_P(ThresholdPolicyTest, FullyCachedPromptStaysLocalEvenAtThresholdZero) {
   const absl::flat_hash_set<BlockHash> cached = CachedSet(8);
   std::unique_ptr<PlacementPolicy> policy = Policy({.local_prefill_threshold_tokens = 0});
   const ClusterView cluster = {
@@ -247,7 +305,7 @@ TEST_P(EveryPolicyTest, FullyCachedPromptStaysLocalEvenAtThresholdZero) {
   EXPECT_FALSE(d->local_prefill);
 }
 
-TEST_P(EveryPolicyTest, LocalWhenNoHealthyPrefillWorker) {
+TEST_P(ThresholdPolicyTest, LocalWhenNoHealthyPrefillWorker) {
   std::unique_ptr<PlacementPolicy> policy = Policy();
   const std::vector<ClusterView> clusters = {
       {.workers = {Worker("d0", Role::kDecode)}},
@@ -266,7 +324,7 @@ TEST_P(EveryPolicyTest, LocalWhenNoHealthyPrefillWorker) {
   }
 }
 
-TEST_P(EveryPolicyTest, RanksEveryHealthyPrefillWorkerAndSkipsUnhealthyOnes) {
+TEST_P(ThresholdPolicyTest, RanksEveryHealthyPrefillWorkerAndSkipsUnhealthyOnes) {
   std::unique_ptr<PlacementPolicy> policy = Policy();
   const ClusterView cluster = {.workers = {
                                    Worker("p0", Role::kPrefill),
@@ -285,7 +343,7 @@ TEST_P(EveryPolicyTest, RanksEveryHealthyPrefillWorkerAndSkipsUnhealthyOnes) {
   }
 }
 
-TEST_P(EveryPolicyTest, BothRoleWorkersPrefillForOthersButNotForThemselves) {
+TEST_P(ThresholdPolicyTest, BothRoleWorkersPrefillForOthersButNotForThemselves) {
   std::unique_ptr<PlacementPolicy> policy = Policy();
   // Only b0 and b1: each is the other's prefill worker.
   const ClusterView cluster = {.workers = {Worker("b0", Role::kBoth), Worker("b1", Role::kBoth)}};
@@ -298,7 +356,7 @@ TEST_P(EveryPolicyTest, BothRoleWorkersPrefillForOthersButNotForThemselves) {
   }
 }
 
-TEST_P(EveryPolicyTest, ReportsCachedTokensOfTheChosenWorkers) {
+TEST_P(ThresholdPolicyTest, ReportsCachedTokensOfTheChosenWorkers) {
   const absl::flat_hash_set<BlockHash> d_cache = CachedSet(4);
   const absl::flat_hash_set<BlockHash> p_cache = CachedSet(30);
   std::unique_ptr<PlacementPolicy> policy = Policy();
@@ -317,25 +375,6 @@ TEST_P(EveryPolicyTest, ReportsCachedTokensOfTheChosenWorkers) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->decode_cached_tokens, 0);
   EXPECT_EQ(d->prefill[0].cached_tokens, 0);
-}
-
-TEST_P(EveryPolicyTest, SameSeedSameChoices) {
-  const absl::flat_hash_set<BlockHash> cache = CachedSet(20);
-  ClusterView cluster;
-  for (int i = 0; i < 4; ++i) {
-    cluster.workers.push_back(Worker("d" + std::to_string(i), Role::kDecode));
-    cluster.workers.push_back(Worker("p" + std::to_string(i), Role::kPrefill).Cached(&cache));
-  }
-  std::unique_ptr<PlacementPolicy> a = Policy({.temperature = 0.5, .seed = 7});
-  std::unique_ptr<PlacementPolicy> b = Policy({.temperature = 0.5, .seed = 7});
-  for (int call = 0; call < 50; ++call) {
-    const Request r = Prompt(300 + call * 37);
-    absl::StatusOr<Decision> da = a->Place(r, cluster);
-    absl::StatusOr<Decision> db = b->Place(r, cluster);
-    ASSERT_TRUE(da.ok() && db.ok());
-    EXPECT_EQ(da->decode_worker, db->decode_worker);
-    EXPECT_EQ(Ids(*da), Ids(*db));
-  }
 }
 
 }  // namespace

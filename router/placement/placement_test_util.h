@@ -73,6 +73,31 @@ struct Worker : WorkerCandidate {
     placed_prefill_tokens = prefill_tokens;
     return *this;
   }
+  // The fields the slo policy reads.
+  Worker& Model(const StepCostModel* model) {
+    cost_model = model;
+    return *this;
+  }
+  Worker& Active(int64_t decode_tokens) {
+    active_decode_tokens = decode_tokens;
+    return *this;
+  }
+  Worker& PlacedDecode(int64_t tokens) {
+    placed_decode_tokens = tokens;
+    return *this;
+  }
+  Worker& TightestTpot(int64_t ms) {
+    tightest_running_tpot_ms = ms;
+    return *this;
+  }
+  Worker& Budget(int64_t tokens_per_step) {
+    max_tokens_per_step = tokens_per_step;
+    return *this;
+  }
+  Worker& KvBytes(int64_t bytes_per_token) {
+    kv_bytes_per_token = bytes_per_token;
+    return *this;
+  }
 };
 
 inline std::unique_ptr<PlacementPolicy> MakePolicy(absl::string_view name,

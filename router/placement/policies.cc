@@ -16,9 +16,9 @@ namespace {
 // round_robin: each kind of worker in turn, by id, so that the rotation stays fair when workers
 // join, leave or change order in the view.
 
-class RoundRobinPolicy final : public PolicyBase {
+class RoundRobinPolicy final : public ThresholdPolicy {
  public:
-  using PolicyBase::PolicyBase;
+  using ThresholdPolicy::ThresholdPolicy;
   absl::string_view name() const override { return "round_robin"; }
 
  protected:
@@ -64,9 +64,9 @@ class RoundRobinPolicy final : public PolicyBase {
 // ----------------------------------------------------------------------------------------------
 // least_loaded
 
-class LeastLoadedPolicy final : public PolicyBase {
+class LeastLoadedPolicy final : public ThresholdPolicy {
  public:
-  using PolicyBase::PolicyBase;
+  using ThresholdPolicy::ThresholdPolicy;
   absl::string_view name() const override { return "least_loaded"; }
 
  protected:
@@ -89,9 +89,9 @@ class LeastLoadedPolicy final : public PolicyBase {
 // ----------------------------------------------------------------------------------------------
 // kv_aware
 
-class KvAwarePolicy final : public PolicyBase {
+class KvAwarePolicy final : public ThresholdPolicy {
  public:
-  using PolicyBase::PolicyBase;
+  using ThresholdPolicy::ThresholdPolicy;
   absl::string_view name() const override { return "kv_aware"; }
 
  protected:

@@ -1,5 +1,6 @@
 // Internal to router/placement: what the policies share. Place() in PolicyBase validates the
-// input, asks the policy for a decode worker, applies conditional disaggregation and, when the
+// input and hands a PlacementContext to the policy's Decide(). ThresholdPolicy's Decide asks the
+// policy for a decode worker, applies conditional disaggregation by threshold and, when the
 // prompt goes to a prefill worker, asks the policy to rank them. Include placement.h instead.
 #ifndef TANDEM_ROUTER_PLACEMENT_POLICY_BASE_H_
 #define TANDEM_ROUTER_PLACEMENT_POLICY_BASE_H_
@@ -48,8 +49,10 @@ class PlacementContext {
   int64_t CachedTokens(int index);
   // The healthy prefill-capable workers other than `decode_index`, in the view's order.
   std::vector<int> PrefillPoolFor(int decode_index) const;
-  // Whether a request decoded on worker `decode_index` is prefilled there too.
+  // Whether a request decoded on worker `decode_index` is prefilled there too, by
+  // local_prefill_threshold_tokens (ThresholdPolicy).
   PrefillReason ReasonFor(int decode_index);
+  const ClusterView& cluster() const { return cluster_; }
 
  private:
   const Request& request_;
@@ -77,10 +80,9 @@ class PolicyBase : public PlacementPolicy {
   absl::StatusOr<Decision> Place(const Request& request, const ClusterView& cluster) final;
 
  protected:
-  // The decode worker (an index from ctx.decode_workers(), which is never empty).
-  virtual int ChooseDecode(PlacementContext& ctx) = 0;
-  // `pool` (not empty) ordered best first.
-  virtual std::vector<int> RankPrefill(PlacementContext& ctx, std::vector<int> pool) = 0;
+  // The decision for a validated input with at least one healthy decode worker
+  // (ctx.decode_workers() not empty). Must not fail.
+  virtual Decision Decide(PlacementContext& ctx) = 0;
 
   // The entry of `ids` with the highest score; equal best scores are broken uniformly at random.
   // scores[k] belongs to ids[k]. REQUIRES: ids not empty, same sizes.
@@ -98,9 +100,24 @@ class PolicyBase : public PlacementPolicy {
   Rng rng_;
 };
 
+// A policy that chooses the decode worker, then prefills locally by local_prefill_threshold_tokens
+// (PlacementContext::ReasonFor), else on the prefill workers it ranks.
+class ThresholdPolicy : public PolicyBase {
+ public:
+  using PolicyBase::PolicyBase;
+
+ protected:
+  Decision Decide(PlacementContext& ctx) final;
+  // The decode worker (an index from ctx.decode_workers(), which is never empty).
+  virtual int ChooseDecode(PlacementContext& ctx) = 0;
+  // `pool` (not empty) ordered best first.
+  virtual std::vector<int> RankPrefill(PlacementContext& ctx, std::vector<int> pool) = 0;
+};
+
 std::unique_ptr<PlacementPolicy> NewRoundRobinPolicy(const PolicyOptions& options);
 std::unique_ptr<PlacementPolicy> NewLeastLoadedPolicy(const PolicyOptions& options);
 std::unique_ptr<PlacementPolicy> NewKvAwarePolicy(const PolicyOptions& options);
+std::unique_ptr<PlacementPolicy> NewSloPolicy(const PolicyOptions& options);
 
 }  // namespace tandem::placement
 

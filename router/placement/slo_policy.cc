@@ -1,0 +1,241 @@
+// The slo policy of placement.h: latency predictions from the workers' cost models, the decode
+// worker with the most SLO headroom, and the prefill location with the best TTFT that keeps the
+// decode worker's running streams within their TPOT objective. docs/slo.md has the formulas.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "common/logging.h"
+#include "router/placement/cost_model.h"
+#include "router/placement/placement.h"
+#include "router/placement/policy_base.h"
+
+namespace tandem::placement {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// (objective - predicted) / objective. REQUIRES: objective > 0.
+double Headroom(double objective, double predicted) { return (objective - predicted) / objective; }
+
+class SloPolicy final : public PolicyBase {
+ public:
+  using PolicyBase::PolicyBase;
+  absl::string_view name() const override { return "slo"; }
+
+ protected:
+  Decision Decide(PlacementContext& ctx) override {
+    const Request& request = ctx.request();
+    const double ttft_slo =
+        static_cast<double>(request.slo.ttft_ms > 0 ? request.slo.ttft_ms
+                                                    : options().default_ttft_ms) /
+        1000.0;
+    const double tpot_slo =
+        static_cast<double>(request.slo.tpot_ms > 0 ? request.slo.tpot_ms
+                                                    : options().default_tpot_ms) /
+        1000.0;
+
+    // What each worker would take to prefill the prompt (as the prefilling worker), once.
+    std::vector<PrefillPrediction> prefill(ctx.cluster().workers.size());
+    for (int w : ctx.decode_workers()) prefill[w] = PredictPrefill(ctx, w);
+    for (int w : ctx.prefill_workers()) prefill[w] = PredictPrefill(ctx, w);
+
+    const std::vector<int>& decode = ctx.decode_workers();
+    std::vector<Candidate> candidates;
+    std::vector<double> headrooms;
+    candidates.reserve(decode.size());
+    headrooms.reserve(decode.size());
+    for (int d : decode) {
+      candidates.push_back(Evaluate(ctx, d, prefill, ttft_slo, tpot_slo));
+      headrooms.push_back(candidates.back().headroom);
+    }
+    const int d = ArgMaxRandomTie(decode, headrooms);
+    const Candidate& best = candidates[std::find(decode.begin(), decode.end(), d) - decode.begin()];
+
+    Decision decision;
+    decision.decode_worker = ctx.worker(d).id;
+    decision.decode_cached_tokens = ctx.CachedTokens(d);
+    decision.uncached_tokens = request.prompt_tokens - decision.decode_cached_tokens;
+    decision.reason = best.reason;
+    decision.local_prefill = best.reason != PrefillReason::kRemote;
+    if (!decision.local_prefill) {
+      // Every prefill worker, by the TTFT it predicts for this decode worker (best first).
+      const std::vector<int> pool = ctx.PrefillPoolFor(d);
+      std::vector<double> scores;
+      scores.reserve(pool.size());
+      for (int p : pool) scores.push_back(-RemoteTtft(ctx, d, p, prefill[p]));
+      for (int p : RankDescending(pool, scores)) {
+        decision.prefill.push_back(
+            {.worker_id = ctx.worker(p).id, .cached_tokens = ctx.CachedTokens(p)});
+      }
+    }
+    decision.predicted = true;
+    decision.predicted_ttft_seconds = best.slot_wait + best.ttft;
+    decision.predicted_tpot_seconds = best.tpot;
+    decision.predicted_wait_seconds = best.slot_wait + best.queue_wait;
+    decision.ttft_slo_seconds = ttft_slo;
+    decision.tpot_slo_seconds = tpot_slo;
+    decision.headroom = best.headroom;
+    decision.meets_slo = best.headroom >= 0;
+    return decision;
+  }
+
+ private:
+  // The prompt prefilled on one worker, from the moment it could start.
+  struct PrefillPrediction {
+    // Behind the prompt tokens queued there (reported + placed).
+    double queue_wait = 0;
+    // The prompt's own uncached tokens.
+    double compute = 0;
+    // Mean step time while it computes: the TPOT of the streams decoding beside it.
+    double mean_step = 0;
+  };
+
+  // One decode worker with its best way to prefill.
+  struct Candidate {
+    double slot_wait = 0;   // for a batch slot on the decode worker
+    double queue_wait = 0;  // behind queued prompt tokens on the prefilling worker
+    double ttft = 0;        // queue_wait + prefill + transfer (slot_wait not included)
+    double tpot = 0;
+    double headroom = 0;
+    PrefillReason reason = PrefillReason::kRemote;
+  };
+
+  const StepProfile& ProfileOf(const WorkerCandidate& w) const {
+    return w.cost_model != nullptr ? w.cost_model->profile() : options().default_step_profile;
+  }
+
+  int64_t BudgetOf(const WorkerCandidate& w) const {
+    return w.max_tokens_per_step > 0 ? w.max_tokens_per_step
+                                     : options().default_max_tokens_per_step;
+  }
+
+  static int64_t BatchSlots(const WorkerCandidate& w) {
+    return std::max<int64_t>(w.max_running, 1);
+  }
+
+  // Sequences decoding in every step of the worker (running + placed, at most a batch), and their
+  // context: what a prefill on it shares its steps with. A prefill-only worker decodes nothing.
+  static int64_t DecodingSeqs(const WorkerCandidate& w) {
+    if (w.role == Role::kPrefill) return 0;
+    return std::min(w.running_seqs + w.placed_sequences, BatchSlots(w));
+  }
+  static int64_t DecodingContext(const WorkerCandidate& w) {
+    if (w.role == Role::kPrefill) return 0;
+    return w.active_decode_tokens + w.placed_decode_tokens;
+  }
+
+  PrefillPrediction PredictPrefill(PlacementContext& ctx, int w) const {
+    const WorkerCandidate& worker = ctx.worker(w);
+    const StepProfile& profile = ProfileOf(worker);
+    const int64_t cached = ctx.CachedTokens(w);
+    const PrefillShape queued = {.uncached_tokens = PrefillQueue(worker),
+                                 .token_budget = BudgetOf(worker),
+                                 .decode_seqs = DecodingSeqs(worker),
+                                 .decode_context_tokens = DecodingContext(worker)};
+    PrefillShape own = queued;
+    own.uncached_tokens = ctx.request().prompt_tokens - cached;
+    own.cached_tokens = cached;
+    PrefillPrediction p;
+    p.queue_wait = QueuedPrefillSeconds(profile, queued);
+    p.compute = PrefillSeconds(profile, own);
+    p.mean_step = p.compute / static_cast<double>(PrefillSteps(own));
+    return p;
+  }
+
+  // Queue + prefill on `p` + moving the KV that decode worker `d` lacks from `p` to `d`.
+  double RemoteTtft(PlacementContext& ctx, int d, int p, const PrefillPrediction& on_p) const {
+    const WorkerCandidate& decode = ctx.worker(d);
+    const WorkerCandidate& prefill = ctx.worker(p);
+    const int64_t bytes_per_token = prefill.kv_bytes_per_token > 0 ? prefill.kv_bytes_per_token
+                                    : decode.kv_bytes_per_token > 0
+                                        ? decode.kv_bytes_per_token
+                                        : options().default_kv_bytes_per_token;
+    const double bytes = static_cast<double>(ctx.request().prompt_tokens - ctx.CachedTokens(d)) *
+                         static_cast<double>(bytes_per_token);
+    const double transfer =
+        bytes * (ctx.cluster().transfers != nullptr
+                     ? ctx.cluster().transfers->SecondsPerByte(prefill.id, decode.id)
+                     : options().default_transfer_seconds_per_byte);
+    return on_p.queue_wait + on_p.compute + transfer;
+  }
+
+  Candidate Evaluate(PlacementContext& ctx, int d, const std::vector<PrefillPrediction>& prefill,
+                     double ttft_slo, double tpot_slo) const {
+    const WorkerCandidate& w = ctx.worker(d);
+    const int64_t slots = BatchSlots(w);
+    const int64_t budget = BudgetOf(w);
+    // TPOT: a decode step of the batch with this request in it. Sequences beyond the token budget
+    // skip steps, so a batch above it decodes batch / budget times slower.
+    const int64_t sequences = w.running_seqs + w.waiting_seqs + w.placed_sequences + 1;
+    const int64_t batch = std::min(sequences, slots);
+    const int64_t context =
+        w.active_decode_tokens + w.placed_decode_tokens + ctx.request().prompt_tokens;
+    Candidate c;
+    c.tpot = DecodeStepSeconds(ProfileOf(w), std::min(batch, budget), context) *
+             std::max(1.0, static_cast<double>(batch) / static_cast<double>(budget));
+    // Beyond max_running the request waits for a slot: a full batch frees one every
+    // expected_output_tokens * tpot / slots seconds.
+    const int64_t over = sequences - slots;
+    if (over > 0) {
+      c.slot_wait = static_cast<double>(over) *
+                    static_cast<double>(options().expected_output_tokens) * c.tpot /
+                    static_cast<double>(slots);
+    }
+
+    // The streams decoding now must keep their TPOT objective: with the batch grown by one, and
+    // during a local prefill of this prompt.
+    const bool has_running = DecodingSeqs(w) > 0;
+    const double running_slo =
+        static_cast<double>(w.tightest_running_tpot_ms > 0 ? w.tightest_running_tpot_ms
+                                                           : options().default_tpot_ms) /
+        1000.0;
+    const PrefillPrediction& local = prefill[d];
+    const bool local_allowed = !has_running || local.mean_step <= running_slo;
+
+    double best_remote = kInf;
+    const std::vector<int> pool = ctx.PrefillPoolFor(d);
+    int best_p = -1;
+    for (int p : pool) {
+      const double t = RemoteTtft(ctx, d, p, prefill[p]);
+      if (t < best_remote) {
+        best_remote = t;
+        best_p = p;
+      }
+    }
+    const double local_ttft = local.queue_wait + local.compute;
+    double stall = 0;
+    if (pool.empty()) {
+      c.reason = PrefillReason::kNoPrefillWorker;
+    } else if (local_allowed && local_ttft <= best_remote) {
+      c.reason = PrefillReason::kPredictedLocal;
+    } else {
+      c.reason = PrefillReason::kRemote;
+    }
+    if (c.reason == PrefillReason::kRemote) {
+      c.queue_wait = prefill[best_p].queue_wait;
+      c.ttft = best_remote;
+    } else {
+      c.queue_wait = local.queue_wait;
+      c.ttft = local_ttft;
+      stall = local.mean_step;
+    }
+
+    c.headroom = std::min(Headroom(ttft_slo, c.slot_wait + c.ttft), Headroom(tpot_slo, c.tpot));
+    if (has_running) {
+      c.headroom = std::min(c.headroom, Headroom(running_slo, std::max(c.tpot, stall)));
+    }
+    return c;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<PlacementPolicy> NewSloPolicy(const PolicyOptions& options) {
+  return std::make_unique<SloPolicy>(options);
+}
+
+}  // namespace tandem::placement

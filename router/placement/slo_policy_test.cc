@@ -1,0 +1,315 @@
+// Tests of the slo policy: its choices and its predictions on hand-built clusters. Every expected
+// number is worked out in the comments from the coefficients of the test's profile (docs/slo.md
+// has the formulas).
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "common/logging.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "router/placement/cost_model.h"
+#include "router/placement/placement.h"
+#include "router/placement/placement_test_util.h"
+
+namespace tandem::placement {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using testing_util::CachedSet;
+using testing_util::Ids;
+using testing_util::MakePolicy;
+using testing_util::PlaceOrDie;
+using testing_util::Prompt;
+using testing_util::Worker;
+
+constexpr double kTol = 1e-9;
+
+// 10 ms a step, 0.1 ms a prompt token, 1 ms a decoding sequence, no context cost (unless a test
+// sets one); budget 512 tokens a step; KV of 10 kB a token moved at 1 ns a byte (10 us a token);
+// a sequence holds its batch slot for 100 tokens. Objectives: TTFT 1 s, TPOT 50 ms.
+PolicyOptions Options() {
+  return {.seed = 1,
+          .default_ttft_ms = 1000,
+          .default_tpot_ms = 50,
+          .default_step_profile = {.base_seconds = 0.010,
+                                   .prefill_token_seconds = 1e-4,
+                                   .decode_token_seconds = 1e-3,
+                                   .context_token_seconds = 0},
+          .default_max_tokens_per_step = 512,
+          .default_kv_bytes_per_token = 10000,
+          .default_transfer_seconds_per_byte = 1e-9,
+          .expected_output_tokens = 100};
+}
+
+PolicyOptions WithContextCost(double seconds_per_token) {
+  PolicyOptions options = Options();
+  options.default_step_profile.context_token_seconds = seconds_per_token;
+  return options;
+}
+
+Request WithSlo(Request r, int64_t ttft_ms, int64_t tpot_ms) {
+  r.slo = {.ttft_ms = ttft_ms, .tpot_ms = tpot_ms};
+  return r;
+}
+
+TEST(SloPolicyTest, LocalPrefillOnAnIdleWorkerByHand) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", WithContextCost(1e-6));
+  const ClusterView cluster = {.workers = {Worker("d0", Role::kDecode)}};
+  // 1000 tokens in chunks of 512: 2 steps of 10 ms, 1000 * 0.1 ms, and context 1e-6 * (512 +
+  // 1000) for the chunks' ends: TTFT 0.121512. TPOT: one sequence with 1000 tokens of context:
+  // 0.010 + 0.001 + 0.001.
+  Decision d = PlaceOrDie(*policy, Prompt(1000), cluster);
+  EXPECT_EQ(d.decode_worker, "d0");
+  EXPECT_TRUE(d.local_prefill);
+  EXPECT_EQ(d.reason, PrefillReason::kNoPrefillWorker);
+  EXPECT_THAT(d.prefill, IsEmpty());
+  EXPECT_TRUE(d.predicted);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.121512, kTol);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.012, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0, kTol);
+  EXPECT_NEAR(d.ttft_slo_seconds, 1.0, kTol);
+  EXPECT_NEAR(d.tpot_slo_seconds, 0.05, kTol);
+  // min((1 - 0.121512) / 1, (0.05 - 0.012) / 0.05) = min(0.878488, 0.76).
+  EXPECT_NEAR(d.headroom, 0.76, kTol);
+  EXPECT_TRUE(d.meets_slo);
+
+  // 20 blocks (320 tokens) cached: 680 to compute after them, still 2 chunks. Each step attends to
+  // the 320 cached tokens: 2 * (0.010 + 320e-6) + 680e-4 + 1e-6 * (512 + 680) = 0.089832. The
+  // TPOT still counts the whole prompt as context.
+  const absl::flat_hash_set<BlockHash> cache = CachedSet(20);
+  const ClusterView cached = {.workers = {Worker("d0", Role::kDecode).Cached(&cache)}};
+  d = PlaceOrDie(*policy, Prompt(1000), cached);
+  EXPECT_EQ(d.decode_cached_tokens, 320);
+  EXPECT_EQ(d.uncached_tokens, 680);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.089832, kTol);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.012, kTol);
+}
+
+TEST(SloPolicyTest, RequestObjectivesOverrideTheDefaults) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  const ClusterView cluster = {.workers = {Worker("d0", Role::kDecode)}};
+  // TTFT 2 * 0.010 + 0.1 = 0.12, TPOT 0.011 (no context cost). Against 200 ms and 20 ms:
+  // min((0.2 - 0.12) / 0.2, (0.02 - 0.011) / 0.02) = min(0.4, 0.45).
+  const Decision d = PlaceOrDie(*policy, WithSlo(Prompt(1000), 200, 20), cluster);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.12, kTol);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.011, kTol);
+  EXPECT_NEAR(d.ttft_slo_seconds, 0.2, kTol);
+  EXPECT_NEAR(d.tpot_slo_seconds, 0.02, kTol);
+  EXPECT_NEAR(d.headroom, 0.4, kTol);
+  EXPECT_TRUE(d.meets_slo);
+}
+
+TEST(SloPolicyTest, LocalUntilItWouldStallTheRunningStreamsThenRemote) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  // d0 decodes 20 streams; p0 has 2000 prompt tokens queued: 4 steps, 0.04 + 0.2 = 0.24 s.
+  ClusterView cluster = {.workers = {Worker("d0", Role::kDecode).Seqs(20).MaxRunning(64),
+                                     Worker("p0", Role::kPrefill).Queue(2000)}};
+  // Locally the prompt shares each step with 20 decode tokens: chunks of 492, and a step of
+  // 0.010 + 0.020 + U * 1e-4 for U <= 492 tokens, which is the streams' TPOT meanwhile.
+  // 190 tokens: 0.049 <= 50 ms, and far better than remote (0.24 + 0.029 + 0.0019 = 0.2709).
+  Decision d = PlaceOrDie(*policy, Prompt(190), cluster);
+  EXPECT_EQ(d.decode_worker, "d0");
+  EXPECT_TRUE(d.local_prefill);
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  EXPECT_THAT(d.prefill, IsEmpty());
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.049, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0, kTol);
+  // 21 sequences: 0.010 + 0.021.
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.031, kTol);
+  // min(0.951, (0.05 - 0.031) / 0.05, running streams (0.05 - 0.049) / 0.05).
+  EXPECT_NEAR(d.headroom, 0.02, kTol);
+
+  // 210 tokens: a 51 ms step would break the streams' 50 ms: remote, 0.24 wait + 0.010 + 0.021
+  // prefill + 210 * 10 us transfer = 0.2731.
+  d = PlaceOrDie(*policy, Prompt(210), cluster);
+  EXPECT_FALSE(d.local_prefill);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_THAT(Ids(d), ElementsAre("p0"));
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.2731, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.24, kTol);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.031, kTol);
+  // min(1 - 0.2731, (0.05 - 0.031) / 0.05 for the request and for the streams).
+  EXPECT_NEAR(d.headroom, 0.38, kTol);
+
+  // Streams that tolerate 60 ms take the 51 ms step: local again.
+  cluster.workers[0].tightest_running_tpot_ms = 60;
+  d = PlaceOrDie(*policy, Prompt(210), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.051, kTol);
+}
+
+TEST(SloPolicyTest, RemoteWhenTheDecodeWorkersQueueIsLongerThanTheTransfer) {
+  PolicyOptions options = Options();
+  options.default_ttft_ms = 5000;
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", options);
+  // No streams decoding on d0, but 1000 prompt tokens queued for local prefill: 0.12 s. p0 is
+  // idle; its only extra cost is the transfer, 10 us a token.
+  const ClusterView cluster = {
+      .workers = {Worker("d0", Role::kDecode).Queue(1000), Worker("p0", Role::kPrefill)}};
+  // 1024 tokens: local 0.12 + 2 * 0.010 + 0.1024 = 0.2424; remote 0.1224 + 0.01024 = 0.13264.
+  Decision d = PlaceOrDie(*policy, Prompt(1024), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.13264, kTol);
+  // 16000 tokens: the transfer (0.16) now costs more than the queue (0.12): local,
+  // 0.12 + 32 * 0.010 + 1.6 = 2.04 against 2.08.
+  d = PlaceOrDie(*policy, Prompt(16000), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 2.04, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.12, kTol);
+}
+
+TEST(SloPolicyTest, AvoidsAnOverloadedDecodeWorker) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  // d0: 8 running + 4 waiting in 8 slots; d1: 4 running.
+  const WorkerCandidate full = Worker("d0", Role::kDecode).Seqs(8, 4).MaxRunning(8);
+  const ClusterView cluster = {
+      .workers = {full, Worker("d1", Role::kDecode).Seqs(4).MaxRunning(8)}};
+  // d1: local prefill of 100 tokens beside 4 decode tokens, 0.010 + 0.004 + 0.01 = 0.024; TPOT
+  // with 5 sequences 0.015. min(0.976, 0.7, streams (0.05 - 0.024) / 0.05 = 0.52).
+  Decision d = PlaceOrDie(*policy, Prompt(100), cluster);
+  EXPECT_EQ(d.decode_worker, "d1");
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.024, kTol);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.015, kTol);
+  EXPECT_NEAR(d.headroom, 0.52, kTol);
+  EXPECT_TRUE(d.meets_slo);
+
+  // d0 alone: 13 sequences for 8 slots. TPOT of a full batch 0.018; the request is 5th in line
+  // for a slot, and a slot frees every 100 * 0.018 / 8 s: wait 5 * 0.225 = 1.125. Then a local
+  // prefill beside 8 decode tokens: 0.010 + 0.008 + 0.01 = 0.028. TTFT 1.153 > 1 s.
+  d = PlaceOrDie(*policy, Prompt(100), {.workers = {full}});
+  EXPECT_EQ(d.decode_worker, "d0");
+  EXPECT_NEAR(d.predicted_wait_seconds, 1.125, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 1.153, kTol);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.018, kTol);
+  EXPECT_NEAR(d.headroom, -0.153, kTol);
+  EXPECT_FALSE(d.meets_slo);
+}
+
+TEST(SloPolicyTest, WhenNoWorkerCanMeetTheSloTheLeastBadOneIsChosen) {
+  // d1's fitted model computes prompts twice as fast as the default profile of d0.
+  absl::StatusOr<StepCostModel> fast = StepCostModel::Create({.prior = {
+                                                                  .base_seconds = 0.010,
+                                                                  .prefill_token_seconds = 5e-5,
+                                                                  .decode_token_seconds = 1e-3,
+                                                                  .context_token_seconds = 0,
+                                                              }});
+  ASSERT_TRUE(fast.ok());
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  const ClusterView cluster = {
+      .workers = {Worker("d0", Role::kDecode), Worker("d1", Role::kDecode).Model(&*fast)}};
+  // 2000 tokens, 4 chunks, against a 100 ms TTFT: d0 0.04 + 0.2 = 0.24 (headroom -1.4), d1
+  // 0.04 + 0.1 = 0.14 (headroom -0.4).
+  const Decision d = PlaceOrDie(*policy, WithSlo(Prompt(2000), 100, 0), cluster);
+  EXPECT_EQ(d.decode_worker, "d1");
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.14, kTol);
+  EXPECT_NEAR(d.headroom, -0.4, kTol);
+  EXPECT_FALSE(d.meets_slo);
+  // The TPOT objective is the default one (the request set none).
+  EXPECT_NEAR(d.tpot_slo_seconds, 0.05, kTol);
+}
+
+TEST(SloPolicyTest, RanksPrefillWorkersByPredictedTtftWithTheirTransfers) {
+  PolicyOptions options = Options();
+  options.default_tpot_ms = 100;
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", options);
+  absl::StatusOr<TransferModel> transfers =
+      TransferModel::Create({.default_seconds_per_byte = 1e-9, .alpha = 1.0});
+  ASSERT_TRUE(transfers.ok());
+  // p0 -> d0 measured at 5 ns a byte.
+  ASSERT_TRUE(transfers->Observe("p0", "d0", 100'000'000, 0.5).ok());
+  const absl::flat_hash_set<BlockHash> cache = CachedSet(40);  // 640 tokens
+  ClusterView cluster = {
+      .workers = {Worker("d0", Role::kDecode).Seqs(40).MaxRunning(64).TightestTpot(60),
+                  Worker("p0", Role::kPrefill), Worker("p1", Role::kPrefill).KvBytes(20000),
+                  Worker("p2", Role::kPrefill).Cached(&cache),
+                  Worker("p3", Role::kPrefill).Unhealthy()},
+      .transfers = &*transfers};
+  // Local: chunks of 472 beside 40 decode tokens, 3 steps of 0.05 + 0.1 = 0.25, a mean step of
+  // 83 ms > the streams' 60 ms: not allowed. Remote, 1000 tokens to move to d0:
+  //   p0: 2 * 0.010 + 0.1 = 0.12, + 1e7 B * 5e-9 = 0.05: 0.17
+  //   p1: 0.12 + 2e7 B * 1e-9 = 0.02: 0.14
+  //   p2: 360 uncached, 0.010 + 0.036 = 0.046, + 1e7 B * 1e-9 = 0.01: 0.056
+  Decision d = PlaceOrDie(*policy, Prompt(1000), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_THAT(Ids(d), ElementsAre("p2", "p1", "p0"));
+  EXPECT_EQ(d.prefill[0].cached_tokens, 640);
+  EXPECT_EQ(d.decode_cached_tokens, 0);
+  EXPECT_EQ(d.uncached_tokens, 1000);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.056, kTol);
+  // 41 sequences: 0.051. min(0.944, (0.1 - 0.051) / 0.1, streams (0.06 - 0.051) / 0.06).
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.051, kTol);
+  EXPECT_NEAR(d.headroom, 0.15, kTol);
+  // Without measured transfers p0 moves at the default 1 ns a byte: 0.13, ahead of p1.
+  cluster.transfers = nullptr;
+  d = PlaceOrDie(*policy, Prompt(1000), cluster);
+  EXPECT_THAT(Ids(d), ElementsAre("p2", "p0", "p1"));
+}
+
+TEST(SloPolicyTest, CountsLoadTheRouterPlaced) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", WithContextCost(1e-6));
+  // 2 streams decoding with 3000 tokens of context, and 2 more placed (1000 prompt tokens to
+  // decode after, 1024 still to prefill here).
+  const ClusterView cluster = {
+      .workers = {
+          Worker("d0", Role::kDecode).Seqs(2).Placed(2, 1024).Active(3000).PlacedDecode(1000),
+      }};
+  // Steps carry 4 decode tokens and 4000 tokens of their context: a fixed 0.010 + 0.004 + 0.004.
+  // Queue: 1024 tokens in chunks of 508, 3 steps: 0.054 + 1024 * (1e-4 + 1e-6) = 0.157424.
+  // The prompt: 100 tokens, one step: 0.018 + 0.01 + 1e-6 * 100 = 0.0281.
+  const Decision d = PlaceOrDie(*policy, Prompt(100), cluster);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.157424, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.157424 + 0.0281, kTol);
+  // 5 sequences, 3000 + 1000 + 100 tokens of context: 0.010 + 0.005 + 0.0041.
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.0191, kTol);
+  // min(1 - 0.185524, (0.05 - 0.0191) / 0.05, streams (0.05 - 0.0281) / 0.05).
+  EXPECT_NEAR(d.headroom, 0.438, kTol);
+}
+
+TEST(SloPolicyTest, ABatchAboveTheTokenBudgetDecodesSlower) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  const ClusterView cluster = {
+      .workers = {Worker("d0", Role::kDecode).Seqs(31).MaxRunning(64).Budget(16)}};
+  // 32 sequences, 16 tokens a step: each step decodes 16, each sequence every other step:
+  // (0.010 + 0.016) * 32 / 16 = 0.052. The prompt gets 1 token a step: 10 steps of 0.026 + 1e-4.
+  const Decision d = PlaceOrDie(*policy, Prompt(10), cluster);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.052, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.261, kTol);
+  EXPECT_NEAR(d.headroom, -0.04, kTol);
+  EXPECT_FALSE(d.meets_slo);
+}
+
+TEST(SloPolicyTest, EqualWorkersAreChosenAtRandom) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  const ClusterView cluster = {.workers = {Worker("d0", Role::kDecode), Worker("d1", Role::kDecode),
+                                           Worker("d2", Role::kDecode).Seqs(1)}};
+  std::map<std::string, int> counts;
+  for (int k = 0; k < 600; ++k) ++counts[PlaceOrDie(*policy, Prompt(100), cluster).decode_worker];
+  EXPECT_EQ(counts.count("d2"), 0u);
+  EXPECT_NEAR(counts["d0"], 300, 60);
+  EXPECT_NEAR(counts["d1"], 300, 60);
+}
+
+TEST(SloPolicyTest, BothRoleWorkersPrefillForOthersButNotForThemselves) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  // b0 decodes 40 streams (no local prefill of a long prompt), b1 is idle: b1 decodes and
+  // prefills it itself (no transfer), whatever b0 could do.
+  const ClusterView cluster = {
+      .workers = {Worker("b0", Role::kBoth).Seqs(40).MaxRunning(64), Worker("b1", Role::kBoth)}};
+  Decision d = PlaceOrDie(*policy, Prompt(1000), cluster);
+  EXPECT_EQ(d.decode_worker, "b1");
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  // Only b0, busy: b1 prefills for it.
+  const ClusterView busy = {
+      .workers = {Worker("b0", Role::kBoth).Seqs(40).MaxRunning(64), Worker("b1", Role::kPrefill)}};
+  d = PlaceOrDie(*policy, Prompt(1000), busy);
+  EXPECT_EQ(d.decode_worker, "b0");
+  EXPECT_THAT(Ids(d), ElementsAre("b1"));
+}
+
+}  // namespace
+}  // namespace tandem::placement
