@@ -1,10 +1,12 @@
 #include "engine/serving/engine_loop.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -250,6 +252,57 @@ absl::Status EngineLoop::FallBackToLocalPrefill(uint64_t id) {
 
 bool EngineLoop::Cancel(uint64_t id) {
   return Await<bool>([&](auto done) { CancelAsync(id, std::move(done)); });
+}
+
+absl::Status EngineLoop::Calibrate() {
+  const int64_t vocab = config().vocab_size;
+  if (vocab <= 256) return absl::FailedPreconditionError("the vocabulary is too small to calibrate");
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto token = [&] {  // a fixed LCG: the same shapes and tokens on every start
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int32_t>(256 + (state >> 33) % static_cast<uint64_t>(vocab - 256));
+  };
+  struct Wave {
+    int64_t requests, prompt_tokens, max_tokens;
+  };
+  const int64_t batch = std::min<int64_t>(max_running_, 16);
+  // The first wave only warms up (the first passes fault the weights in and are slow); its
+  // steps are forgotten.
+  const Wave waves[] = {{2, 16, 2},  {1, 32, 3}, {1, 192, 2}, {std::min<int64_t>(batch, 4), 8, 4},
+                        {batch, 4, 4}};
+  uint64_t id = uint64_t{1} << 62;  // far from the ids of the worker's services
+  for (const Wave& wave : waves) {
+    if (&wave == &waves[1]) {
+      absl::MutexLock lock(&mu_);
+      steps_.clear();
+    }
+    absl::BlockingCounter done(static_cast<int>(wave.requests));
+    absl::Status added = absl::OkStatus();
+    // All of a wave joins the engine at once, so that they share steps.
+    const bool ran = RunOnEngine([&](LocalEngine& engine) {
+      for (int64_t i = 0; i < wave.requests && added.ok(); ++i) {
+        GenerationRequest r;
+        for (int64_t t = 0; t < wave.prompt_tokens; ++t) r.prompt.push_back(token());
+        r.sampling.temperature = 0;
+        r.sampling.ignore_eos = true;
+        r.sampling.max_tokens = wave.max_tokens;
+        added = engine.Add(id++, std::move(r), [&done](const GenerationDelta& d) {
+          if (d.finish != sampling::FinishReason::kNone) done.DecrementCount();
+        });
+        if (!added.ok()) {
+          for (int64_t rest = i; rest < wave.requests; ++rest) done.DecrementCount();
+        }
+      }
+      absl::MutexLock lock(&mu_);
+      PublishStats();
+    });
+    if (!ran) return absl::UnavailableError("the engine stopped");
+    done.Wait();
+    if (!added.ok()) return added;
+  }
+  // The last deltas come during the last step; its counters are published after it.
+  RunOnEngine([](LocalEngine&) {});
+  return absl::OkStatus();
 }
 
 EngineLoop::State EngineLoop::Snapshot() {

@@ -95,6 +95,15 @@ class EngineLoop {
   void FallBackToLocalPrefillAsync(uint64_t id, absl::AnyInvocable<void(absl::Status) &&> done);
   void CancelAsync(uint64_t id, absl::AnyInvocable<void(bool) &&> done = nullptr);
 
+  // Runs a few requests of known shapes after a warm-up -- prompts alone (prefill steps of 32
+  // and 192 tokens),
+  // then batches of 4 and of min(max_running, 16) short ones decoding together -- and waits for
+  // them, so that the step timings a router fits its cost model to (StepsAfter, docs/slo.md)
+  // describe this machine before the first real request. For a worker's start-up, before it
+  // serves: the requests bypass max_requests and their blocks stay in the prefix cache (random
+  // tokens no prompt shares; evicted first).
+  absl::Status Calibrate();
+
   // The prefix cache and counters at one moment, consistent with the events up to last_event_id.
   struct State {
     SchedulerStats stats;

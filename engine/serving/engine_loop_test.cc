@@ -1,5 +1,6 @@
 #include "engine/serving/engine_loop.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <thread>
@@ -191,6 +192,29 @@ TEST(EngineLoopTest, AsyncFormsReportOnTheEngineThreadOrAtOnceWhenRefused) {
   Stream c;
   EXPECT_TRUE(loop->Submit(4, Greedy(loop->EncodePrompt("c"), 3), c.Callback()).ok());
   EXPECT_EQ(c.Wait().size(), 3u);
+}
+
+// Calibration leaves steps of the shapes a cost model needs: big prefills, and decode batches of
+// one and of many sequences, timed; and nothing running.
+TEST(EngineLoopTest, CalibrationRunsPrefillAndDecodeStepsOfKnownShapes) {
+  auto loop = StartLoop();
+  ASSERT_TRUE(loop->Calibrate().ok());
+  uint64_t newest = 0;
+  const std::vector<StepInfo> steps = loop->StepsAfter(0, &newest);
+  ASSERT_FALSE(steps.empty());
+  int64_t largest_prefill = 0, largest_batch = 0, single_decodes = 0;
+  for (const StepInfo& s : steps) {
+    EXPECT_GT(s.total_seconds, 0);
+    largest_prefill = std::max(largest_prefill, s.prefill_tokens);
+    if (s.prefill_tokens == 0) {
+      largest_batch = std::max(largest_batch, s.decode_tokens);
+      if (s.decode_tokens == 1) ++single_decodes;
+    }
+  }
+  EXPECT_GE(largest_prefill, 192);
+  EXPECT_GE(single_decodes, 1);
+  EXPECT_EQ(largest_batch, loop->max_running());  // 8 here: min(max_running, 16)
+  EXPECT_EQ(loop->stats().running + loop->stats().waiting, 0);
 }
 
 // A subscriber that takes a snapshot and then follows the events holds what a later snapshot

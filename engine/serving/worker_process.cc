@@ -8,9 +8,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "cli/default_model.h"
 #include "common/status_macros.h"
 #include "common/flags.h"
+#include "common/logging.h"
 #include "common/metrics.h"
 #include "engine/serving/worker_main.h"
 #include "kvtransfer/ucx_transport.h"
@@ -30,6 +32,9 @@ ABSL_FLAG(int64_t, max_tokens_per_step, 512, "Token budget of one engine step (p
 ABSL_FLAG(int64_t, max_requests, 1024, "Requests held at once (running, waiting); more are refused");
 ABSL_FLAG(bool, prefix_caching, true, "Reuse the KV of earlier prompts that share a prefix");
 ABSL_FLAG(std::string, model_id, "", "Model id served and hashed into block hashes; empty: the file name");
+ABSL_FLAG(bool, calibrate, true,
+          "Run a few requests of known shapes before serving, so that the router's cost model "
+          "(the slo policy) starts from this machine's step times");
 
 namespace tandem {
 
@@ -73,6 +78,11 @@ absl::Status Start(WorkerProcess& w) {
   // The pool lives in memory the transport exposes best (shared memory for UCX on one host).
   w.flags.loop.engine.kv_allocator = w.transport->PoolAllocator();
   ASSIGN_OR_RETURN(w.loop, EngineLoop::Start(w.flags.model_path, w.flags.loop));
+  if (absl::GetFlag(FLAGS_calibrate)) {
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(w.loop->Calibrate());
+    LOG(INFO) << "calibrated in " << absl::FormatDuration(absl::Now() - start);
+  }
   if (!w.flags.metrics_listen.empty()) {
     RETURN_IF_ERROR(StartProcessMetricsServer(w.flags.metrics_listen).status());
   }

@@ -172,11 +172,20 @@ def test_worker_metrics_pass_promtool(pb, cluster):
     decode, _ = cluster
     line = next(l for l in decode.log if "metrics port " in l)
     port = int(line.split("metrics port ")[1].split(")")[0])
+
+    def prompt_tokens(text):
+        return int(next(l for l in text.splitlines()
+                        if l.startswith("tandem_worker_prompt_tokens_total ")).split()[1])
+
+    def fetch():
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+    before = prompt_tokens(fetch())  # the start-up calibration's, and earlier tests'
     generate(pb, decode, PROMPTS[0], max_tokens=4)
 
     def scrape():
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        return text if "tandem_worker_prompt_tokens_total 61" in text else None
+        text = fetch()
+        return text if prompt_tokens(text) == before + 61 else None
 
     text = wait_until(scrape, what="the prompt tokens to be counted")
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
