@@ -62,6 +62,8 @@ v1::Timings SampleTimings() {
   timings.set_decode_worker("decode-1");
   timings.set_remote_prefill(true);
   timings.set_migrations(1);
+  timings.set_predicted_ttft_us(120000);
+  timings.set_predicted_tpot_us(21000);
   return timings;
 }
 

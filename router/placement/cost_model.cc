@@ -220,6 +220,15 @@ absl::Status StepCostModel::Observe(const StepObservation& step) {
   return absl::OkStatus();
 }
 
+StepCostModelOptions CalibrationOptions() {
+  StepCostModelOptions options;
+  options.prior_weight = 1e-6;
+  options.min_prior_weight = 1e-6;
+  options.forgetting = 1.0;
+  options.outlier_factor = 1e9;
+  return options;
+}
+
 void StepCostModel::Solve() {
   // Minimize sum_i w_i (y_i - x'_i . phi)^2 + w |phi - phi0|^2 over phi >= 0, where
   // phi = theta * scale and w the prior's weight now. M = xx + w I is positive definite, so the

@@ -131,6 +131,11 @@ struct StepCostModelOptions {
   double outlier_factor = 10.0;
 };
 
+// Options for fitting a start-up calibration (a few dozen steps of known shapes): the prior
+// weighs next to nothing and nothing is clipped, so the fit is the data's. Its profile is the
+// prior a worker's online model then starts from (StepCostModel::Reset).
+StepCostModelOptions CalibrationOptions();
+
 // The step-time model of one worker, fitted online. Thread-compatible: the router feeds and reads
 // it under its lock. Copyable.
 class StepCostModel {

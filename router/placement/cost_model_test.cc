@@ -2,6 +2,7 @@
 // hand in the comments; fits of noisy data are checked against the coefficients that made it.
 #include "router/placement/cost_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -374,6 +375,35 @@ TEST(StepCostModelTest, ResetStartsAgainFromANewPrior) {
 
 // ----------------------------------------------------------------------------------------------
 // TransferModel
+
+// The steps a CPU worker's start-up calibration reported (EngineLoop::Calibrate, SmolLM2-135M on
+// one thread): prefill about 4 ms per prompt token, decode about 5 ms per sequence on a 6 ms base,
+// 20x the built-in profile. CalibrationOptions (a prior of next to no weight, no clipping) fits
+// them closely at once; the router then starts the worker's model from that profile.
+TEST(StepCostModelTest, FitsACalibrationFarFromThePrior) {
+  StepCostModel model = MakeModel(CalibrationOptions());
+  const StepObservation steps[] = {
+      Step(32, 0, 32, 0.120028),   Step(0, 1, 33, 0.010895),   Step(0, 1, 34, 0.011006),
+      Step(192, 0, 192, 0.779295), Step(0, 1, 193, 0.013048),  Step(32, 0, 32, 0.121435),
+      Step(0, 4, 36, 0.022722),    Step(0, 4, 40, 0.023333),   Step(0, 4, 44, 0.022854),
+      Step(64, 0, 64, 0.253192),   Step(0, 16, 80, 0.085031),  Step(0, 16, 96, 0.084901),
+      Step(0, 16, 112, 0.086306),
+  };
+  for (const StepObservation& s : steps) ASSERT_TRUE(model.Observe(s).ok());
+  // Within 20%, or 5 ms for the shortest steps (one decoding sequence costs more than the linear
+  // model's share).
+  for (const StepObservation& s : steps) {
+    const double seconds = s.duration_us * 1e-6;
+    EXPECT_NEAR(model.StepSeconds(s), seconds, std::max(0.2 * seconds, 0.005))
+        << s.prefill_tokens << " prompt tokens, " << s.decode_tokens << " decoding";
+  }
+  // What the policy asks: a 100-token prompt alone (about 4 ms a token), and a batch of 36
+  // decoding, which costs more than twice the 16 of the calibration and less than its context
+  // term could make of 100 tokens each.
+  EXPECT_NEAR(model.PrefillSeconds({.uncached_tokens = 100, .token_budget = 512}), 0.4, 0.08);
+  EXPECT_GT(model.DecodeStepSeconds(36, 36 * 100), 2 * 0.085);
+  EXPECT_LT(model.DecodeStepSeconds(36, 36 * 100), 0.5);
+}
 
 TEST(TransferModelTest, RejectsInvalidOptions) {
   const double nan = std::numeric_limits<double>::quiet_NaN();

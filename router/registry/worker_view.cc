@@ -128,15 +128,39 @@ int64_t WorkerView::CachedPrefixTokens(absl::Span<const BlockHash> hashes) const
   return CachedPrefixLength(hashes) * block_size();
 }
 
-void WorkerView::AddPlaced(int64_t prefill_tokens, int64_t sequences) {
+void WorkerView::AddPlaced(int64_t prefill_tokens, int64_t sequences, int64_t decode_tokens) {
   placed_.prefill_tokens += std::max<int64_t>(prefill_tokens, 0);
   placed_.sequences += std::max<int64_t>(sequences, 0);
+  placed_.decode_tokens += std::max<int64_t>(decode_tokens, 0);
 }
 
-void WorkerView::RemovePlaced(int64_t prefill_tokens, int64_t sequences) {
-  placed_.prefill_tokens =
-      std::max<int64_t>(placed_.prefill_tokens - std::max<int64_t>(prefill_tokens, 0), 0);
-  placed_.sequences = std::max<int64_t>(placed_.sequences - std::max<int64_t>(sequences, 0), 0);
+void WorkerView::RemovePlaced(int64_t prefill_tokens, int64_t sequences, int64_t decode_tokens) {
+  auto less = [](int64_t total, int64_t amount) {
+    return std::max<int64_t>(total - std::max<int64_t>(amount, 0), 0);
+  };
+  placed_.prefill_tokens = less(placed_.prefill_tokens, prefill_tokens);
+  placed_.sequences = less(placed_.sequences, sequences);
+  placed_.decode_tokens = less(placed_.decode_tokens, decode_tokens);
+}
+
+int64_t KvBytesPerToken(const v1::KvLayout& layout) {
+  int64_t element = 0;
+  switch (layout.dtype()) {
+    case v1::DTYPE_F32:
+      element = 4;
+      break;
+    case v1::DTYPE_F16:
+    case v1::DTYPE_BF16:
+      element = 2;
+      break;
+    case v1::DTYPE_FP8_E4M3:
+    case v1::DTYPE_FP8_E5M2:
+      element = 1;
+      break;
+    default:
+      return 0;
+  }
+  return 2 * int64_t{layout.num_layers()} * layout.num_kv_heads() * layout.head_dim() * element;
 }
 
 std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view) {
@@ -167,6 +191,9 @@ std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view) {
       .placed_sequences = view.placed().sequences,
       .placed_prefill_tokens = view.placed().prefill_tokens,
       .cached_hashes = &view.cached_hashes(),
+      .active_decode_tokens = load.active_decode_tokens,
+      .placed_decode_tokens = view.placed().decode_tokens,
+      .kv_bytes_per_token = KvBytesPerToken(view.kv_pool().layout()),
   };
 }
 

@@ -64,6 +64,8 @@ struct PlacedLoad {
   int64_t prefill_tokens = 0;
   // Sequences the worker is to run.
   int64_t sequences = 0;
+  // Their context when they start decoding (prompt tokens), for the slo policy's TPOT.
+  int64_t decode_tokens = 0;
 };
 
 class WorkerView {
@@ -129,8 +131,8 @@ class WorkerView {
   // Router-side load. Add when placing a request here; Remove (the same amounts) when the worker's
   // reports include it or the request is gone. Amounts must be >= 0 (negative ones are ignored);
   // totals never go below 0.
-  void AddPlaced(int64_t prefill_tokens, int64_t sequences);
-  void RemovePlaced(int64_t prefill_tokens, int64_t sequences);
+  void AddPlaced(int64_t prefill_tokens, int64_t sequences, int64_t decode_tokens = 0);
+  void RemovePlaced(int64_t prefill_tokens, int64_t sequences, int64_t decode_tokens = 0);
   // Forgets all placed load (e.g. when the worker was lost and its requests failed over).
   void ClearPlaced() { placed_ = {}; }
   const PlacedLoad& placed() const { return placed_; }
@@ -161,9 +163,13 @@ class WorkerView {
   int64_t resyncs_needed_ = 0;
 };
 
-// The view as a placement candidate: the role mapped, the reported and placed load, and a
-// pointer to the view's cached hashes (valid while the view lives and is not changed, so under
-// the caller's lock). healthy = ready(). nullopt when the view has no snapshot or its role is
+// K and V of every layer for one token, from a KV pool's layout; 0 when its dtype is unknown.
+int64_t KvBytesPerToken(const v1::KvLayout& layout);
+
+// The view as a placement candidate: the role mapped, the reported and placed load, the KV bytes
+// per token from the pool's layout, and a pointer to the view's cached hashes (valid while the
+// view lives and is not changed, so under the caller's lock). healthy = ready(). The caller adds
+// what the view does not hold (the worker's cost model). nullopt when the view has no snapshot or its role is
 // ROLE_UNSPECIFIED or unknown (not a candidate). The router may clear `healthy` further (a
 // draining worker, a broken connection).
 std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view);

@@ -10,7 +10,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cmath>
 #include <deque>
+#include <string_view>
 #include <thread>
 #include <variant>
 
@@ -151,6 +153,23 @@ absl::StatusOr<v1::GenerateRequest> ParseBody(const json& body, bool chat, bool*
   st.Update(Number<int64_t>(body, "min_tokens", [&](int64_t v) { s->set_min_tokens(static_cast<uint32_t>(std::max<int64_t>(0, v))); }));
   st.Update(Number<int64_t>(body, "priority", [&](int64_t v) { r.set_priority(static_cast<int32_t>(v)); }));
   if (!st.ok()) return st;
+  // Tandem's latency objectives: "slo": {"ttft_ms": 500, "tpot_ms": 50}.
+  if (auto slo = body.find("slo"); slo != body.end() && !slo->is_null()) {
+    if (!slo->is_object()) return Invalid("'slo' must be an object with ttft_ms and/or tpot_ms");
+    for (const char* key : {"ttft_ms", "tpot_ms"}) {
+      auto v = slo->find(key);
+      if (v == slo->end() || v->is_null()) continue;
+      if (!v->is_number() || v->get<double>() < 0 || v->get<double>() > 3.6e6) {
+        return Invalid(absl::StrCat("'slo.", key, "' must be a number of milliseconds in [0, 3600000]"));
+      }
+      const auto ms = static_cast<uint32_t>(std::ceil(v->get<double>()));
+      if (std::string_view(key) == "ttft_ms") {
+        r.mutable_slo()->set_ttft_ms(ms);
+      } else {
+        r.mutable_slo()->set_tpot_ms(ms);
+      }
+    }
+  }
   if (auto n = body.find("n"); n != body.end() && !n->is_null() && *n != 1) {
     return Invalid("only n = 1 is supported");
   }

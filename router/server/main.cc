@@ -9,6 +9,8 @@
 #include <cstdio>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/default_model.h"
@@ -27,7 +29,20 @@ ABSL_FLAG(std::string, workers, "", "Comma-separated worker addresses (host:port
 ABSL_FLAG(std::string, workers_dns, "",
           "host:port of a DNS name whose addresses are the workers (a headless Service); "
           "re-resolved every 5 s");
-ABSL_FLAG(std::string, policy, "kv_aware", "Placement policy: round_robin, least_loaded, kv_aware");
+ABSL_FLAG(std::string, policy, "kv_aware",
+          "Placement policy: round_robin, least_loaded, kv_aware, slo (docs/slo.md)");
+ABSL_FLAG(int64_t, default_ttft_ms, 2000,
+          "slo: the time-to-first-token objective of a request that sets none, ms");
+ABSL_FLAG(int64_t, default_tpot_ms, 100,
+          "slo: the time-per-output-token objective of a request that sets none, ms");
+ABSL_FLAG(std::string, step_profile, "",
+          "slo: where each worker's step-time model starts before its own timings refine it: "
+          "base_ms,prefill_token_ms,decode_token_ms,context_token_us (empty: the built-in "
+          "default of docs/slo.md)");
+ABSL_FLAG(int64_t, max_queued, 256,
+          "slo: requests that may wait in the admission queue at once (0: refuse instead)");
+ABSL_FLAG(int64_t, max_queue_ms, 5000, "slo: longest a request waits in the admission queue, ms");
+
 ABSL_FLAG(int64_t, local_prefill_threshold, 256,
           "Prefill on the decode worker when at most this many prompt tokens are not cached there");
 ABSL_FLAG(std::string, model, "", "Model file whose tokenizer the router uses; empty: the default");
@@ -57,11 +72,33 @@ absl::Status Run() {
   if (registry_options.addresses.empty() && registry_options.dns_name.empty()) {
     return absl::InvalidArgumentError("give --workers or --workers_dns");
   }
-  Registry registry(registry_options);
   RouterOptions options;
+  if (const std::string profile = absl::GetFlag(FLAGS_step_profile); !profile.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(profile, ',');
+    double v[4];
+    if (parts.size() != 4 || !absl::SimpleAtod(parts[0], &v[0]) ||
+        !absl::SimpleAtod(parts[1], &v[1]) || !absl::SimpleAtod(parts[2], &v[2]) ||
+        !absl::SimpleAtod(parts[3], &v[3])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--step_profile must be base_ms,prefill_token_ms,decode_token_ms,context_token_us, "
+          "got '", profile, "'"));
+    }
+    const placement::StepProfile p{.base_seconds = v[0] * 1e-3,
+                                   .prefill_token_seconds = v[1] * 1e-3,
+                                   .decode_token_seconds = v[2] * 1e-3,
+                                   .context_token_seconds = v[3] * 1e-6};
+    if (absl::Status s = placement::ValidateProfile(p); !s.ok()) return s;
+    options.policy_options.default_step_profile = p;
+    registry_options.cost_model.prior = p;
+  }
+  Registry registry(registry_options);
   options.model_path = *model_path;
   options.policy = absl::GetFlag(FLAGS_policy);
   options.max_migrations = absl::GetFlag(FLAGS_max_migrations);
+  options.policy_options.default_ttft_ms = absl::GetFlag(FLAGS_default_ttft_ms);
+  options.policy_options.default_tpot_ms = absl::GetFlag(FLAGS_default_tpot_ms);
+  options.admission.max_queued = absl::GetFlag(FLAGS_max_queued);
+  options.admission.max_queue_time = absl::Milliseconds(absl::GetFlag(FLAGS_max_queue_ms));
   if (options.max_migrations < 0) return absl::InvalidArgumentError("--max_migrations must be >= 0");
   options.policy_options.local_prefill_threshold_tokens =
       absl::GetFlag(FLAGS_local_prefill_threshold);

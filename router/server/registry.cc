@@ -13,15 +13,50 @@
 namespace tandem::router {
 
 struct Registry::Worker {
+  Worker(std::string address, placement::StepCostModel cost)
+      : address(std::move(address)), cost(std::move(cost)) {}
+
   std::string address;
   WorkerView view;           // guarded by Registry::mu_
+  // Fitted from the worker's step timings; kept across reconnects (the same machine). Guarded by
+  // Registry::mu_.
+  placement::StepCostModel cost;
   bool connected = false;    // guarded by Registry::mu_: the stream is up and gave a snapshot
   bool removed = false;      // guarded by Registry::mu_: discovery dropped it
   grpc::ClientContext* context = nullptr;  // guarded by Registry::mu_: the open stream
   std::thread thread;
 };
 
-Registry::Registry(RegistryOptions options) : options_(std::move(options)) {
+namespace {
+
+placement::TransferModel MakeTransferModel(const placement::TransferModelOptions& options) {
+  absl::StatusOr<placement::TransferModel> model = placement::TransferModel::Create(options);
+  CHECK_OK(model.status());
+  return *std::move(model);
+}
+
+// Fewer steps than this in a first snapshot are no calibration (an older worker, or one started
+// with --nocalibrate): the model keeps its configured prior.
+constexpr int kMinCalibrationSteps = 8;
+
+// Feeds the steps a load sample reports (each only once: a stream sends the steps after the
+// previous sample's) into the worker's model.
+void ObserveSteps(const v1::LoadSample& sample, placement::StepCostModel& model) {
+  for (const v1::StepTiming& t : sample.recent_steps()) {
+    const absl::Status s = model.Observe({.batch_size = t.batch_size(),
+                                          .prefill_tokens = t.prefill_tokens(),
+                                          .decode_tokens = t.decode_tokens(),
+                                          .context_tokens = static_cast<int64_t>(t.context_tokens()),
+                                          .duration_us = static_cast<int64_t>(t.duration_us())});
+    if (!s.ok()) LOG(WARNING) << "a step timing was refused: " << s;
+  }
+}
+
+}  // namespace
+
+Registry::Registry(RegistryOptions options)
+    : options_(std::move(options)), transfers_(MakeTransferModel(options_.transfer_model)) {
+  CHECK_OK(placement::StepCostModel::Create(options_.cost_model).status());
   absl::MutexLock lock(&mu_);
   for (const std::string& a : options_.addresses) AddWorker(a);
   if (!options_.dns_name.empty()) dns_thread_ = std::thread([this] { Discover(); });
@@ -47,8 +82,7 @@ void Registry::AddWorker(const std::string& address) {
     slot->removed = false;
     return;
   }
-  slot = std::make_unique<Worker>();
-  slot->address = address;
+  slot = std::make_unique<Worker>(address, *placement::StepCostModel::Create(options_.cost_model));
   Worker* w = slot.get();
   w->thread = std::thread([this, w] { Watch(w); });
 }
@@ -78,12 +112,30 @@ void Registry::Watch(Worker* w) {
         context.TryCancel();
         break;
       }
+      if (update.has_load()) ObserveSteps(update.load(), w->cost);
+      if (update.has_snapshot()) {
+        // A worker seen for the first time: its snapshot carries the steps of its start-up
+        // calibration; their own fit is where its model starts.
+        const v1::LoadSample& load = update.snapshot().load();
+        if (w->cost.observations() == 0 && load.recent_steps_size() >= kMinCalibrationSteps) {
+          placement::StepCostModel calibration =
+              *placement::StepCostModel::Create(placement::CalibrationOptions());
+          ObserveSteps(load, calibration);
+          CHECK_OK(w->cost.Reset(calibration.profile()));
+        }
+        ObserveSteps(load, w->cost);
+      }
       if (!w->connected && w->view.ready()) {
         w->connected = true;
         backoff = options_.min_backoff;
+        const placement::StepProfile& p = w->cost.profile();
         LOG(INFO) << "worker " << w->view.worker_id() << " at " << w->address << " joined ("
                   << v1::WorkerRole_Name(w->view.role()) << ", " << w->view.total_blocks()
-                  << " blocks)";
+                  << " blocks; step model from " << w->cost.observations() << " steps: "
+                  << p.base_seconds * 1e3 << " ms + " << p.prefill_token_seconds * 1e3
+                  << " ms/prompt token + " << p.decode_token_seconds * 1e3
+                  << " ms/decoding sequence + " << p.context_token_seconds * 1e6
+                  << " us/context token)";
       }
     }
     const grpc::Status status = stream->Finish();
@@ -94,6 +146,7 @@ void Registry::Watch(Worker* w) {
         LOG(WARNING) << "worker " << w->address << " lost: " << status.error_message();
       }
       // A lost worker takes no requests until it answers again with a fresh snapshot.
+      if (w->connected) transfers_.ForgetWorker(w->view.worker_id());
       w->connected = false;
       w->view = WorkerView();
       if (stopping_ || w->removed) return;
@@ -154,9 +207,11 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
     if (!candidate.has_value()) continue;
     placement::WorkerCandidate& c = *candidate;
     if (avoid.contains(c.id)) c.healthy = false;
+    c.cost_model = &w->cost;
     by_id[c.id] = w.get();
     view.workers.push_back(std::move(*candidate));
   }
+  view.transfers = &transfers_;
   absl::StatusOr<placement::Decision> decision = policy.Place(request, view);
   if (!decision.ok()) return decision.status();
   Route route;
@@ -164,7 +219,8 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
   Worker* decode = by_id.at(decision->decode_worker);
   route.decode_address = decode->address;
   route.placed_prefill_tokens = decision->local_prefill ? decision->uncached_tokens : 0;
-  decode->view.AddPlaced(route.placed_prefill_tokens, 1);
+  route.placed_decode_tokens = request.prompt_tokens;
+  decode->view.AddPlaced(route.placed_prefill_tokens, 1, route.placed_decode_tokens);
   for (const placement::PrefillChoice& p : decision->prefill) {
     Worker* w = by_id.at(p.worker_id);
     route.prefill.emplace_back(p.worker_id, w->address);
@@ -178,11 +234,38 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
 void Registry::Release(const Route& route) {
   absl::MutexLock lock(&mu_);
   for (auto& [address, w] : workers_) {
-    if (address == route.decode_address) w->view.RemovePlaced(route.placed_prefill_tokens, 1);
+    if (address == route.decode_address) {
+      w->view.RemovePlaced(route.placed_prefill_tokens, 1, route.placed_decode_tokens);
+    }
     if (!route.prefill.empty() && address == route.prefill[0].second) {
       w->view.RemovePlaced(route.decision.uncached_tokens, 0);
     }
   }
+}
+
+void Registry::ObserveTransfer(const std::string& prefill_worker, const std::string& decode_worker,
+                               int64_t tokens, double seconds) {
+  absl::MutexLock lock(&mu_);
+  int64_t bytes_per_token = 0;
+  for (auto& [address, w] : workers_) {
+    if (w->view.worker_id() == decode_worker) {
+      bytes_per_token = KvBytesPerToken(w->view.kv_pool().layout());
+    }
+  }
+  if (bytes_per_token <= 0 || tokens <= 0) return;
+  if (absl::Status s = transfers_.Observe(prefill_worker, decode_worker, tokens * bytes_per_token,
+                                          seconds);
+      !s.ok()) {
+    LOG(WARNING) << "a KV transfer timing was refused: " << s;
+  }
+}
+
+std::optional<placement::StepProfile> Registry::CostProfile(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [address, w] : workers_) {
+    if (w->view.worker_id() == worker_id) return w->cost.profile();
+  }
+  return std::nullopt;
 }
 
 bool Registry::Ready() { return Model().has_value(); }

@@ -30,6 +30,12 @@ struct RegistryOptions {
   // Reconnect delays after a stream breaks: doubling from min to max.
   absl::Duration min_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
+  // Where each worker's step-time model starts (the slo policy's predictions) before its own
+  // step timings refine it. The prior is weak: the built-in profile describes no particular
+  // machine, and a worker's first snapshot already carries the steps of its start-up calibration
+  // (EngineLoop::Calibrate), which should win at once.
+  placement::StepCostModelOptions cost_model = {.prior_weight = 2.0, .min_prior_weight = 0.5};
+  placement::TransferModelOptions transfer_model = {};
 };
 
 // Where a request goes, with what the registry counted for it.
@@ -38,6 +44,7 @@ struct Route {
   std::string decode_address;
   std::vector<std::pair<std::string, std::string>> prefill;  // (worker id, address), best first
   int64_t placed_prefill_tokens = 0;
+  int64_t placed_decode_tokens = 0;
 };
 
 struct WorkerSummary {
@@ -59,6 +66,12 @@ class Registry {
                               const absl::flat_hash_set<std::string>& avoid = {});
   // The request left its decode (and prefill) worker: uncount its load.
   void Release(const Route& route);
+  // A prefill worker moved the KV of `tokens` prompt tokens to a decode worker in `seconds` (the
+  // transfer model, in bytes of the decode worker's KV layout).
+  void ObserveTransfer(const std::string& prefill_worker, const std::string& decode_worker,
+                       int64_t tokens, double seconds);
+  // A copy of the worker's fitted step profile; nullopt for an unknown id (tests, metrics).
+  std::optional<placement::StepProfile> CostProfile(const std::string& worker_id);
   // Whether some decode-capable worker is ready; its model id, block size and context.
   bool Ready();
   struct ModelInfo {
@@ -78,6 +91,7 @@ class Registry {
   const RegistryOptions options_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  placement::TransferModel transfers_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread dns_thread_;
 };

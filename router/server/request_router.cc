@@ -1,6 +1,8 @@
 #include "router/server/request_router.h"
 
+#include <cmath>
 #include <filesystem>
+#include <tuple>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -28,6 +30,36 @@ struct RouterMetrics {
       .Name("tandem_router_placements_total")
       .Help("Placement decisions by policy and prefill location (local on the decode worker or remote)")
       .Register(ProcessMetrics());
+  prometheus::Family<prometheus::Counter>& admissions = prometheus::BuildCounter()
+      .Name("tandem_router_admissions_total")
+      .Help("Admission verdicts at arrival: admit (started at once), queue, reject")
+      .Register(ProcessMetrics());
+  prometheus::Family<prometheus::Counter>& rejections = prometheus::BuildCounter()
+      .Name("tandem_router_rejections_total")
+      .Help("Requests refused by admission, by reason: slo_unreachable, queue_full, displaced, "
+            "expired")
+      .Register(ProcessMetrics());
+  prometheus::Gauge& queued = prometheus::BuildGauge()
+      .Name("tandem_router_admission_queue_requests")
+      .Help("Requests waiting in the router's admission queue")
+      .Register(ProcessMetrics())
+      .Add({});
+  prometheus::Histogram& queue_wait = Histogram("tandem_router_admission_queue_seconds",
+                                                "Time a request waited in the admission queue before it started",
+                                                RequestLatencyBuckets());
+  prometheus::Histogram& ttft_error = Histogram(
+      "tandem_router_ttft_prediction_error_ratio",
+      "(observed - predicted) / predicted time to first token, for requests the policy predicted",
+      ErrorRatioBuckets());
+  prometheus::Histogram& tpot_error = Histogram(
+      "tandem_router_tpot_prediction_error_ratio",
+      "(observed - predicted) / predicted time per output token, for requests the policy predicted",
+      ErrorRatioBuckets());
+  prometheus::Family<prometheus::Counter>& slo = prometheus::BuildCounter()
+      .Name("tandem_router_slo_requests_total")
+      .Help("Finished requests with latency objectives by priority class (background < 0, "
+            "normal 0, high > 0) and whether both objectives were met")
+      .Register(ProcessMetrics());
   prometheus::Family<prometheus::Counter>& migrations = prometheus::BuildCounter()
       .Name("tandem_router_migrations_total")
       .Help("Requests moved to another decode worker after theirs failed, by reason")
@@ -49,6 +81,9 @@ struct RouterMetrics {
   prometheus::Histogram& vllm_tpot = Histogram("vllm:time_per_output_token_seconds",
                                                "Time per output token (vLLM's name)", TokenLatencyBuckets());
 
+  static prometheus::Histogram::BucketBoundaries ErrorRatioBuckets() {
+    return {-0.75, -0.5, -0.3, -0.2, -0.1, -0.05, 0, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5};
+  }
   static prometheus::Histogram& Histogram(const char* name, const char* help,
                                           const prometheus::Histogram::BucketBoundaries& b) {
     return prometheus::BuildHistogram().Name(name).Help(help).Register(ProcessMetrics()).Add({}, b);
@@ -118,14 +153,17 @@ class DecodeAttempt final : public grpc::ClientReadReactor<v1::DecodeResponse> {
 class DecodeRelay final : public RelayedCall, public std::enable_shared_from_this<DecodeRelay> {
  public:
   DecodeRelay(RequestRouter* router, Route route, v1::DecodeRequest request, ResponseSink* sink,
-              placement::Request placement, absl::Time deadline, int max_migrations)
+              placement::Request placement, absl::Time arrival, absl::Time deadline,
+              int max_migrations)
       : router_(router),
         request_(std::move(request)),
         sink_(sink),
         placement_(std::move(placement)),
         deadline_(deadline),
         max_migrations_(max_migrations),
-        start_(absl::Now()),
+        start_(arrival),
+        queue_us_(absl::ToInt64Microseconds(absl::Now() - arrival)),
+        prediction_(route.decision),
         route_(std::move(route)) {}
 
   void Begin(v1::Decode::Stub* stub) { StartAttempt(stub, request_); }
@@ -158,6 +196,11 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
         ttft_us_ = absl::ToInt64Microseconds(now - start_);
         Metrics().ttft.Observe(absl::ToDoubleSeconds(now - start_));
         Metrics().vllm_ttft.Observe(absl::ToDoubleSeconds(now - start_));
+        if (prediction_.predicted && prediction_.predicted_ttft_seconds > 0) {
+          Metrics().ttft_error.Observe(
+              (absl::ToDoubleSeconds(now - start_) - prediction_.predicted_ttft_seconds) /
+              prediction_.predicted_ttft_seconds);
+        }
         first_ = false;
       } else {
         // Tokens that came together share the gap since the previous message.
@@ -176,6 +219,22 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
       t->set_ttft_us(static_cast<uint64_t>(ttft_us_));
       t->set_e2e_us(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start_)));
       t->set_migrations(static_cast<uint32_t>(migrations_));
+      t->set_queue_us(static_cast<uint64_t>(queue_us_) + response.timings().queue_us());
+      if (prediction_.predicted) {
+        t->set_predicted_ttft_us(
+            static_cast<uint64_t>(std::llround(prediction_.predicted_ttft_seconds * 1e6)));
+        t->set_predicted_tpot_us(
+            static_cast<uint64_t>(std::llround(prediction_.predicted_tpot_seconds * 1e6)));
+      }
+      if (response.timings().remote_prefill() && response.timings().kv_transfer_us() > 0 &&
+          response.has_usage()) {
+        const int64_t moved = static_cast<int64_t>(response.usage().prompt_tokens()) -
+                              response.usage().cached_prompt_tokens();
+        router_->registry().ObserveTransfer(response.timings().prefill_worker(),
+                                            response.timings().decode_worker(), moved,
+                                            response.timings().kv_transfer_us() * 1e-6);
+      }
+      if (response.finish_reason() != v1::FINISH_REASON_ERROR) ObserveSlo(*t);
     }
     sink_->OnResponse(out);
   }
@@ -257,13 +316,40 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
     return absl::OkStatus();
   }
 
+  // The TPOT prediction's error, and whether the objectives held (the request's, else those the
+  // policy held it against), for a finished request.
+  void ObserveSlo(const v1::Timings& t) {
+    const int64_t tokens = static_cast<int64_t>(generated_.size());
+    const double tpot = tokens > 1 ? (t.e2e_us() - t.ttft_us()) * 1e-6 / static_cast<double>(tokens - 1)
+                                   : 0;
+    if (prediction_.predicted && prediction_.predicted_tpot_seconds > 0 && tokens > 1) {
+      Metrics().tpot_error.Observe((tpot - prediction_.predicted_tpot_seconds) /
+                                   prediction_.predicted_tpot_seconds);
+    }
+    const double ttft_slo = placement_.slo.ttft_ms > 0 ? placement_.slo.ttft_ms * 1e-3
+                                                        : prediction_.ttft_slo_seconds;
+    const double tpot_slo = placement_.slo.tpot_ms > 0 ? placement_.slo.tpot_ms * 1e-3
+                                                        : prediction_.tpot_slo_seconds;
+    if (ttft_slo <= 0 && tpot_slo <= 0) return;
+    const bool met = (ttft_slo <= 0 || t.ttft_us() * 1e-6 <= ttft_slo) &&
+                     (tpot_slo <= 0 || tokens <= 1 || tpot <= tpot_slo);
+    const int32_t priority = placement_.priority;
+    Metrics()
+        .slo
+        .Add({{"class", priority < 0 ? "background" : priority == 0 ? "normal" : "high"},
+              {"attained", met ? "true" : "false"}})
+        .Increment();
+  }
+
   RequestRouter* const router_;
   const v1::DecodeRequest request_;
   ResponseSink* const sink_;
   const placement::Request placement_;
   const absl::Time deadline_;
   const int max_migrations_;
-  const absl::Time start_;
+  const absl::Time start_;       // arrival at the router
+  const int64_t queue_us_;       // in the admission queue
+  const placement::Decision prediction_;  // the first placement's
 
   // Touched by one attempt's thread at a time.
   Route route_;
@@ -310,8 +396,14 @@ absl::StatusOr<std::unique_ptr<RequestRouter>> RequestRouter::Create(const Route
     absl::StatusOr<uint32_t> context = file->GetUint32(absl::StrCat(*arch, ".context_length"));
     if (context.ok()) router->file_max_context_ = *context;
   }
-  absl::MutexLock lock(&router->mu_);
-  ASSIGN_OR_RETURN(router->policy_, placement::CreatePolicy(options.policy, options.policy_options));
+  {
+    absl::MutexLock lock(&router->mu_);
+    ASSIGN_OR_RETURN(router->policy_,
+                     placement::CreatePolicy(options.policy, options.policy_options));
+    ASSIGN_OR_RETURN(placement::Admission admission, placement::Admission::Create(options.admission));
+    router->admission_.emplace(std::move(admission));
+  }
+  router->admission_thread_ = std::thread([raw = router.get()] { raw->AdmissionLoop(); });
   return router;
 }
 
@@ -388,6 +480,74 @@ absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::Generat
   return p;
 }
 
+// A request waiting in the admission queue (RequestRouter::Start, AdmissionLoop): it becomes a
+// DecodeRelay when it starts, or ends with RESOURCE_EXHAUSTED, or with CANCELLED when its client
+// cancels it first.
+class QueuedCall final : public RelayedCall {
+ public:
+  QueuedCall(RequestRouter* router, uint64_t id, RequestRouter::Prepared prepared,
+             placement::Request req, ResponseSink* sink, absl::Time arrival, absl::Time deadline)
+      : router_(router),
+        id_(id),
+        prepared_(std::move(prepared)),
+        req_(std::move(req)),
+        sink_(sink),
+        arrival_(arrival),
+        deadline_(deadline) {}
+
+  bool queued() const override { return true; }
+  const placement::Request& request() const { return req_; }
+
+  void Cancel() override {
+    std::shared_ptr<RelayedCall> relay;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      relay = relay_;
+    }
+    if (relay != nullptr) return relay->Cancel();
+    if (router_->RemoveQueued(id_)) {
+      sink_->OnDone(absl::CancelledError("the client cancelled the request while it waited"));
+    }
+    // Else it is starting: Start below sees cancelled_.
+  }
+
+  // Out of the queue (by the admission thread, without the router's lock): run it on `route`.
+  void Start(Route route, v1::Decode::Stub* stub) {
+    Metrics().queue_wait.Observe(absl::ToDoubleSeconds(absl::Now() - arrival_));
+    sink_->OnAdmitted();
+    std::shared_ptr<RelayedCall> relay =
+        router_->StartRelay(std::move(route), stub, prepared_, req_, sink_, arrival_, deadline_);
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      relay_ = relay;
+      cancelled = cancelled_;
+    }
+    if (cancelled) relay->Cancel();
+  }
+
+  // Out of the queue, refused.
+  void Refuse(const placement::Rejection& r) {
+    Metrics().rejections.Add({{"reason", std::string(placement::RejectReasonName(r.reason))}})
+        .Increment();
+    CountRejected();
+    sink_->OnDone(WithRetryAfter(absl::ResourceExhaustedError(r.message), r.retry_after));
+  }
+
+ private:
+  RequestRouter* const router_;
+  const uint64_t id_;
+  const RequestRouter::Prepared prepared_;
+  const placement::Request req_;
+  ResponseSink* const sink_;
+  const absl::Time arrival_;
+  const absl::Time deadline_;
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<RelayedCall> relay_ ABSL_GUARDED_BY(mu_);
+};
+
 absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, ResponseSink* sink,
                                                                   absl::Time deadline) {
   const absl::Time begin = absl::Now();
@@ -398,35 +558,167 @@ absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, Re
   req.block_size = model->block_size;
   req.block_hashes = HashFullBlocks(ModelIdHash(model->model_id), p.tokens, model->block_size);
   req.priority = p.request.priority();
+  req.slo = {.ttft_ms = p.request.slo().ttft_ms(), .tpot_ms = p.request.slo().tpot_ms()};
+  if (deadline == absl::InfiniteFuture()) deadline = begin + options_.default_deadline;
   v1::Decode::Stub* stub;
-  absl::StatusOr<Route> route = PlaceForRelay(req, {}, &stub);
-  if (!route.ok()) return route.status();
+  std::shared_ptr<QueuedCall> queued;
+  std::optional<placement::Rejection> displaced;
+  absl::StatusOr<Route> route;
+  {
+    absl::MutexLock lock(&mu_);
+    route = PlaceLocked(req, {}, &stub);
+    if (!route.ok()) return route.status();
+    const uint64_t id = next_admission_id_++;
+    absl::StatusOr<placement::Verdict> verdict = admission_->Offer(
+        {.id = id, .priority = req.priority, .arrival = begin,
+         .prediction = placement::PredictionOf(route->decision)},
+        begin);
+    if (!verdict.ok()) {
+      LOG(WARNING) << "admission: " << verdict.status() << "; admitting the request";
+      verdict = placement::Verdict{};
+    }
+    Metrics().admissions.Add({{"outcome", std::string(placement::OutcomeName(verdict->outcome))}})
+        .Increment();
+    if (verdict->outcome != placement::Outcome::kAdmit) {
+      registry_->Release(*route);  // placed again when it starts
+    }
+    if (verdict->outcome == placement::Outcome::kReject) {
+      Metrics()
+          .rejections.Add({{"reason", std::string(placement::RejectReasonName(verdict->reason))}})
+          .Increment();
+      return WithRetryAfter(absl::ResourceExhaustedError(verdict->message), verdict->retry_after);
+    }
+    if (verdict->outcome == placement::Outcome::kQueue) {
+      queued = std::make_shared<QueuedCall>(this, id, std::move(p), req, sink, begin, deadline);
+      queued_[id] = queued;
+      if (verdict->displaced.has_value()) {
+        displaced = verdict->displaced;
+      }
+      Metrics().queued.Set(static_cast<double>(admission_->Size()));
+    }
+  }
+  if (displaced.has_value()) {
+    std::shared_ptr<QueuedCall> out;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = queued_.find(displaced->id);
+      if (it != queued_.end()) {
+        out = it->second;
+        queued_.erase(it);
+      }
+    }
+    if (out != nullptr) out->Refuse(*displaced);
+  }
+  Metrics().overhead.Observe(absl::ToDoubleSeconds(absl::Now() - begin));
+  if (queued != nullptr) return std::shared_ptr<RelayedCall>(queued);
+  return StartRelay(*std::move(route), stub, p, req, sink, begin, deadline);
+}
+
+std::shared_ptr<RelayedCall> RequestRouter::StartRelay(Route route, v1::Decode::Stub* stub,
+                                                       const Prepared& p,
+                                                       const placement::Request& req,
+                                                       ResponseSink* sink, absl::Time arrival,
+                                                       absl::Time deadline) {
   v1::DecodeRequest d;
   d.set_request_id(p.request.request_id());
-  d.set_model(model->model_id);
+  d.set_model(p.request.model().empty() ? ModelId() : p.request.model());
   d.mutable_prompt_token_ids()->Add(p.tokens.begin(), p.tokens.end());
   *d.mutable_sampling() = p.request.sampling();
   *d.mutable_slo() = p.request.slo();
   d.set_priority(p.request.priority());
   d.set_omit_text(p.request.omit_text());
   d.set_prefill_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.prefill_timeout)));
-  for (const auto& [id, address] : route->prefill) {
+  for (const auto& [id, address] : route.prefill) {
     v1::PrefillTarget* t = d.add_prefill_targets();
     t->set_worker_id(id);
     t->set_address(address);
   }
-  if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + options_.default_deadline;
-  auto relay = std::make_shared<DecodeRelay>(this, *std::move(route), std::move(d), sink,
-                                             std::move(req), deadline, options_.max_migrations);
+  auto relay = std::make_shared<DecodeRelay>(this, std::move(route), std::move(d), sink, req,
+                                             arrival, deadline, options_.max_migrations);
   relay->Begin(stub);
-  Metrics().overhead.Observe(absl::ToDoubleSeconds(absl::Now() - begin));
-  return std::shared_ptr<RelayedCall>(relay);
+  return relay;
+}
+
+bool RequestRouter::RemoveQueued(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (!admission_->Remove(id)) return false;
+  queued_.erase(id);
+  Metrics().queued.Set(static_cast<double>(admission_->Size()));
+  return true;
+}
+
+int64_t RequestRouter::QueuedRequests() {
+  absl::MutexLock lock(&mu_);
+  return admission_->Size();
+}
+
+void RequestRouter::AdmissionLoop() {
+  while (true) {
+    std::vector<std::pair<std::shared_ptr<QueuedCall>, placement::Rejection>> refused;
+    std::vector<std::tuple<std::shared_ptr<QueuedCall>, Route, v1::Decode::Stub*>> started;
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.admission_poll);
+      stopping = stopping_;
+      const absl::Time now = absl::Now();
+      if (stopping) {
+        for (auto& [id, call] : queued_) {
+          refused.emplace_back(call, placement::Rejection{
+                                         .id = id,
+                                         .reason = placement::RejectReason::kExpired,
+                                         .message = "the router is shutting down"});
+          admission_->Remove(id);
+        }
+        queued_.clear();
+      } else if (admission_->Size() > 0) {
+        for (placement::Rejection& r : admission_->PopExpired(now)) {
+          auto it = queued_.find(r.id);
+          if (it == queued_.end()) continue;
+          refused.emplace_back(it->second, std::move(r));
+          queued_.erase(it);
+        }
+        admission_->NextReady(now, [&](const placement::QueuedRequest& q) {
+          auto it = queued_.find(q.id);
+          if (it == queued_.end()) return false;
+          v1::Decode::Stub* stub;
+          absl::StatusOr<Route> route = PlaceLocked(it->second->request(), {}, &stub);
+          if (!route.ok()) return false;
+          if (!admission_->Admits(q.priority, placement::PredictionOf(route->decision))) {
+            registry_->Release(*route);
+            return false;
+          }
+          started.emplace_back(it->second, *std::move(route), stub);
+          queued_.erase(it);
+          return true;
+        });
+      }
+      Metrics().queued.Set(static_cast<double>(admission_->Size()));
+    }
+    for (auto& [call, rejection] : refused) call->Refuse(rejection);
+    for (auto& [call, route, stub] : started) call->Start(std::move(route), stub);
+    if (stopping) return;
+  }
+}
+
+RequestRouter::~RequestRouter() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (admission_thread_.joinable()) admission_thread_.join();
 }
 
 absl::StatusOr<Route> RequestRouter::PlaceForRelay(const placement::Request& request,
                                                    const absl::flat_hash_set<std::string>& avoid,
                                                    v1::Decode::Stub** stub) {
   absl::MutexLock lock(&mu_);
+  return PlaceLocked(request, avoid, stub);
+}
+
+absl::StatusOr<Route> RequestRouter::PlaceLocked(const placement::Request& request,
+                                                 const absl::flat_hash_set<std::string>& avoid,
+                                                 v1::Decode::Stub** stub) {
   absl::StatusOr<Route> route = registry_->Place(*policy_, request, avoid);
   if (!route.ok()) return route.status();
   Metrics()

@@ -8,7 +8,9 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -17,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "router/placement/admission.h"
 #include "router/placement/placement.h"
 #include "router/server/registry.h"
 #include "tandem/v1/inference.pb.h"
@@ -62,12 +65,22 @@ struct RouterOptions {
   absl::Duration prefill_timeout = absl::Seconds(30);
   // How many times a request may move to another decode worker after its own failed.
   int max_migrations = 2;
+  // Admission by SLO and priority (router/placement/admission.h): requests the placement
+  // predicts cannot meet their objectives wait in a bounded queue or are refused with
+  // RESOURCE_EXHAUSTED and a retry-after hint. Only predicting policies (slo) are affected.
+  placement::AdmissionOptions admission = {};
+  // How often the admission queue is looked at again for requests that now fit.
+  absl::Duration admission_poll = absl::Milliseconds(10);
 };
+
+class QueuedCall;
 
 class RequestRouter {
  public:
   static absl::StatusOr<std::unique_ptr<RequestRouter>> Create(const RouterOptions& options,
                                                                Registry* registry);
+  // Refuses what still waits in the admission queue (UNAVAILABLE) and stops its thread.
+  ~RequestRouter();
 
   // A request checked and tokenized.
   struct Prepared {
@@ -78,7 +91,8 @@ class RequestRouter {
   // UNAVAILABLE (no worker ready yet), each with a message for the client.
   absl::StatusOr<Prepared> Prepare(const v1::GenerateRequest& request);
   // Places and starts `prepared`; `sink` must outlive the call's OnDone. Errors before anything
-  // started (no worker) are returned, and the sink is not called.
+  // started (no worker; RESOURCE_EXHAUSTED with a retry-after hint when admission refuses it)
+  // are returned, and the sink is not called. The call may be queued (RelayedCall::queued).
   absl::StatusOr<std::shared_ptr<RelayedCall>> Start(Prepared prepared, ResponseSink* sink,
                                                      absl::Time deadline = absl::InfiniteFuture());
 
@@ -95,9 +109,25 @@ class RequestRouter {
                                       const absl::flat_hash_set<std::string>& avoid,
                                       v1::Decode::Stub** stub);
 
+  // Queued requests (admission), for tests and metrics.
+  int64_t QueuedRequests();
+
  private:
+  friend class QueuedCall;
   RequestRouter(const RouterOptions& options, Registry* registry);
   absl::StatusOr<std::vector<int32_t>> Encode(const v1::GenerateRequest& request) const;
+  absl::StatusOr<Route> PlaceLocked(const placement::Request& request,
+                                    const absl::flat_hash_set<std::string>& avoid,
+                                    v1::Decode::Stub** stub) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens the relay of a placed request.
+  std::shared_ptr<RelayedCall> StartRelay(Route route, v1::Decode::Stub* stub,
+                                          const Prepared& prepared, const placement::Request& req,
+                                          ResponseSink* sink, absl::Time arrival,
+                                          absl::Time deadline);
+  // The admission thread: starts queued requests that now fit, refuses expired ones.
+  void AdmissionLoop();
+  // A queued call left the queue by cancellation: false when it had left already.
+  bool RemoveQueued(uint64_t id);
 
   const RouterOptions options_;
   Registry* const registry_;
@@ -108,6 +138,11 @@ class RequestRouter {
   absl::Mutex mu_;
   std::unique_ptr<placement::PlacementPolicy> policy_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Decode::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::optional<placement::Admission> admission_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<QueuedCall>> queued_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_admission_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread admission_thread_;
 };
 
 }  // namespace tandem::router
