@@ -39,7 +39,8 @@ struct Child {
   std::string name;
   pid_t pid = -1;
   std::atomic<int> port{0};
-  std::atomic<int> http_port{0};  // the router's
+  std::atomic<int> http_port{0};     // the router's
+  std::atomic<int> metrics_port{0};  // a worker's /metrics
   std::thread reader;
 };
 
@@ -78,6 +79,10 @@ absl::Status Spawn(Child* child, const std::vector<std::string>& argv) {
       if (child->port == 0 && at != std::string::npos) {
         const size_t http = text.find("http port ");
         if (http != std::string::npos) child->http_port = std::atoi(text.c_str() + http + 10);
+        const size_t metrics = text.find("metrics port ");
+        if (metrics != std::string::npos) {
+          child->metrics_port = std::atoi(text.c_str() + metrics + 13);
+        }
         child->port = std::atoi(text.c_str() + at + 18);
       }
       std::fprintf(stderr, "[%s] %s", child->name.c_str(), line);
@@ -151,6 +156,7 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
   };
   const std::vector<std::string> worker_flags = {
       absl::StrCat("--model=", model_path), "--listen=127.0.0.1:0",
+      "--metrics_listen=127.0.0.1:0",
       absl::StrCat("--threads=", absl::GetFlag(FLAGS_worker_threads)),
       absl::StrCat("--kv_cache_mb=", absl::GetFlag(FLAGS_worker_kv_cache_mb))};
   std::vector<Child*> workers;
@@ -177,6 +183,7 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
   // Workers load the model; wait until each listens.
   const absl::Time until = absl::Now() + absl::Seconds(120);
   std::vector<std::string> addresses;
+  std::vector<std::string> listing;  // for the summary
   for (Child* w : workers) {
     while (w->port == 0 && !stop_requested && absl::Now() < until) {
       if (!Alive(*w)) return fail(absl::StrCat(w->name, " exited during start-up"));
@@ -184,6 +191,9 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
     }
     if (w->port == 0) return fail(absl::StrCat(w->name, " did not start in time"));
     addresses.push_back(absl::StrCat("127.0.0.1:", w->port.load()));
+    listing.push_back(absl::StrCat(w->name, " 127.0.0.1:", w->port.load(),
+                                   " (metrics http://127.0.0.1:", w->metrics_port.load(),
+                                   "/metrics)"));
   }
   const std::string host = absl::GetFlag(FLAGS_host);
   Child* router = start("router", {absl::StrCat(bin_dir, "/tandem-router"),
@@ -225,7 +235,8 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
       "Ctrl-C stops the cluster.\n",
       prefill, decode, absl::GetFlag(FLAGS_aggregated) ? " (aggregated)" : "",
       absl::GetFlag(FLAGS_policy).c_str(), host.c_str(), http_port, host.c_str(), http_port,
-      host.c_str(), router->port.load(), absl::StrJoin(addresses, ", ").c_str(), host.c_str(), http_port);
+      host.c_str(), router->port.load(), absl::StrJoin(listing, "\n                   ").c_str(),
+      host.c_str(), http_port);
   std::fflush(stdout);
   while (!stop_requested) {
     for (const auto& c : children) {

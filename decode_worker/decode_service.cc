@@ -291,6 +291,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       usage->set_completion_tokens(static_cast<uint32_t>(completion_tokens_ + prior_));
       usage->set_cached_prompt_tokens(static_cast<uint32_t>(cached_tokens_));
       timings_.set_e2e_us(static_cast<uint64_t>(absl::ToInt64Microseconds(now - start_)));
+      if (!timings_.remote_prefill()) timings_.set_prefill_worker(service_->options_.worker_id);
       *response_.mutable_timings() = timings_;
       end_ = grpc::Status::OK;  // finish once this write is done
     }

@@ -1,10 +1,12 @@
 """The `tandem` command as a user runs it: a real process, its output and exit codes."""
 import json
+import re
 import os
 import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 BIN = Path(os.environ["TANDEM_BIN_DIR"]) / "tandem"
@@ -94,6 +96,12 @@ def test_up_starts_a_cluster_that_answers_and_stops_cleanly():
         assert port, "".join(lines)
         out = "".join(lines)
         assert "SmolLM2-135M-Instruct.Q4_1.gguf" in out and "curl http://127.0.0.1:" in out
+        # Every worker's /metrics is listed and answers.
+        worker_metrics = re.findall(r"(decode|prefill)-0 127\.0\.0\.1:\d+ \(metrics "
+                                    r"(http://127\.0\.0\.1:\d+/metrics)\)", out)
+        assert sorted(kind for kind, _ in worker_metrics) == ["decode", "prefill"], out
+        for _, url in worker_metrics:
+            assert "tandem_worker_" in urllib.request.urlopen(url, timeout=10).read().decode()
         body = json.dumps({"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
         curl = subprocess.run(["curl", "-sS", f"http://127.0.0.1:{port}/v1/completions",
                                "-H", "Content-Type: application/json", "-d", body],
