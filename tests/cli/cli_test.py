@@ -161,6 +161,15 @@ def test_generate_same_seed_same_text():
     assert a.stdout == b.stdout
 
 
+def test_bench_runs_the_load_generator_with_its_own_flags():
+    """`tandem bench` hands its arguments to bench/tandem_bench in the project's environment."""
+    p = run("bench", "--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("usage: tandem bench") and "--rates" in p.stdout, p.stdout[:300]
+    p = run("bench", "--rate=-1", "--url=http://127.0.0.1:1")
+    assert p.returncode == 2 and "rate" in p.stderr, p.stderr
+
+
 def test_generate_with_a_bad_url_is_a_clear_error():
     p = run("generate", "--prompt=hi", "--url=http://127.0.0.1:8000/v1")
     assert p.returncode == 2 and "is an HTTP URL" in p.stderr, p.stderr
