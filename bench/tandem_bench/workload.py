@@ -122,6 +122,8 @@ class DatasetEntry:
     user: str
     output_len: int
     input_len: int
+    # The --slo-class it belongs to (None: drawn by weight like generated prompts).
+    slo_class: str | None = None
 
 
 def words(rng, count):
@@ -176,7 +178,11 @@ def _entry_from_record(record, where):
         system = record.get("system", "")
         if not isinstance(system, str):
             raise WorkloadError(f"{where}: 'system' must be a string")
-        return DatasetEntry(system, prompt, output_len, estimate_tokens(system + prompt))
+        slo_class = record.get("slo_class")
+        if slo_class is not None and (not isinstance(slo_class, str) or not slo_class):
+            raise WorkloadError(f"{where}: 'slo_class' must be a non-empty string")
+        return DatasetEntry(system, prompt, output_len, estimate_tokens(system + prompt),
+                            slo_class)
     raise WorkloadError(f"{where}: expected 'conversations' (ShareGPT) or 'prompt' in the object")
 
 
@@ -185,7 +191,8 @@ def load_dataset(path):
     Objects are ShareGPT conversations ({"conversations": [{"from": "human", "value": ...},
     {"from": "gpt", "value": ...}]}: the first human turn is the prompt, a system turn before it
     the system prompt, and the reply's length the output length) or {"prompt": ...,
-    "output_tokens": ..., "system": ...} (output_tokens and system optional). Entries with no
+    "output_tokens": ..., "system": ..., "slo_class": ...} (all but prompt optional; slo_class
+    names the --slo-class of the entry, e.g. long prompts with looser targets). Entries with no
     output length take --output-len."""
     path = pathlib.Path(path)
     if not path.is_file():
@@ -301,6 +308,12 @@ def build(config, seed, count, stream="requests"):
             system, user = "", words(prompt_rng, input_len)
         tenant = _weighted_pick(mix_rng, list(config.tenants))
         slo_class = _weighted_pick(mix_rng, list(config.slo_classes))
+        if config.dataset is not None and entry.slo_class is not None:
+            named = [c for c in config.slo_classes if c.name == entry.slo_class]
+            if not named:
+                raise WorkloadError(f"dataset entry {order[i % len(order)] + 1} names SLO class "
+                                    f"'{entry.slo_class}', which no --slo-class defines")
+            slo_class = named[0]
         priority = config.priority
         if tenant is not None and tenant.priority is not None:
             priority = tenant.priority

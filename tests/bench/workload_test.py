@@ -132,6 +132,27 @@ def test_prompt_dataset_as_json_array(tmp_path):
     assert sorted({s.output_len for s in specs}) == [3, 6]  # no output_tokens: --output-len
 
 
+def test_dataset_entries_may_name_their_slo_class(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt": "short question", "output_tokens": 8, "slo_class": "chat"},
+        {"prompt": "long " * 50, "output_tokens": 2, "slo_class": "long"},
+        {"prompt": "unnamed", "output_tokens": 3}]))
+    classes = (workload.parse_slo_class("name=chat,weight=1,ttft_ms=300,priority=1"),
+               workload.parse_slo_class("name=long,weight=1,ttft_ms=3000"))
+    entries = workload.load_dataset(path)
+    specs = workload.build(WorkloadConfig(Lengths(4), Lengths(6), dataset=entries,
+                                          slo_classes=classes), seed=3, count=30)
+    by_prompt = collections.defaultdict(set)
+    for s in specs:
+        by_prompt[s.user].add((s.slo_class, s.ttft_slo_ms, s.priority))
+    assert by_prompt["short question"] == {("chat", 300, 1)}
+    assert by_prompt["long " * 50] == {("long", 3000, 0)}
+    assert {c for c, _, _ in by_prompt["unnamed"]} == {"chat", "long"}  # drawn by weight
+    with pytest.raises(WorkloadError, match=r"names SLO class '(chat|long)', which no"):
+        workload.build(WorkloadConfig(Lengths(4), Lengths(6), dataset=entries), seed=3, count=3)
+
+
 @pytest.mark.parametrize("lines,message", [
     (['{"prompt": "a"}', "{not json"], r"bad\.jsonl:2: not valid JSON"),
     (['{"text": "a"}'], r"bad\.jsonl:1: expected 'conversations'"),

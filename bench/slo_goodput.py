@@ -1,0 +1,118 @@
+"""slo_goodput: the goodput of every placement policy on a mixed workload (issue 8's benchmark).
+
+  .venv/bin/python bench/slo_goodput.py [--bin build/release/bin] [--rates 0.5,1,1.5,2]
+      [--num-requests 40] [--policies round_robin,least_loaded,kv_aware,slo] [--out DIR]
+
+For each policy it starts a local cluster with `tandem up` (1 prefill + 2 decode workers, one
+thread each, the policy given) and sweeps the offered rate with `tandem bench` over gRPC, on the
+same seeded workload: 75% short chats (about 40 prompt tokens, 32 output tokens, priority 1,
+TTFT <= 1 s, TPOT <= 150 ms) and 25% long prompts (about 400 tokens, 8 output tokens, priority 0,
+TTFT <= 6 s, TPOT <= 300 ms). It prints, per policy, the SLO attainment at every rate and the
+goodput -- the highest rate whose attainment stays >= 90% (DistServe), interpolated between swept
+rates -- then slo's goodput over the best of the others (target >= 1.3x) and, for slo, the median
+relative error of its TTFT and TPOT predictions (target <= 20%). Results and plots go to --out.
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+
+import numpy
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from tandem_bench import workload  # noqa: E402
+
+CLASSES = ["name=chat,weight=3,ttft_ms=1000,tpot_ms=150,priority=1",
+           "name=long,weight=1,ttft_ms=6000,tpot_ms=300,priority=0"]
+
+
+def write_dataset(path, count, seed):
+    """A JSONL file of prompts made of one-token words: 3 short chats for every long prompt."""
+    rng = numpy.random.default_rng(seed)
+    with open(path, "w") as f:
+        for i in range(count):
+            if i % 4 == 3:
+                record = {"prompt": workload.words(rng, 400), "output_tokens": 8,
+                          "slo_class": "long"}
+            else:
+                record = {"prompt": workload.words(rng, int(rng.integers(30, 51))),
+                          "output_tokens": 32, "slo_class": "chat"}
+            f.write(json.dumps(record) + "\n")
+
+
+def run_policy(args, policy, dataset, out):
+    result = out / f"{policy}.json"
+    command = [str(pathlib.Path(args.bin) / "tandem"), "bench",
+               "--up", f"prefill_workers=1 decode_workers=2 policy={policy}",
+               "--protocol", "grpc", "--dataset", str(dataset),
+               *[x for c in CLASSES for x in ("--slo-class", c)],
+               "--rates", args.rates, "--num-requests", str(args.num_requests),
+               "--seed", "1", "--warmup", "4", "--result-json", str(result),
+               "--plot-dir", str(out / policy), "--label", policy, "--no-progress"]
+    print(f"\n== {policy}: {' '.join(command[1:])}", flush=True)
+    subprocess.run(command, check=True, env={**os.environ, "TANDEM_BIN_DIR": args.bin})
+    return json.loads(result.read_text())
+
+
+def prediction_errors(run):
+    """Median |observed - predicted| / observed of TTFT and TPOT over the run's requests."""
+    ttft, tpot = [], []
+    for rate in run["rates"]:
+        for r in rate["requests"]:
+            if not r.get("ok"):
+                continue
+            if r.get("predicted_ttft_ms") and r.get("ttft_ms"):
+                ttft.append(abs(r["ttft_ms"] - r["predicted_ttft_ms"]) / r["ttft_ms"])
+            if r.get("predicted_tpot_ms") and r.get("tpot_ms"):
+                tpot.append(abs(r["tpot_ms"] - r["predicted_tpot_ms"]) / r["tpot_ms"])
+    return (statistics.median(ttft) if ttft else None, statistics.median(tpot) if tpot else None,
+            len(ttft))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=str(ROOT / "build" / "release" / "bin"))
+    ap.add_argument("--rates", default="0.5,1,1.5,2")
+    ap.add_argument("--num-requests", type=int, default=40)
+    ap.add_argument("--policies", default="round_robin,least_loaded,kv_aware,slo")
+    ap.add_argument("--out", default="/tmp/slo_goodput")
+    args = ap.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = out / "mixed.jsonl"
+    write_dataset(dataset, 200, seed=7)
+    runs = {p: run_policy(args, p, dataset, out)["runs"][0] for p in args.policies.split(",")}
+
+    rates = [r["rate"] for r in next(iter(runs.values()))["rates"]]
+    print("\nslo_goodput: SLO attainment (both objectives) by offered rate, and DistServe goodput")
+    print(f"{'policy':<14}" + "".join(f"{r:>9.2f}/s" for r in rates) + "   goodput (>= 90%)")
+    goodput = {}
+    for policy, run in runs.items():
+        cells = "".join(f"{(x['summary'].get('slo_attainment') or 0) * 100:>10.0f}%"
+                        for x in run["rates"])
+        g = run["distserve_goodput"]
+        goodput[policy] = g["goodput"]
+        shown = "below range" if g["goodput"] is None else (
+            f"{g['goodput']:.2f} req/s" + (" (at least)" if g["bound"] == "at_least" else ""))
+        print(f"{policy:<14}{cells}   {shown}")
+    others = [g for p, g in goodput.items() if p != "slo"]
+    if "slo" in goodput and others:
+        best = max((g or 0.0) for g in others)
+        slo = goodput["slo"] or 0.0
+        ratio = slo / best if best > 0 else float("inf")
+        print(f"\nslo / best other: {ratio:.2f}x (target >= 1.3x: "
+              f"{'met' if ratio >= 1.3 else 'MISSED'})")
+        ttft_err, tpot_err, n = prediction_errors(runs["slo"])
+        if ttft_err is not None:
+            print(f"slo prediction error, median over {n} requests: TTFT {ttft_err * 100:.0f}%, "
+                  f"TPOT {tpot_err * 100:.0f}% (target <= 20%: "
+                  f"{'met' if max(ttft_err, tpot_err) <= 0.2 else 'MISSED'})")
+    print(f"\nresults and plots: {out}")
+
+
+if __name__ == "__main__":
+    main()
