@@ -103,9 +103,16 @@ def main():
     if "slo" in goodput and others:
         best = max((g or 0.0) for g in others)
         slo = goodput["slo"] or 0.0
-        ratio = slo / best if best > 0 else float("inf")
-        print(f"\nslo / best other: {ratio:.2f}x (target >= 1.3x: "
-              f"{'met' if ratio >= 1.3 else 'MISSED'})")
+        if best > 0 and slo > 0:
+            ratio = slo / best
+            print(f"\nslo / best other: {ratio:.2f}x (target >= 1.3x: "
+                  f"{'met' if ratio >= 1.3 else 'MISSED'})")
+        elif best > 0:
+            print("\nslo / best other: slo missed 90% at every swept rate (target >= 1.3x: MISSED)")
+        else:
+            print("\nslo / best other: not comparable -- "
+                  f"{'no policy' if slo == 0 else 'only slo'} reached 90% in the swept range; "
+                  "sweep lower rates")
         ttft_err, tpot_err, n = prediction_errors(runs["slo"])
         if ttft_err is not None:
             print(f"slo prediction error, median over {n} requests: TTFT {ttft_err * 100:.0f}%, "

@@ -231,13 +231,28 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
   return route;
 }
 
-void Registry::Release(const Route& route) {
+void Registry::PromptDone(Route& route) {
+  if (route.prompt_done || route.released) return;
+  route.prompt_done = true;
+  absl::MutexLock lock(&mu_);
+  for (auto& [address, w] : workers_) {
+    if (address == route.decode_address) w->view.RemovePlaced(route.placed_prefill_tokens, 0, 0);
+    if (!route.prefill.empty() && address == route.prefill[0].second) {
+      w->view.RemovePlaced(route.decision.uncached_tokens, 0);
+    }
+  }
+}
+
+void Registry::Release(Route& route) {
+  if (route.released) return;
+  route.released = true;
   absl::MutexLock lock(&mu_);
   for (auto& [address, w] : workers_) {
     if (address == route.decode_address) {
-      w->view.RemovePlaced(route.placed_prefill_tokens, 1, route.placed_decode_tokens);
+      w->view.RemovePlaced(route.prompt_done ? 0 : route.placed_prefill_tokens, 1,
+                           route.placed_decode_tokens);
     }
-    if (!route.prefill.empty() && address == route.prefill[0].second) {
+    if (!route.prompt_done && !route.prefill.empty() && address == route.prefill[0].second) {
       w->view.RemovePlaced(route.decision.uncached_tokens, 0);
     }
   }

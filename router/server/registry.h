@@ -45,6 +45,9 @@ struct Route {
   std::vector<std::pair<std::string, std::string>> prefill;  // (worker id, address), best first
   int64_t placed_prefill_tokens = 0;
   int64_t placed_decode_tokens = 0;
+  // PromptDone uncounted the prompt tokens; Release the rest.
+  bool prompt_done = false;
+  bool released = false;
 };
 
 struct WorkerSummary {
@@ -64,8 +67,13 @@ class Registry {
   // counts the placed load. UNAVAILABLE when no decode-capable worker is ready.
   absl::StatusOr<Route> Place(placement::PlacementPolicy& policy, const placement::Request& request,
                               const absl::flat_hash_set<std::string>& avoid = {});
-  // The request left its decode (and prefill) worker: uncount its load.
-  void Release(const Route& route);
+  // The request's first token came: its prompt is computed, so the prompt tokens placed on the
+  // worker that prefilled it (and on the decode worker) are uncounted. The sequence stays counted
+  // until Release: the decode worker's reports show it only a load interval later, and counting it
+  // twice meanwhile errs on the side of the running streams' TPOT.
+  void PromptDone(Route& route);
+  // The request ended or failed: uncounts what is left of its placed load, once.
+  void Release(Route& route);
   // A prefill worker moved the KV of `tokens` prompt tokens to a decode worker in `seconds` (the
   // transfer model, in bytes of the decode worker's KV layout).
   void ObserveTransfer(const std::string& prefill_worker, const std::string& decode_worker,

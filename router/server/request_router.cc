@@ -193,6 +193,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
     const absl::Time now = absl::Now();
     if (response.token_ids_size() > 0) {
       if (first_) {
+        router_->registry().PromptDone(route_);
         ttft_us_ = absl::ToInt64Microseconds(now - start_);
         Metrics().ttft.Observe(absl::ToDoubleSeconds(now - start_));
         Metrics().vllm_ttft.Observe(absl::ToDoubleSeconds(now - start_));
