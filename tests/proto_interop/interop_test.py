@@ -116,7 +116,8 @@ def generate_response(g):
         usage=pb.Usage(prompt_tokens=17, completion_tokens=3, cached_prompt_tokens=16),
         timings=pb.Timings(queue_us=1200, ttft_us=45000, e2e_us=9000000000, prefill_us=30000,
                            kv_transfer_us=2500, decode_us=120000, prefill_worker="prefill-0",
-                           decode_worker="decode-1", remote_prefill=True, migrations=1),
+                           decode_worker="decode-1", remote_prefill=True, migrations=1,
+                           predicted_ttft_us=120000, predicted_tpot_us=21000),
         error_message="decode worker lost")
 
 
