@@ -6,6 +6,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/flags/commandlineflag.h"
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
@@ -68,6 +70,13 @@ std::vector<std::string> UnknownFlagEnvironment(const std::vector<std::string>& 
 }
 
 std::vector<char*> ParseFlagsWithEnvironment(int argc, char** argv, absl::string_view usage) {
+  // A crash prints the signal and a symbolized stack to stderr before the process dies, so that
+  // a component that fails under load says where (termination signals the programs handle
+  // themselves keep their handlers: this runs first).
+  if (argc > 0) absl::InitializeSymbolizer(argv[0]);
+  absl::FailureSignalHandlerOptions crash;
+  crash.call_previous_handler = true;
+  absl::InstallFailureSignalHandler(crash);
   absl::SetProgramUsageMessage(absl::StrCat(
       usage, "\n\nEvery flag --name can also be set with the environment variable TANDEM_NAME; "
              "the command line wins."));

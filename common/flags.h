@@ -38,6 +38,8 @@ std::vector<std::string> UnknownFlagEnvironment(const std::vector<std::string>& 
 // Applies the environment, then parses the command line (which wins). On a bad value it prints
 // the error and exits with status 2; `--help` prints `usage` and the flags. Returns the positional
 // arguments, argv[0] first. Warns about TANDEM_* variables that match no flag.
+// It also installs absl's failure signal handler, so that a crash prints the signal and a
+// symbolized stack trace to stderr.
 std::vector<char*> ParseFlagsWithEnvironment(int argc, char** argv, absl::string_view usage);
 
 }  // namespace tandem
