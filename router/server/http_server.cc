@@ -262,8 +262,9 @@ struct HttpServer::Impl {
   void Drain();
   void Deliver(HttpCall& call, const v1::GenerateResponse& response);
   void Finish(HttpCall& call, const absl::Status& status);
-  // Sends a stream's 200 and server-sent-event headers, once.
-  static void StartStream(HttpCall& call);
+  // Sends a stream's 200 and server-sent-event headers on `req` (the call's request), once.
+  static void StartStream(HttpCall& call, evhttp_request* req);
+  static void StartStream(HttpCall& call) { StartStream(call, call.req); }
   void Forget(HttpCall* call) {
     if (call->closed_watch != nullptr) {
       event_free(call->closed_watch);
@@ -424,13 +425,13 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat) {
   if (call->stream && !call->relay->queued()) StartStream(*call);
 }
 
-void HttpServer::Impl::StartStream(HttpCall& call) {
-  if (call.headers_sent || call.req == nullptr) return;
+void HttpServer::Impl::StartStream(HttpCall& call, evhttp_request* req) {
+  if (call.headers_sent || req == nullptr) return;
   call.headers_sent = true;
-  evkeyvalq* headers = evhttp_request_get_output_headers(call.req);
+  evkeyvalq* headers = evhttp_request_get_output_headers(req);
   evhttp_add_header(headers, "Content-Type", "text/event-stream");
   evhttp_add_header(headers, "Cache-Control", "no-cache");
-  evhttp_send_reply_start(call.req, 200, "OK");
+  evhttp_send_reply_start(req, 200, "OK");
 }
 
 void HttpServer::Impl::Drain() {
@@ -490,7 +491,7 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
     if (call.stream && !call.headers_sent && !status.ok()) {
       ReplyError(req, status);  // refused before it started: a plain HTTP error
     } else if (call.stream) {
-      StartStream(call);
+      StartStream(call, req);  // call.req is already cleared
       if (!status.ok()) {
         SendChunk(req, Sse(json::parse(ErrorBody(status))));
       } else if (call.include_usage) {
