@@ -147,8 +147,12 @@ def model_id(cluster):
 def stays_healthy(pb, cluster):
     """After the test: the cluster still answers, and no request is left on a decode worker."""
     yield
-    wait_idle(pb, cluster, timeout=60, what="the cluster to be idle after the test")
-    body = complete(cluster.http_port, "The capital of France is", max_tokens=3)
+    try:
+        wait_idle(pb, cluster, timeout=60, what="the cluster to be idle after the test")
+        body = complete(cluster.http_port, "The capital of France is", max_tokens=3)
+    except Exception as error:  # noqa: BLE001 -- say what the router logged (a crash's stack)
+        raise AssertionError(f"{error}\nrouter exit status: {cluster.router.proc.poll()}\n"
+                             f"router log:\n{cluster.logs()}") from error
     assert body["usage"]["completion_tokens"] == 3
 
 
