@@ -1,6 +1,7 @@
 #include "common/flags.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -77,6 +78,10 @@ std::vector<char*> ParseFlagsWithEnvironment(int argc, char** argv, absl::string
   absl::FailureSignalHandlerOptions crash;
   crash.call_previous_handler = true;
   absl::InstallFailureSignalHandler(crash);
+  // A peer that closes its socket while we write to it is an error on that connection, never the
+  // end of the process: libevent's HTTP server, UCX's TCP transport and the metrics exposer write
+  // without MSG_NOSIGNAL, and the default action of SIGPIPE is to die silently.
+  std::signal(SIGPIPE, SIG_IGN);
   absl::SetProgramUsageMessage(absl::StrCat(
       usage, "\n\nEvery flag --name can also be set with the environment variable TANDEM_NAME; "
              "the command line wins."));

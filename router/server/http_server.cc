@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 
 #include <cmath>
+#include <csignal>
 #include <deque>
 #include <string_view>
 #include <thread>
@@ -531,6 +532,9 @@ HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(RequestRouter* router,
                                                               const Options& options) {
   static const bool threads = [] { return evthread_use_pthreads() == 0; }();
+  // libevent writes with write(2): a client that resets its connection must give EPIPE here, not
+  // kill the process (the binaries also ignore SIGPIPE; this covers embedders and tests).
+  std::signal(SIGPIPE, SIG_IGN);
   if (!threads) return absl::InternalError("libevent has no pthreads support");
   const size_t colon = options.listen.rfind(':');
   int port = 0;

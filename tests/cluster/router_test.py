@@ -11,7 +11,9 @@ status and a clear message, and the cluster keeps serving."""
 import http.client
 import json
 import os
+import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -417,6 +419,45 @@ def test_closing_an_http_stream_frees_the_blocks(pb, cluster, stays_healthy):
     conn.close()
     # 1000 tokens take about 20 s here: only a cancellation frees the blocks this soon.
     wait_idle(pb, cluster, timeout=15, what="the closed stream's blocks to be freed")
+
+
+def test_clients_that_reset_their_streams_cost_the_router_nothing(pb, cluster, stays_healthy):
+    """Clients that close or reset their connections while tokens flow: a write the router makes
+    after that fails with EPIPE, which must end that stream only (a SIGPIPE once killed the
+    router here)."""
+    body = json.dumps({**LONG_GENERATION, "stream": True}).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: router\r\n"
+               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    for _ in range(3):
+        clients = [socket.create_connection(("127.0.0.1", cluster.http_port), timeout=30)
+                   for _ in range(8)]
+        for client in clients:
+            client.sendall(request)
+        for client in clients:
+            received = b""
+            while received.count(b"data: {") < 2:
+                chunk = client.recv(65536)
+                assert chunk, received
+                received += chunk
+            assert received.startswith(b"HTTP/1.1 200"), received[:200]
+        for i, client in enumerate(clients):
+            if i % 2:  # linger 0: close() sends RST and drops what was not read
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            else:  # FIN: the router's next write draws a RST, the one after it EPIPE
+                client.shutdown(socket.SHUT_RDWR)
+            client.close()
+        time.sleep(0.3)  # let the next tokens meet the reset connections
+        assert cluster.router.proc.poll() is None, cluster.logs()
+    wait_idle(pb, cluster, timeout=30, what="the reset streams' blocks to be freed")
+
+
+def test_every_process_ignores_sigpipe(cluster):
+    """A peer's closed socket is an error on that connection, never the end of the process:
+    the router and both worker kinds ignore SIGPIPE (bit 13 of SigIgn)."""
+    for process in [cluster.router, *cluster.prefill, *cluster.decode]:
+        with open(f"/proc/{process.proc.pid}/status") as f:
+            ignored = next(int(l.split()[1], 16) for l in f if l.startswith("SigIgn:"))
+        assert ignored & (1 << (signal.SIGPIPE - 1)), (process.proc.args[0], hex(ignored))
 
 
 def test_cancelling_a_grpc_call_frees_the_blocks(pb, cluster, stays_healthy):
