@@ -87,6 +87,19 @@ void EngineLoop::Loop() {
 
 void EngineLoop::PublishStats() { stats_ = engine_->scheduler_stats(); }
 
+void EngineLoop::AddPosted(const Posted& p) {
+  absl::MutexLock lock(&mu_);
+  posted_.sequences += p.sequences;
+  posted_.prompt_tokens += p.prompt_tokens;
+  posted_.remote_prefills += p.remote_prefills;
+}
+
+void EngineLoop::RemovePostedLocked(const Posted& p) {
+  posted_.sequences -= p.sequences;
+  posted_.prompt_tokens -= p.prompt_tokens;
+  posted_.remote_prefills -= p.remote_prefills;
+}
+
 void EngineLoop::Post(absl::AnyInvocable<void(LocalEngine*) &&> task) {
   {
     absl::MutexLock lock(&mu_);
@@ -156,7 +169,10 @@ void EngineLoop::SubmitAsync(uint64_t id, GenerationRequest request,
                              LocalEngine::DeltaCallback on_delta,
                              absl::AnyInvocable<void(absl::Status) &&> done) {
   if (absl::Status s = Admit(); !s.ok()) return std::move(done)(std::move(s));
-  Post([this, id, request = std::move(request), on_delta = std::move(on_delta),
+  const Posted posted = {.sequences = 1,
+                         .prompt_tokens = static_cast<int64_t>(request.prompt.size())};
+  AddPosted(posted);
+  Post([this, id, posted, request = std::move(request), on_delta = std::move(on_delta),
         done = std::move(done)](LocalEngine* engine) mutable {
     absl::Status status =
         engine == nullptr ? Stopped()
@@ -164,7 +180,8 @@ void EngineLoop::SubmitAsync(uint64_t id, GenerationRequest request,
     {
       absl::MutexLock lock(&mu_);
       if (!status.ok()) --requests_;
-      PublishStats();
+      RemovePostedLocked(posted);
+      if (engine != nullptr) PublishStats();
     }
     std::move(done)(std::move(status));
   });
@@ -174,7 +191,9 @@ void EngineLoop::SubmitRemotePrefillAsync(
     uint64_t id, GenerationRequest request, LocalEngine::DeltaCallback on_delta,
     absl::AnyInvocable<void(absl::StatusOr<RemotePrefillPlan>) &&> done) {
   if (absl::Status s = Admit(); !s.ok()) return std::move(done)(std::move(s));
-  Post([this, id, request = std::move(request), on_delta = std::move(on_delta),
+  const Posted posted = {.remote_prefills = 1};
+  AddPosted(posted);
+  Post([this, id, posted, request = std::move(request), on_delta = std::move(on_delta),
         done = std::move(done)](LocalEngine* engine) mutable {
     absl::StatusOr<RemotePrefillPlan> plan =
         engine == nullptr
@@ -183,7 +202,8 @@ void EngineLoop::SubmitRemotePrefillAsync(
     {
       absl::MutexLock lock(&mu_);
       if (!plan.ok()) --requests_;
-      PublishStats();
+      RemovePostedLocked(posted);
+      if (engine != nullptr) PublishStats();
     }
     std::move(done)(std::move(plan));
   });
@@ -264,14 +284,25 @@ absl::Status EngineLoop::Calibrate() {
   };
   struct Wave {
     int64_t requests, prompt_tokens, max_tokens;
+    // The prompts start with the 192-token prompt of an earlier wave, which the prefix cache
+    // holds: the steps decode a batch over a long context at the cost of a few prompt tokens.
+    bool long_context = false;
   };
   const int64_t batch = std::min<int64_t>(max_running_, 16);
   // The first wave only warms up (the first passes fault the weights in and are slow); its
-  // steps are forgotten.
-  const Wave waves[] = {{2, 16, 2},  {1, 32, 3}, {1, 192, 2}, {std::min<int64_t>(batch, 4), 8, 4},
-                        {batch, 4, 4}};
+  // steps are forgotten. The two batches of 4 differ in context only (~40 and ~800 tokens), so
+  // that the fit tells the per-context-token cost of attention from the per-sequence cost; in
+  // prefill steps the two grow together.
+  const int64_t four = std::min<int64_t>(batch, 4);
+  const Wave waves[] = {{2, 16, 2},    {1, 32, 3},          {1, 192, 2},
+                        {four, 8, 4}, {four, 8, 4, true}, {batch, 4, 4}};
+  std::vector<int32_t> long_prefix;
   uint64_t id = uint64_t{1} << 62;  // far from the ids of the worker's services
+  int64_t pool_blocks = 0;
+  RunOnEngine([&](LocalEngine& engine) { pool_blocks = engine.kv_pool().num_blocks(); });
   for (const Wave& wave : waves) {
+    // A model or pool too small for four 200-token sequences keeps the short waves only.
+    if (wave.long_context && (config().max_context < 256 || pool_blocks < 64)) continue;
     if (&wave == &waves[1]) {
       absl::MutexLock lock(&mu_);
       steps_.clear();
@@ -282,7 +313,9 @@ absl::Status EngineLoop::Calibrate() {
     const bool ran = RunOnEngine([&](LocalEngine& engine) {
       for (int64_t i = 0; i < wave.requests && added.ok(); ++i) {
         GenerationRequest r;
+        if (wave.long_context) r.prompt = long_prefix;
         for (int64_t t = 0; t < wave.prompt_tokens; ++t) r.prompt.push_back(token());
+        if (wave.prompt_tokens == 192) long_prefix = r.prompt;
         r.sampling.temperature = 0;
         r.sampling.ignore_eos = true;
         r.sampling.max_tokens = wave.max_tokens;
@@ -345,7 +378,11 @@ absl::StatusOr<std::vector<KvEvent>> EngineLoop::EventsAfter(uint64_t after,
 
 SchedulerStats EngineLoop::stats() {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  SchedulerStats s = stats_;
+  s.waiting += posted_.sequences;
+  s.queued_prefill_tokens += posted_.prompt_tokens;
+  s.remote_prefills += posted_.remote_prefills;
+  return s;
 }
 
 std::vector<StepInfo> EngineLoop::StepsAfter(uint64_t after, uint64_t* newest) {

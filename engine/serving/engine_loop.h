@@ -116,7 +116,9 @@ class EngineLoop {
   // result means none came). OUT_OF_RANGE when events after `after` were already dropped from the
   // history: take a new Snapshot.
   absl::StatusOr<std::vector<KvEvent>> EventsAfter(uint64_t after, absl::Duration timeout);
-  // The latest counters (updated after every step and request change).
+  // The latest counters (updated after every step and request change). Requests submitted but
+  // not yet taken by the engine thread (it takes them between steps) count already: as waiting
+  // sequences with all their prompt tokens queued, or as remote prefills.
   SchedulerStats stats();
   // Step timings after step number `after` (at most Options::step_history), and the newest
   // step number.
@@ -125,6 +127,8 @@ class EngineLoop {
  private:
   EngineLoop(std::unique_ptr<LocalEngine> engine, const Options& options);
   void Loop();
+  friend struct EngineLoopTestPeer;  // engine_loop_test.cc: holds the engine thread
+
   // Runs `task` once: on the engine thread with the engine, or on this thread with nullptr once
   // the thread has stopped.
   void Post(absl::AnyInvocable<void(LocalEngine*) &&> task);
@@ -151,6 +155,15 @@ class EngineLoop {
   bool exited_ ABSL_GUARDED_BY(mu_) = false;  // the thread takes no more tasks
   int64_t requests_ ABSL_GUARDED_BY(mu_) = 0;  // submitted and not finished or cancelled
   SchedulerStats stats_ ABSL_GUARDED_BY(mu_);
+  // Submissions posted to the engine thread and not taken yet (stats() adds them).
+  struct Posted {
+    int64_t sequences = 0;
+    int64_t prompt_tokens = 0;
+    int64_t remote_prefills = 0;
+  };
+  Posted posted_ ABSL_GUARDED_BY(mu_);
+  void AddPosted(const Posted& p) ABSL_LOCKS_EXCLUDED(mu_);
+  void RemovePostedLocked(const Posted& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::deque<KvEvent> events_ ABSL_GUARDED_BY(mu_);
   uint64_t last_event_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<StepInfo> steps_ ABSL_GUARDED_BY(mu_);

@@ -16,6 +16,13 @@
 #include "gtest/gtest.h"
 
 namespace tandem {
+
+struct EngineLoopTestPeer {
+  static void Post(EngineLoop& loop, absl::AnyInvocable<void(LocalEngine*) &&> task) {
+    loop.Post(std::move(task));
+  }
+};
+
 namespace {
 
 std::string ModelPath() {
@@ -203,18 +210,59 @@ TEST(EngineLoopTest, CalibrationRunsPrefillAndDecodeStepsOfKnownShapes) {
   const std::vector<StepInfo> steps = loop->StepsAfter(0, &newest);
   ASSERT_FALSE(steps.empty());
   int64_t largest_prefill = 0, largest_batch = 0, single_decodes = 0;
+  // Decode-only steps of 4 sequences: with short contexts, and with ~200 tokens each (their
+  // prompts mostly from the prefix cache), so that the fit can tell context from batch size.
+  int64_t short_context_fours = 0, long_context_fours = 0;
   for (const StepInfo& s : steps) {
     EXPECT_GT(s.total_seconds, 0);
     largest_prefill = std::max(largest_prefill, s.prefill_tokens);
     if (s.prefill_tokens == 0) {
       largest_batch = std::max(largest_batch, s.decode_tokens);
       if (s.decode_tokens == 1) ++single_decodes;
+      if (s.decode_tokens == 4 && s.context_tokens < 100) ++short_context_fours;
+      if (s.decode_tokens == 4 && s.context_tokens > 700) ++long_context_fours;
     }
   }
   EXPECT_GE(largest_prefill, 192);
   EXPECT_GE(single_decodes, 1);
+  EXPECT_GE(short_context_fours, 1);
+  EXPECT_GE(long_context_fours, 1);
   EXPECT_EQ(largest_batch, loop->max_running());  // 8 here: min(max_running, 16)
   EXPECT_EQ(loop->stats().running + loop->stats().waiting, 0);
+}
+
+// A request posted while the engine thread is busy counts in stats() at once: a router reading
+// the worker's load in the middle of a long step must see it.
+TEST(EngineLoopTest, StatsCountSubmissionsTheEngineHasNotTakenYet) {
+  auto loop = StartLoop();
+  absl::Notification busy, release;
+  EngineLoopTestPeer::Post(*loop, [&](LocalEngine*) {  // holds the engine thread like a long step
+    busy.Notify();
+    release.WaitForNotification();
+  });
+  busy.WaitForNotification();
+  const SchedulerStats before = loop->stats();
+  Stream stream;
+  absl::Notification added;
+  loop->SubmitAsync(7, Greedy({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 2), stream.Callback(),
+                    [&](absl::Status s) {
+                      EXPECT_TRUE(s.ok()) << s;
+                      added.Notify();
+                    });
+  const SchedulerStats posted = loop->stats();
+  EXPECT_EQ(posted.waiting, before.waiting + 1);
+  EXPECT_EQ(posted.queued_prefill_tokens, before.queued_prefill_tokens + 10);
+  release.Notify();
+  added.WaitForNotification();
+  EXPECT_EQ(stream.Wait().size(), 2u);
+  // Taken and finished: nothing of it is left in the counters (published after the step that
+  // finished it, before the engine thread runs the next task).
+  absl::Notification stepped;
+  EngineLoopTestPeer::Post(*loop, [&](LocalEngine*) { stepped.Notify(); });
+  stepped.WaitForNotification();
+  const SchedulerStats after = loop->stats();
+  EXPECT_EQ(after.waiting + after.running, 0);
+  EXPECT_EQ(after.queued_prefill_tokens, 0);
 }
 
 // A subscriber that takes a snapshot and then follows the events holds what a later snapshot
