@@ -390,4 +390,36 @@ void TransferModel::ForgetWorker(absl::string_view worker) {
   }
 }
 
+// ----------------------------------------------------------------------------------------------
+// LatencyCorrection
+
+absl::StatusOr<LatencyCorrection> LatencyCorrection::Create(
+    const LatencyCorrectionOptions& options) {
+  if (!(options.alpha > 0 && options.alpha <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("latency correction: alpha ", options.alpha, " is not in (0, 1]"));
+  }
+  if (!std::isfinite(options.max_factor) || options.max_factor < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("latency correction: max_factor ",
+                                                   options.max_factor, " is not finite and >= 1"));
+  }
+  return LatencyCorrection(options);
+}
+
+absl::Status LatencyCorrection::Observe(double observed_seconds, double predicted_seconds) {
+  if (!std::isfinite(observed_seconds) || observed_seconds <= 0 ||
+      !std::isfinite(predicted_seconds) || predicted_seconds <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("latency correction: observed ", observed_seconds, " s against predicted ",
+                     predicted_seconds, " s (both must be finite and > 0)"));
+  }
+  const double bound = std::log(options_.max_factor);
+  const double ratio = std::clamp(std::log(observed_seconds / predicted_seconds), -bound, bound);
+  log_factor_ = std::clamp(log_factor_ + options_.alpha * (ratio - log_factor_), -bound, bound);
+  ++observations_;
+  return absl::OkStatus();
+}
+
+double LatencyCorrection::factor() const { return std::exp(log_factor_); }
+
 }  // namespace tandem::placement

@@ -229,6 +229,42 @@ class TransferModel {
   absl::flat_hash_map<std::string, double> prefill_rate_;
 };
 
+// Options of a LatencyCorrection. LatencyCorrection::Create validates them.
+struct LatencyCorrectionOptions {
+  // Weight of a new observation in the moving average (of log ratios). In (0, 1].
+  double alpha = 0.1;
+  // The factor stays in [1 / max_factor, max_factor]; each observed ratio is clipped to that
+  // range too, so one outlier moves it by at most alpha * log(max_factor). >= 1, finite.
+  double max_factor = 4.0;
+};
+
+// A multiplicative correction of one kind of prediction (a worker's TTFTs, or its TPOTs), learned
+// from the latencies requests then observe. What the step model leaves out -- a stream's stalls
+// behind prompts that arrive after it, CPU time shared with other processes, the streaming path --
+// shows as a steady ratio of observed to predicted, which the factor takes out. It follows an
+// exponentially weighted moving average of log(observed / predicted): a geometric mean, which
+// tracks the median ratio of noise that is symmetric in log scale. Thread-compatible; copyable.
+class LatencyCorrection {
+ public:
+  // INVALID_ARGUMENT for options out of range.
+  static absl::StatusOr<LatencyCorrection> Create(const LatencyCorrectionOptions& options);
+
+  // A request observed `observed_seconds` where the uncorrected prediction said
+  // `predicted_seconds`. INVALID_ARGUMENT (nothing changes) unless both are finite and > 0.
+  absl::Status Observe(double observed_seconds, double predicted_seconds);
+
+  // What to multiply an uncorrected prediction by: 1 before any observation.
+  double factor() const;
+  int64_t observations() const { return observations_; }
+
+ private:
+  explicit LatencyCorrection(const LatencyCorrectionOptions& options) : options_(options) {}
+
+  LatencyCorrectionOptions options_;
+  double log_factor_ = 0;
+  int64_t observations_ = 0;
+};
+
 }  // namespace tandem::placement
 
 #endif  // TANDEM_ROUTER_PLACEMENT_COST_MODEL_H_

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -474,6 +475,64 @@ TEST(TransferModelTest, ForgetWorkerDropsItsPairs) {
   EXPECT_EQ(model.SecondsPerByte("p0", "d0"), 1e-9);
   model.ForgetWorker("p1");
   EXPECT_EQ(model.SecondsPerByte("p1", "d1"), 1e-9);
+}
+
+LatencyCorrection MakeCorrection(const LatencyCorrectionOptions& options) {
+  absl::StatusOr<LatencyCorrection> c = LatencyCorrection::Create(options);
+  CHECK_OK(c.status());
+  return *std::move(c);
+}
+
+TEST(LatencyCorrectionTest, RejectsInvalidOptions) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const LatencyCorrectionOptions& bad : std::vector<LatencyCorrectionOptions>{
+           {.alpha = 0}, {.alpha = 1.5}, {.alpha = nan}, {.max_factor = 0.5},
+           {.max_factor = std::numeric_limits<double>::infinity()}}) {
+    EXPECT_EQ(LatencyCorrection::Create(bad).status().code(), absl::StatusCode::kInvalidArgument)
+        << bad.alpha << " " << bad.max_factor;
+  }
+}
+
+TEST(LatencyCorrectionTest, FollowsTheGeometricMeanOfTheRatios) {
+  LatencyCorrection c = MakeCorrection({.alpha = 0.5, .max_factor = 4.0});
+  EXPECT_EQ(c.factor(), 1.0);
+  // Observed twice the prediction: log factor 0 + 0.5 * (log 2 - 0) = log sqrt(2).
+  ASSERT_TRUE(c.Observe(0.2, 0.1).ok());
+  EXPECT_NEAR(c.factor(), std::sqrt(2.0), 1e-12);
+  // Then half of it: 0.5 * log sqrt(2) + 0.5 * log 0.5 = log(2^0.25 * 2^-0.5).
+  ASSERT_TRUE(c.Observe(0.05, 0.1).ok());
+  EXPECT_NEAR(c.factor(), std::pow(2.0, -0.25), 1e-12);
+  EXPECT_EQ(c.observations(), 2);
+  // Ratios that alternate x3 and /3 leave it near 1 (the geometric mean), where an arithmetic
+  // mean of the ratios would drift to 1.67.
+  LatencyCorrection symmetric = MakeCorrection({.alpha = 0.1});
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(symmetric.Observe(i % 2 ? 3.0 : 1.0 / 3, 1.0).ok());
+  EXPECT_NEAR(symmetric.factor(), 1.0, 0.12);
+  // A steady ratio is reached.
+  LatencyCorrection steady = MakeCorrection({.alpha = 0.1});
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(steady.Observe(0.013, 0.01).ok());
+  EXPECT_NEAR(steady.factor(), 1.3, 1e-6);
+}
+
+TEST(LatencyCorrectionTest, OutliersAndTheFactorAreClipped) {
+  LatencyCorrection c = MakeCorrection({.alpha = 1.0, .max_factor = 4.0});
+  ASSERT_TRUE(c.Observe(1000.0, 1.0).ok());
+  EXPECT_NEAR(c.factor(), 4.0, 1e-12);
+  ASSERT_TRUE(c.Observe(1e-6, 1.0).ok());
+  EXPECT_NEAR(c.factor(), 0.25, 1e-12);
+}
+
+TEST(LatencyCorrectionTest, RefusesInvalidObservations) {
+  LatencyCorrection c = MakeCorrection({});
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const auto& [observed, predicted] : std::vector<std::pair<double, double>>{
+           {0, 1}, {1, 0}, {-1, 1}, {1, -1}, {inf, 1}, {1, inf}, {nan, 1}, {1, nan}}) {
+    EXPECT_EQ(c.Observe(observed, predicted).code(), absl::StatusCode::kInvalidArgument)
+        << observed << " " << predicted;
+  }
+  EXPECT_EQ(c.factor(), 1.0);
+  EXPECT_EQ(c.observations(), 0);
 }
 
 }  // namespace

@@ -105,7 +105,6 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
       {"placed_prefill_tokens", w.placed_prefill_tokens},
       {"active_decode_tokens", w.active_decode_tokens},
       {"placed_decode_tokens", w.placed_decode_tokens},
-      {"tightest_running_tpot_ms", w.tightest_running_tpot_ms},
       {"max_tokens_per_step", w.max_tokens_per_step},
       {"kv_bytes_per_token", w.kv_bytes_per_token},
   };
@@ -113,6 +112,21 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
     if (value < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("placement: worker '", w.id, "' has ", name, " ", value, " < 0"));
+    }
+  }
+  for (const auto& [name, value] : {std::pair<absl::string_view, double>{"ttft_correction",
+                                                                          w.ttft_correction},
+                                    {"tpot_correction", w.tpot_correction}}) {
+    if (!std::isfinite(value) || value <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("placement: worker '", w.id, "' has ", name,
+                                                     " ", value, " (not finite and > 0)"));
+    }
+  }
+  for (const RunningGroup& g : w.running_groups) {
+    if (g.tpot_ms < 0 || g.max_tokens < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement: worker '", w.id, "' has a running group with tpot_ms ",
+                       g.tpot_ms, " and max_tokens ", g.max_tokens, " (both must be >= 0)"));
     }
   }
   return absl::OkStatus();

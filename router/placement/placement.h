@@ -93,6 +93,18 @@ struct Request {
   // policies (admission.h uses it).
   int32_t priority = 0;
   Slo slo = {};
+  // Most tokens it may generate (tandem.v1.SamplingParams.max_tokens); 0: not set. The router
+  // keeps the mean over a worker's running requests (WorkerCandidate::mean_running_output_tokens).
+  int64_t max_tokens = 0;
+};
+
+// Requests decoding on a worker that share a TPOT objective and a max_tokens (INVALID_ARGUMENT
+// when either is negative).
+struct RunningGroup {
+  // Their TPOT objective, ms; 0: PolicyOptions::default_tpot_ms. >= 0.
+  int64_t tpot_ms = 0;
+  // Their max_tokens; 0: PolicyOptions::expected_output_tokens. >= 0.
+  int64_t max_tokens = 0;
 };
 
 // One worker as placement sees it: plain numbers, so that tests and the simulator build them by
@@ -129,9 +141,16 @@ struct WorkerCandidate {
   // Prompt tokens of the requests the router placed here to decode that the reported numbers do
   // not show yet (their context when they start decoding).
   int64_t placed_decode_tokens = 0;
-  // Tightest TPOT objective among the requests decoding here, ms (the router knows them: it placed
-  // them); 0: PolicyOptions::default_tpot_ms.
-  int64_t tightest_running_tpot_ms = 0;
+  // The requests decoding here that the router placed, one entry per distinct (TPOT objective,
+  // max_tokens) pair; the slo policy keeps each within its objective when it adds a request or
+  // a local prefill. Empty: the requests are unknown (placed by an earlier router) and stand for
+  // one entry of the defaults.
+  std::vector<RunningGroup> running_groups = {};
+  // Multiplicative corrections of this worker's predictions (LatencyCorrection, learned from the
+  // latencies of earlier requests): of the TTFT of the prompts it prefills, and of the TPOT of the
+  // streams it decodes. 1: none. Finite, > 0.
+  double ttft_correction = 1.0;
+  double tpot_correction = 1.0;
   // Tokens per engine step (SchedulerOptions::max_tokens_per_step); 0:
   // PolicyOptions::default_max_tokens_per_step.
   int64_t max_tokens_per_step = 0;
@@ -211,6 +230,11 @@ struct Decision {
   // min over the objectives of (objective - predicted) / objective: 0.25 means every prediction
   // is at least 25% under its objective, negative that one is over.
   double headroom = 0;
+  // The corrections the predictions include (WorkerCandidate::ttft_correction of the worker that
+  // prefills, tpot_correction of the decode worker): a prediction over its correction is the
+  // step model's own figure, against which observed latencies teach the corrections.
+  double ttft_correction = 1.0;
+  double tpot_correction = 1.0;
 };
 
 // Options of every policy. CreatePolicy validates them.
@@ -233,7 +257,7 @@ struct PolicyOptions {
 
   // The options below are read by slo only (every policy validates them).
   // Objectives of a request that sets none (Slo fields 0), milliseconds; the TPOT one also stands
-  // for a worker's running streams when tightest_running_tpot_ms is 0. > 0.
+  // for a worker's running streams when running_groups is empty or a group has none. > 0.
   int64_t default_ttft_ms = 2000;
   int64_t default_tpot_ms = 100;
   // Step-time coefficients of a worker without a cost model. ValidateProfile.
@@ -247,7 +271,8 @@ struct PolicyOptions {
   // >= 0.
   double default_transfer_seconds_per_byte = 1e-10;
   // Output tokens a request is expected to generate: how long a sequence holds a batch slot, which
-  // sets the wait for a slot on a full worker. >= 1.
+  // sets the wait for a slot on a full worker, and over how many tokens running requests without
+  // a known max_tokens spread a stall. >= 1.
   int64_t expected_output_tokens = 256;
 };
 

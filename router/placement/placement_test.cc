@@ -192,7 +192,12 @@ TEST_P(EveryPolicyTest, InvalidClusterViews) {
       [](WorkerCandidate& w) { w.placed_prefill_tokens = -1; },
       [](WorkerCandidate& w) { w.active_decode_tokens = -1; },
       [](WorkerCandidate& w) { w.placed_decode_tokens = -1; },
-      [](WorkerCandidate& w) { w.tightest_running_tpot_ms = -1; },
+      [](WorkerCandidate& w) { w.running_groups = {{.tpot_ms = -1}}; },
+      [](WorkerCandidate& w) { w.running_groups = {{.tpot_ms = 100, .max_tokens = -1}}; },
+      [](WorkerCandidate& w) { w.ttft_correction = 0; },
+      [](WorkerCandidate& w) { w.tpot_correction = -1; },
+      [](WorkerCandidate& w) { w.ttft_correction = std::numeric_limits<double>::infinity(); },
+      [](WorkerCandidate& w) { w.tpot_correction = std::nan(""); },
       [](WorkerCandidate& w) { w.max_tokens_per_step = -1; },
       [](WorkerCandidate& w) { w.kv_bytes_per_token = -1; },
   };

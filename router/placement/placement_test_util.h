@@ -86,8 +86,9 @@ struct Worker : WorkerCandidate {
     placed_decode_tokens = tokens;
     return *this;
   }
-  Worker& TightestTpot(int64_t ms) {
-    tightest_running_tpot_ms = ms;
+  // Adds a group of running requests with this TPOT objective and max_tokens.
+  Worker& Running(int64_t tpot_ms, int64_t max_tokens) {
+    running_groups.push_back({.tpot_ms = tpot_ms, .max_tokens = max_tokens});
     return *this;
   }
   Worker& Budget(int64_t tokens_per_step) {

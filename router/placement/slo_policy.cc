@@ -66,7 +66,9 @@ class SloPolicy final : public PolicyBase {
       const std::vector<int> pool = ctx.PrefillPoolFor(d);
       std::vector<double> scores;
       scores.reserve(pool.size());
-      for (int p : pool) scores.push_back(-RemoteTtft(ctx, d, p, prefill[p]));
+      for (int p : pool) {
+        scores.push_back(-RemoteTtft(ctx, d, p, prefill[p], prefill[d].queue_wait).ttft);
+      }
       for (int p : RankDescending(pool, scores)) {
         decision.prefill.push_back(
             {.worker_id = ctx.worker(p).id, .cached_tokens = ctx.CachedTokens(p)});
@@ -79,6 +81,9 @@ class SloPolicy final : public PolicyBase {
     decision.ttft_slo_seconds = ttft_slo;
     decision.tpot_slo_seconds = tpot_slo;
     decision.headroom = best.headroom;
+    decision.ttft_correction =
+        ctx.worker(best.prefill_worker >= 0 ? best.prefill_worker : d).ttft_correction;
+    decision.tpot_correction = ctx.worker(d).tpot_correction;
     decision.meets_slo = best.headroom >= 0;
     return decision;
   }
@@ -90,8 +95,6 @@ class SloPolicy final : public PolicyBase {
     double queue_wait = 0;
     // The prompt's own uncached tokens.
     double compute = 0;
-    // Mean step time while it computes: the TPOT of the streams decoding beside it.
-    double mean_step = 0;
   };
 
   // One decode worker with its best way to prefill.
@@ -102,6 +105,7 @@ class SloPolicy final : public PolicyBase {
     double tpot = 0;
     double headroom = 0;
     PrefillReason reason = PrefillReason::kRemote;
+    int prefill_worker = -1;  // remote: the best prefill worker
   };
 
   const StepProfile& ProfileOf(const WorkerCandidate& w) const {
@@ -140,14 +144,20 @@ class SloPolicy final : public PolicyBase {
     own.uncached_tokens = ctx.request().prompt_tokens - cached;
     own.cached_tokens = cached;
     PrefillPrediction p;
-    p.queue_wait = QueuedPrefillSeconds(profile, queued);
-    p.compute = PrefillSeconds(profile, own);
-    p.mean_step = p.compute / static_cast<double>(PrefillSteps(own));
+    p.queue_wait = QueuedPrefillSeconds(profile, queued) * worker.ttft_correction;
+    p.compute = PrefillSeconds(profile, own) * worker.ttft_correction;
     return p;
   }
 
+  struct Remote {
+    double ttft = 0;
+    double wait = 0;  // the part of ttft spent waiting for other work
+    int worker = -1;  // the prefill worker
+  };
+
   // Queue + prefill on `p` + moving the KV that decode worker `d` lacks from `p` to `d`.
-  double RemoteTtft(PlacementContext& ctx, int d, int p, const PrefillPrediction& on_p) const {
+  Remote RemoteTtft(PlacementContext& ctx, int d, int p, const PrefillPrediction& on_p,
+                    double decode_queue_wait) const {
     const WorkerCandidate& decode = ctx.worker(d);
     const WorkerCandidate& prefill = ctx.worker(p);
     const int64_t bytes_per_token = prefill.kv_bytes_per_token > 0 ? prefill.kv_bytes_per_token
@@ -160,7 +170,10 @@ class SloPolicy final : public PolicyBase {
         bytes * (ctx.cluster().transfers != nullptr
                      ? ctx.cluster().transfers->SecondsPerByte(prefill.id, decode.id)
                      : options().default_transfer_seconds_per_byte);
-    return on_p.queue_wait + on_p.compute + transfer;
+    // The decode worker takes the first token between two of its steps: not before the prompt
+    // work queued there (its local prefills) is done.
+    const double ttft = std::max(on_p.queue_wait + on_p.compute + transfer, decode_queue_wait);
+    return {.ttft = ttft, .wait = ttft - on_p.compute - transfer, .worker = p};
   }
 
   Candidate Evaluate(PlacementContext& ctx, int d, const std::vector<PrefillPrediction>& prefill,
@@ -176,7 +189,8 @@ class SloPolicy final : public PolicyBase {
         w.active_decode_tokens + w.placed_decode_tokens + ctx.request().prompt_tokens;
     Candidate c;
     c.tpot = DecodeStepSeconds(ProfileOf(w), std::min(batch, budget), context) *
-             std::max(1.0, static_cast<double>(batch) / static_cast<double>(budget));
+             std::max(1.0, static_cast<double>(batch) / static_cast<double>(budget)) *
+             w.tpot_correction;
     // Beyond max_running the request waits for a slot: a full batch frees one every
     // expected_output_tokens * tpot / slots seconds.
     const int64_t over = sequences - slots;
@@ -186,48 +200,53 @@ class SloPolicy final : public PolicyBase {
                     static_cast<double>(slots);
     }
 
-    // The streams decoding now must keep their TPOT objective: with the batch grown by one, and
-    // during a local prefill of this prompt.
-    const bool has_running = DecodingSeqs(w) > 0;
-    const double running_slo =
-        static_cast<double>(w.tightest_running_tpot_ms > 0 ? w.tightest_running_tpot_ms
-                                                           : options().default_tpot_ms) /
-        1000.0;
+    // The streams decoding now must keep their TPOT objectives: with the batch grown by one, and
+    // through a local prefill of this prompt, which stalls them for its compute time. An
+    // objective bounds a stream's mean TPOT, so the stall counts spread over the tokens the
+    // stream still has to generate: half its max_tokens, on average. The worst group sets the
+    // margin.
     const PrefillPrediction& local = prefill[d];
-    const bool local_allowed = !has_running || local.mean_step <= running_slo;
+    double grown_headroom = kInf;
+    double local_headroom = kInf;
+    if (DecodingSeqs(w) > 0) {
+      auto check = [&](const RunningGroup& g) {
+        const double slo =
+            static_cast<double>(g.tpot_ms > 0 ? g.tpot_ms : options().default_tpot_ms) / 1000.0;
+        const double remaining = std::max(
+            1.0,
+            static_cast<double>(g.max_tokens > 0 ? g.max_tokens : options().expected_output_tokens) /
+                2.0);
+        grown_headroom = std::min(grown_headroom, Headroom(slo, c.tpot));
+        local_headroom = std::min(local_headroom, Headroom(slo, c.tpot + local.compute / remaining));
+      };
+      if (w.running_groups.empty()) check({});
+      for (const RunningGroup& g : w.running_groups) check(g);
+    }
 
-    double best_remote = kInf;
+    Remote best_remote = {.ttft = kInf};
     const std::vector<int> pool = ctx.PrefillPoolFor(d);
-    int best_p = -1;
     for (int p : pool) {
-      const double t = RemoteTtft(ctx, d, p, prefill[p]);
-      if (t < best_remote) {
-        best_remote = t;
-        best_p = p;
-      }
+      const Remote r = RemoteTtft(ctx, d, p, prefill[p], local.queue_wait);
+      if (r.ttft < best_remote.ttft) best_remote = r;
     }
     const double local_ttft = local.queue_wait + local.compute;
-    double stall = 0;
     if (pool.empty()) {
       c.reason = PrefillReason::kNoPrefillWorker;
-    } else if (local_allowed && local_ttft <= best_remote) {
+    } else if (local_headroom >= 0 && local_ttft <= best_remote.ttft) {
       c.reason = PrefillReason::kPredictedLocal;
     } else {
       c.reason = PrefillReason::kRemote;
     }
     if (c.reason == PrefillReason::kRemote) {
-      c.queue_wait = prefill[best_p].queue_wait;
-      c.ttft = best_remote;
+      c.queue_wait = best_remote.wait;
+      c.ttft = best_remote.ttft;
+      c.prefill_worker = best_remote.worker;
     } else {
       c.queue_wait = local.queue_wait;
       c.ttft = local_ttft;
-      stall = local.mean_step;
     }
-
-    c.headroom = std::min(Headroom(ttft_slo, c.slot_wait + c.ttft), Headroom(tpot_slo, c.tpot));
-    if (has_running) {
-      c.headroom = std::min(c.headroom, Headroom(running_slo, std::max(c.tpot, stall)));
-    }
+    c.headroom = std::min({Headroom(ttft_slo, c.slot_wait + c.ttft), Headroom(tpot_slo, c.tpot),
+                           c.reason == PrefillReason::kRemote ? grown_headroom : local_headroom});
     return c;
   }
 };

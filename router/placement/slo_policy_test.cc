@@ -106,12 +106,16 @@ TEST(SloPolicyTest, RequestObjectivesOverrideTheDefaults) {
 
 TEST(SloPolicyTest, LocalUntilItWouldStallTheRunningStreamsThenRemote) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
-  // d0 decodes 20 streams; p0 has 2000 prompt tokens queued: 4 steps, 0.04 + 0.2 = 0.24 s.
-  ClusterView cluster = {.workers = {Worker("d0", Role::kDecode).Seqs(20).MaxRunning(64),
-                                     Worker("p0", Role::kPrefill).Queue(2000)}};
-  // Locally the prompt shares each step with 20 decode tokens: chunks of 492, and a step of
-  // 0.010 + 0.020 + U * 1e-4 for U <= 492 tokens, which is the streams' TPOT meanwhile.
-  // 190 tokens: 0.049 <= 50 ms, and far better than remote (0.24 + 0.029 + 0.0019 = 0.2709).
+  // d0 decodes 20 streams with a 40 ms TPOT objective and 20 output tokens (10 left, on
+  // average); p0 has 2000 prompt tokens queued: 4 steps, 0.04 + 0.2 = 0.24 s.
+  ClusterView cluster = {
+      .workers = {Worker("d0", Role::kDecode).Seqs(20).MaxRunning(64).Running(40, 20),
+                  Worker("p0", Role::kPrefill).Queue(2000)}};
+  // Locally the prompt shares each step with 20 decode tokens: chunks of 492, each step
+  // 0.010 + 0.020 + its chunk * 1e-4. With this request the batch steps in 0.010 + 0.021 = 0.031;
+  // a local prefill of C seconds raises the streams' mean TPOT to 0.031 + C / 10.
+  // 190 tokens: C = 0.049, streams 0.0359 <= 0.040, far better than remote
+  // (0.24 + 0.029 + 0.0019 = 0.2709).
   Decision d = PlaceOrDie(*policy, Prompt(190), cluster);
   EXPECT_EQ(d.decode_worker, "d0");
   EXPECT_TRUE(d.local_prefill);
@@ -119,28 +123,87 @@ TEST(SloPolicyTest, LocalUntilItWouldStallTheRunningStreamsThenRemote) {
   EXPECT_THAT(d.prefill, IsEmpty());
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.049, kTol);
   EXPECT_NEAR(d.predicted_wait_seconds, 0, kTol);
-  // 21 sequences: 0.010 + 0.021.
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.031, kTol);
-  // min(0.951, (0.05 - 0.031) / 0.05, running streams (0.05 - 0.049) / 0.05).
-  EXPECT_NEAR(d.headroom, 0.02, kTol);
+  // min(0.951, the request's (0.05 - 0.031) / 0.05, the streams' (0.04 - 0.0359) / 0.04).
+  EXPECT_NEAR(d.headroom, 0.1025, kTol);
 
-  // 210 tokens: a 51 ms step would break the streams' 50 ms: remote, 0.24 wait + 0.010 + 0.021
-  // prefill + 210 * 10 us transfer = 0.2731.
-  d = PlaceOrDie(*policy, Prompt(210), cluster);
+  // 500 tokens: 2 chunks, C = 2 * 0.030 + 0.05 = 0.11; the streams would average 0.042 > 0.040:
+  // remote, 0.24 wait + 0.010 + 0.05 prefill + 500 * 10 us transfer = 0.305.
+  d = PlaceOrDie(*policy, Prompt(500), cluster);
   EXPECT_FALSE(d.local_prefill);
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
   EXPECT_THAT(Ids(d), ElementsAre("p0"));
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.2731, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.305, kTol);
   EXPECT_NEAR(d.predicted_wait_seconds, 0.24, kTol);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.031, kTol);
-  // min(1 - 0.2731, (0.05 - 0.031) / 0.05 for the request and for the streams).
+  // min(1 - 0.305, 0.38 for the request, (0.04 - 0.031) / 0.04 for the streams).
+  EXPECT_NEAR(d.headroom, 0.225, kTol);
+
+  // Streams with more tokens left spread the same stall thinner: 60 ms and 200 tokens average
+  // 0.031 + 0.11 / 100 = 0.0321: local again.
+  cluster.workers[0].running_groups = {{.tpot_ms = 60, .max_tokens = 200}};
+  d = PlaceOrDie(*policy, Prompt(500), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.11, kTol);
   EXPECT_NEAR(d.headroom, 0.38, kTol);
 
-  // Streams that tolerate 60 ms take the 51 ms step: local again.
-  cluster.workers[0].tightest_running_tpot_ms = 60;
-  d = PlaceOrDie(*policy, Prompt(210), cluster);
+  // The tightest group binds: adding back the 40 ms, 20-token streams sends it remote.
+  cluster.workers[0].running_groups.push_back({.tpot_ms = 40, .max_tokens = 20});
+  d = PlaceOrDie(*policy, Prompt(500), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+
+  // Unknown streams (placed by an earlier router) count as the defaults: 50 ms and 100 tokens,
+  // 0.031 + 0.11 / 50 = 0.0332: local.
+  cluster.workers[0].running_groups.clear();
+  d = PlaceOrDie(*policy, Prompt(500), cluster);
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.051, kTol);
+}
+
+TEST(SloPolicyTest, ARemotePrefillWaitsForTheDecodeWorkersQueuedPrompts) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  // d0 decodes 20 streams of 40 ms and 4 tokens (2 left), which no local prefill may stall by
+  // more than 18 ms; p0 is idle. The first token of a remote prefill comes between two of d0's
+  // steps, after the prompts queued there.
+  const ClusterView cluster = {
+      .workers = {Worker("d0", Role::kDecode).Seqs(20).MaxRunning(64).Running(40, 4),
+                  Worker("p0", Role::kPrefill)}};
+  ClusterView queued = cluster;
+  queued.workers[0].queued_prefill_tokens = 4000;
+  // 100 tokens remote: 0.010 + 0.01 + 0.001 transfer = 0.021 on an idle d0...
+  Decision d = PlaceOrDie(*policy, Prompt(100), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.021, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0, kTol);
+  // ...but behind 4000 prompt tokens queued on d0 (with 20 decoding: chunks of 492, 9 steps of
+  // 0.030 + 0.4 = 0.67 s) it waits for them, and counts that as waiting.
+  d = PlaceOrDie(*policy, Prompt(100), queued);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.67, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.67 - 0.021, kTol);
+}
+
+TEST(SloPolicyTest, LearnedCorrectionsScaleAWorkersPredictions) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  ClusterView cluster = {.workers = {Worker("d0", Role::kDecode)}};
+  cluster.workers[0].ttft_correction = 0.5;
+  cluster.workers[0].tpot_correction = 2.0;
+  // The step model says TTFT 2 * 0.010 + 0.1 = 0.12 and TPOT 0.011 here.
+  Decision d = PlaceOrDie(*policy, Prompt(1000), cluster);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.06, kTol);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.022, kTol);
+  EXPECT_EQ(d.ttft_correction, 0.5);
+  EXPECT_EQ(d.tpot_correction, 2.0);
+
+  // A remote prefill takes the prefill worker's TTFT correction (the transfer is not scaled):
+  // d0's streams (40 ms, 2 tokens left) allow no local prefill; p0's 0.02 s doubles.
+  cluster = {.workers = {Worker("d0", Role::kDecode).Seqs(20).MaxRunning(64).Running(40, 4),
+                         Worker("p0", Role::kPrefill)}};
+  cluster.workers[1].ttft_correction = 2.0;
+  d = PlaceOrDie(*policy, Prompt(100), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.041, kTol);
+  EXPECT_EQ(d.ttft_correction, 2.0);
+  EXPECT_EQ(d.tpot_correction, 1.0);
 }
 
 TEST(SloPolicyTest, RemoteWhenTheDecodeWorkersQueueIsLongerThanTheTransfer) {
@@ -170,12 +233,13 @@ TEST(SloPolicyTest, AvoidsAnOverloadedDecodeWorker) {
   const ClusterView cluster = {
       .workers = {full, Worker("d1", Role::kDecode).Seqs(4).MaxRunning(8)}};
   // d1: local prefill of 100 tokens beside 4 decode tokens, 0.010 + 0.004 + 0.01 = 0.024; TPOT
-  // with 5 sequences 0.015. min(0.976, 0.7, streams (0.05 - 0.024) / 0.05 = 0.52).
+  // with 5 sequences 0.015. The streams (the defaults: 50 ms, 100 tokens, 50 left) average
+  // 0.015 + 0.024 / 50 = 0.01548. min(0.976, 0.7, (0.05 - 0.01548) / 0.05 = 0.6904).
   Decision d = PlaceOrDie(*policy, Prompt(100), cluster);
   EXPECT_EQ(d.decode_worker, "d1");
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.024, kTol);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.015, kTol);
-  EXPECT_NEAR(d.headroom, 0.52, kTol);
+  EXPECT_NEAR(d.headroom, 0.6904, kTol);
   EXPECT_TRUE(d.meets_slo);
 
   // d0 alone: 13 sequences for 8 slots. TPOT of a full batch 0.018; the request is 5th in line
@@ -224,13 +288,14 @@ TEST(SloPolicyTest, RanksPrefillWorkersByPredictedTtftWithTheirTransfers) {
   ASSERT_TRUE(transfers->Observe("p0", "d0", 100'000'000, 0.5).ok());
   const absl::flat_hash_set<BlockHash> cache = CachedSet(40);  // 640 tokens
   ClusterView cluster = {
-      .workers = {Worker("d0", Role::kDecode).Seqs(40).MaxRunning(64).TightestTpot(60),
+      .workers = {Worker("d0", Role::kDecode).Seqs(40).MaxRunning(64).Running(60, 20),
                   Worker("p0", Role::kPrefill), Worker("p1", Role::kPrefill).KvBytes(20000),
                   Worker("p2", Role::kPrefill).Cached(&cache),
                   Worker("p3", Role::kPrefill).Unhealthy()},
       .transfers = &*transfers};
-  // Local: chunks of 472 beside 40 decode tokens, 3 steps of 0.05 + 0.1 = 0.25, a mean step of
-  // 83 ms > the streams' 60 ms: not allowed. Remote, 1000 tokens to move to d0:
+  // Local: chunks of 472 beside 40 decode tokens, 3 steps of 0.05 + 0.1 = 0.25, which would
+  // raise the streams' mean TPOT (10 tokens left) to 0.051 + 0.025 > their 60 ms: not allowed.
+  // Remote, 1000 tokens to move to d0:
   //   p0: 2 * 0.010 + 0.1 = 0.12, + 1e7 B * 5e-9 = 0.05: 0.17
   //   p1: 0.12 + 2e7 B * 1e-9 = 0.02: 0.14
   //   p2: 360 uncached, 0.010 + 0.036 = 0.046, + 1e7 B * 1e-9 = 0.01: 0.056
@@ -266,8 +331,8 @@ TEST(SloPolicyTest, CountsLoadTheRouterPlaced) {
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.157424 + 0.0281, kTol);
   // 5 sequences, 3000 + 1000 + 100 tokens of context: 0.010 + 0.005 + 0.0041.
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.0191, kTol);
-  // min(1 - 0.185524, (0.05 - 0.0191) / 0.05, streams (0.05 - 0.0281) / 0.05).
-  EXPECT_NEAR(d.headroom, 0.438, kTol);
+  // min(1 - 0.185524, (0.05 - 0.0191) / 0.05, streams (0.05 - (0.0191 + 0.0281 / 50)) / 0.05).
+  EXPECT_NEAR(d.headroom, 0.60676, kTol);
 }
 
 TEST(SloPolicyTest, ABatchAboveTheTokenBudgetDecodesSlower) {
@@ -279,7 +344,9 @@ TEST(SloPolicyTest, ABatchAboveTheTokenBudgetDecodesSlower) {
   const Decision d = PlaceOrDie(*policy, Prompt(10), cluster);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.052, kTol);
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.261, kTol);
-  EXPECT_NEAR(d.headroom, -0.04, kTol);
+  // The request's (0.05 - 0.052) / 0.05, and the streams' through the prefill it forces (no
+  // prefill worker): (0.05 - (0.052 + 0.261 / 50)) / 0.05.
+  EXPECT_NEAR(d.headroom, -0.1444, kTol);
   EXPECT_FALSE(d.meets_slo);
 }
 

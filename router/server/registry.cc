@@ -5,6 +5,9 @@
 
 #include <arpa/inet.h>
 
+#include <map>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "grpcpp/grpcpp.h"
@@ -13,8 +16,8 @@
 namespace tandem::router {
 
 struct Registry::Worker {
-  Worker(std::string address, placement::StepCostModel cost)
-      : address(std::move(address)), cost(std::move(cost)) {}
+  Worker(std::string address, placement::StepCostModel cost, placement::LatencyCorrection latency)
+      : address(std::move(address)), cost(std::move(cost)), ttft(latency), tpot(latency) {}
 
   std::string address;
   WorkerView view;           // guarded by Registry::mu_
@@ -25,6 +28,23 @@ struct Registry::Worker {
   bool removed = false;      // guarded by Registry::mu_: discovery dropped it
   grpc::ClientContext* context = nullptr;  // guarded by Registry::mu_: the open stream
   std::thread thread;
+
+  // What the router placed here and still counts in `view` (its placed load), by DecodeKey or
+  // PrefillKey of the route's serial (a worker of both roles may hold both).
+  // Guarded by Registry::mu_.
+  struct Pending {
+    absl::Time placed_at;
+    PlacedLoad load;
+  };
+  absl::flat_hash_map<uint64_t, Pending> pending;
+  // The requests decoding here that the router placed (until Release), counted by (TPOT
+  // objective ms, max_tokens). Guarded by Registry::mu_.
+  std::map<std::pair<int64_t, int64_t>, int64_t> running_groups;
+  // Corrections of the slo policy's predictions for this worker, learned from what requests then
+  // observed: the TTFT of prompts it prefilled, the TPOT of streams it decoded. Kept across
+  // reconnects, like `cost`. Guarded by Registry::mu_.
+  placement::LatencyCorrection ttft;
+  placement::LatencyCorrection tpot;
 };
 
 namespace {
@@ -34,6 +54,9 @@ placement::TransferModel MakeTransferModel(const placement::TransferModelOptions
   CHECK_OK(model.status());
   return *std::move(model);
 }
+
+uint64_t DecodeKey(uint64_t serial) { return serial * 2; }
+uint64_t PrefillKey(uint64_t serial) { return serial * 2 + 1; }
 
 // Fewer steps than this in a first snapshot are no calibration (an older worker, or one started
 // with --nocalibrate): the model keeps its configured prior.
@@ -57,6 +80,7 @@ void ObserveSteps(const v1::LoadSample& sample, placement::StepCostModel& model)
 Registry::Registry(RegistryOptions options)
     : options_(std::move(options)), transfers_(MakeTransferModel(options_.transfer_model)) {
   CHECK_OK(placement::StepCostModel::Create(options_.cost_model).status());
+  CHECK_OK(placement::LatencyCorrection::Create(options_.latency_correction).status());
   absl::MutexLock lock(&mu_);
   for (const std::string& a : options_.addresses) AddWorker(a);
   if (!options_.dns_name.empty()) dns_thread_ = std::thread([this] { Discover(); });
@@ -82,7 +106,8 @@ void Registry::AddWorker(const std::string& address) {
     slot->removed = false;
     return;
   }
-  slot = std::make_unique<Worker>(address, *placement::StepCostModel::Create(options_.cost_model));
+  slot = std::make_unique<Worker>(address, *placement::StepCostModel::Create(options_.cost_model),
+                                  *placement::LatencyCorrection::Create(options_.latency_correction));
   Worker* w = slot.get();
   w->thread = std::thread([this, w] { Watch(w); });
 }
@@ -112,7 +137,10 @@ void Registry::Watch(Worker* w) {
         context.TryCancel();
         break;
       }
-      if (update.has_load()) ObserveSteps(update.load(), w->cost);
+      if (update.has_load()) {
+        ObserveSteps(update.load(), w->cost);
+        ExpireReported(w, absl::Now());
+      }
       if (update.has_snapshot()) {
         // A worker seen for the first time: its snapshot carries the steps of its start-up
         // calibration; their own fit is where its model starts.
@@ -149,6 +177,7 @@ void Registry::Watch(Worker* w) {
       if (w->connected) transfers_.ForgetWorker(w->view.worker_id());
       w->connected = false;
       w->view = WorkerView();
+      w->pending.clear();  // the fresh view counts nothing placed
       if (stopping_ || w->removed) return;
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff);
       if (stopping_) return;
@@ -208,6 +237,11 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
     placement::WorkerCandidate& c = *candidate;
     if (avoid.contains(c.id)) c.healthy = false;
     c.cost_model = &w->cost;
+    c.ttft_correction = w->ttft.factor();
+    c.tpot_correction = w->tpot.factor();
+    for (const auto& [group, count] : w->running_groups) {
+      c.running_groups.push_back({.tpot_ms = group.first, .max_tokens = group.second});
+    }
     by_id[c.id] = w.get();
     view.workers.push_back(std::move(*candidate));
   }
@@ -216,30 +250,72 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
   if (!decision.ok()) return decision.status();
   Route route;
   route.decision = *decision;
+  route.serial = ++next_serial_;
   Worker* decode = by_id.at(decision->decode_worker);
   route.decode_address = decode->address;
   route.placed_prefill_tokens = decision->local_prefill ? decision->uncached_tokens : 0;
   route.placed_decode_tokens = request.prompt_tokens;
-  decode->view.AddPlaced(route.placed_prefill_tokens, 1, route.placed_decode_tokens);
+  const absl::Time now = absl::Now();
+  auto count = [&](Worker* w, uint64_t key, const PlacedLoad& load) {
+    w->view.AddPlaced(load.prefill_tokens, load.sequences, load.decode_tokens);
+    w->pending[key] = {.placed_at = now, .load = load};
+  };
+  count(decode, DecodeKey(route.serial), {.prefill_tokens = route.placed_prefill_tokens,
+                 .sequences = 1,
+                 .decode_tokens = route.placed_decode_tokens});
   for (const placement::PrefillChoice& p : decision->prefill) {
     Worker* w = by_id.at(p.worker_id);
     route.prefill.emplace_back(p.worker_id, w->address);
   }
   if (!route.prefill.empty()) {
-    by_id.at(route.prefill[0].first)->view.AddPlaced(decision->uncached_tokens, 0);
+    count(by_id.at(route.prefill[0].first), PrefillKey(route.serial),
+          {.prefill_tokens = decision->uncached_tokens});
   }
+  route.tpot_ms = decision->predicted ? static_cast<int64_t>(decision->tpot_slo_seconds * 1e3)
+                                      : request.slo.tpot_ms;
+  route.max_tokens = request.max_tokens;
+  ++decode->running_groups[{route.tpot_ms, route.max_tokens}];
   return route;
+}
+
+Registry::Worker* Registry::FindLocked(const std::string& address) {
+  auto it = workers_.find(address);
+  return it == workers_.end() ? nullptr : it->second.get();
+}
+
+void Registry::ExpireReported(Worker* w, absl::Time now) {
+  for (auto it = w->pending.begin(); it != w->pending.end();) {
+    if (it->second.placed_at + options_.report_lag <= now) {
+      const PlacedLoad& l = it->second.load;
+      w->view.RemovePlaced(l.prefill_tokens, l.sequences, l.decode_tokens);
+      w->pending.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Registry::Uncount(Worker* w, uint64_t key, bool prompt_only) {
+  if (w == nullptr) return;
+  auto it = w->pending.find(key);
+  if (it == w->pending.end()) return;
+  PlacedLoad& l = it->second.load;
+  if (prompt_only) {
+    w->view.RemovePlaced(l.prefill_tokens, 0, 0);
+    l.prefill_tokens = 0;
+  } else {
+    w->view.RemovePlaced(l.prefill_tokens, l.sequences, l.decode_tokens);
+    w->pending.erase(it);
+  }
 }
 
 void Registry::PromptDone(Route& route) {
   if (route.prompt_done || route.released) return;
   route.prompt_done = true;
   absl::MutexLock lock(&mu_);
-  for (auto& [address, w] : workers_) {
-    if (address == route.decode_address) w->view.RemovePlaced(route.placed_prefill_tokens, 0, 0);
-    if (!route.prefill.empty() && address == route.prefill[0].second) {
-      w->view.RemovePlaced(route.decision.uncached_tokens, 0);
-    }
+  Uncount(FindLocked(route.decode_address), DecodeKey(route.serial), /*prompt_only=*/true);
+  if (!route.prefill.empty()) {
+    Uncount(FindLocked(route.prefill[0].second), PrefillKey(route.serial), /*prompt_only=*/false);
   }
 }
 
@@ -247,14 +323,40 @@ void Registry::Release(Route& route) {
   if (route.released) return;
   route.released = true;
   absl::MutexLock lock(&mu_);
-  for (auto& [address, w] : workers_) {
-    if (address == route.decode_address) {
-      w->view.RemovePlaced(route.prompt_done ? 0 : route.placed_prefill_tokens, 1,
-                           route.placed_decode_tokens);
+  if (Worker* decode = FindLocked(route.decode_address); decode != nullptr) {
+    Uncount(decode, DecodeKey(route.serial), /*prompt_only=*/false);
+    auto group = decode->running_groups.find({route.tpot_ms, route.max_tokens});
+    if (group != decode->running_groups.end() && --group->second == 0) {
+      decode->running_groups.erase(group);
     }
-    if (!route.prompt_done && !route.prefill.empty() && address == route.prefill[0].second) {
-      w->view.RemovePlaced(route.decision.uncached_tokens, 0);
-    }
+  }
+  if (!route.prefill.empty()) {
+    Uncount(FindLocked(route.prefill[0].second), PrefillKey(route.serial), /*prompt_only=*/false);
+  }
+}
+
+void Registry::ObserveTtft(const Route& route, double seconds) {
+  const placement::Decision& d = route.decision;
+  if (!d.predicted || d.predicted_ttft_seconds <= 0 || !(seconds > 0)) return;
+  absl::MutexLock lock(&mu_);
+  Worker* w = FindLocked(d.local_prefill || route.prefill.empty() ? route.decode_address
+                                                                  : route.prefill[0].second);
+  if (w == nullptr) return;
+  if (absl::Status s = w->ttft.Observe(seconds, d.predicted_ttft_seconds / d.ttft_correction);
+      !s.ok()) {
+    LOG(WARNING) << "a TTFT observation was refused: " << s;
+  }
+}
+
+void Registry::ObserveTpot(const Route& route, double seconds) {
+  const placement::Decision& d = route.decision;
+  if (!d.predicted || d.predicted_tpot_seconds <= 0 || !(seconds > 0)) return;
+  absl::MutexLock lock(&mu_);
+  Worker* w = FindLocked(route.decode_address);
+  if (w == nullptr) return;
+  if (absl::Status s = w->tpot.Observe(seconds, d.predicted_tpot_seconds / d.tpot_correction);
+      !s.ok()) {
+    LOG(WARNING) << "a TPOT observation was refused: " << s;
   }
 }
 

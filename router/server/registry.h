@@ -36,6 +36,12 @@ struct RegistryOptions {
   // (EngineLoop::Calibrate), which should win at once.
   placement::StepCostModelOptions cost_model = {.prior_weight = 2.0, .min_prior_weight = 0.5};
   placement::TransferModelOptions transfer_model = {};
+  // Load the router placed on a worker counts in its view until a load sample received this
+  // long after the placement (by then the worker's own numbers include the request: they count
+  // submissions its engine has not taken yet), or until the first token or the end.
+  absl::Duration report_lag = absl::Milliseconds(150);
+  // How fast each worker's TTFT and TPOT corrections follow the observed latencies.
+  placement::LatencyCorrectionOptions latency_correction = {};
 };
 
 // Where a request goes, with what the registry counted for it.
@@ -45,6 +51,12 @@ struct Route {
   std::vector<std::pair<std::string, std::string>> prefill;  // (worker id, address), best first
   int64_t placed_prefill_tokens = 0;
   int64_t placed_decode_tokens = 0;
+  // Identifies what Place counted for the route (the registry's pending placements).
+  uint64_t serial = 0;
+  // The TPOT objective (ms; 0: the policy's default) and max_tokens (0: not set) it counts with
+  // on the decode worker's running requests (placement::RunningGroup) until Release.
+  int64_t tpot_ms = 0;
+  int64_t max_tokens = 0;
   // PromptDone uncounted the prompt tokens; Release the rest.
   bool prompt_done = false;
   bool released = false;
@@ -68,12 +80,18 @@ class Registry {
   absl::StatusOr<Route> Place(placement::PlacementPolicy& policy, const placement::Request& request,
                               const absl::flat_hash_set<std::string>& avoid = {});
   // The request's first token came: its prompt is computed, so the prompt tokens placed on the
-  // worker that prefilled it (and on the decode worker) are uncounted. The sequence stays counted
-  // until Release: the decode worker's reports show it only a load interval later, and counting it
-  // twice meanwhile errs on the side of the running streams' TPOT.
+  // worker that prefilled it (and on the decode worker) are uncounted if they still were. What
+  // Place counted is otherwise uncounted once the worker's load samples include the request
+  // (RegistryOptions::report_lag), so that nothing counts twice.
   void PromptDone(Route& route);
   // The request ended or failed: uncounts what is left of its placed load, once.
   void Release(Route& route);
+  // A request placed on `route` (with predictions: the slo policy) saw its first token `seconds`
+  // after its placement, or decoded at `seconds` a token on average: teaches the TTFT correction
+  // of the worker that prefilled it, or the TPOT correction of its decode worker
+  // (placement::LatencyCorrection, against the prediction without the correction it included).
+  void ObserveTtft(const Route& route, double seconds);
+  void ObserveTpot(const Route& route, double seconds);
   // A prefill worker moved the KV of `tokens` prompt tokens to a decode worker in `seconds` (the
   // transfer model, in bytes of the decode worker's KV layout).
   void ObserveTransfer(const std::string& prefill_worker, const std::string& decode_worker,
@@ -95,11 +113,18 @@ class Registry {
   void Watch(Worker* worker);
   void Discover();
   void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Worker* FindLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Uncounts the placements on `w` that its reports include by `now` (RegistryOptions::report_lag).
+  void ExpireReported(Worker* w, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Uncounts the prompt tokens (prompt_only) or all of what pending entry `key` placed on `w`
+  // that is still counted.
+  void Uncount(Worker* w, uint64_t key, bool prompt_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RegistryOptions options_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
   placement::TransferModel transfers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread dns_thread_;
 };

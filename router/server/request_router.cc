@@ -202,6 +202,11 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
               (absl::ToDoubleSeconds(now - start_) - prediction_.predicted_ttft_seconds) /
               prediction_.predicted_ttft_seconds);
         }
+        // From the placement (after any admission queue), which is what was predicted.
+        if (migrations_ == 0) {
+          router_->registry().ObserveTtft(
+              route_, absl::ToDoubleSeconds(now - start_) - queue_us_ * 1e-6);
+        }
         first_ = false;
       } else {
         // Tokens that came together share the gap since the previous message.
@@ -327,6 +332,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
       Metrics().tpot_error.Observe((tpot - prediction_.predicted_tpot_seconds) /
                                    prediction_.predicted_tpot_seconds);
     }
+    if (migrations_ == 0 && tokens > 1) router_->registry().ObserveTpot(route_, tpot);
     const double ttft_slo = placement_.slo.ttft_ms > 0 ? placement_.slo.ttft_ms * 1e-3
                                                         : prediction_.ttft_slo_seconds;
     const double tpot_slo = placement_.slo.tpot_ms > 0 ? placement_.slo.tpot_ms * 1e-3
@@ -560,6 +566,9 @@ absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, Re
   req.block_hashes = HashFullBlocks(ModelIdHash(model->model_id), p.tokens, model->block_size);
   req.priority = p.request.priority();
   req.slo = {.ttft_ms = p.request.slo().ttft_ms(), .tpot_ms = p.request.slo().tpot_ms()};
+  req.max_tokens = p.request.sampling().has_max_tokens()
+                       ? static_cast<int64_t>(p.request.sampling().max_tokens())
+                       : 0;
   if (deadline == absl::InfiniteFuture()) deadline = begin + options_.default_deadline;
   v1::Decode::Stub* stub;
   std::shared_ptr<QueuedCall> queued;
