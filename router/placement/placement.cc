@@ -201,6 +201,11 @@ absl::Status ValidateOptions(const PolicyOptions& options) {
                                                    options.default_transfer_seconds_per_byte,
                                                    " is not finite and >= 0"));
   }
+  if (!(options.remote_prefill_headroom >= 0 && options.remote_prefill_headroom < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("placement: remote_prefill_headroom ",
+                                                   options.remote_prefill_headroom,
+                                                   " is not in [0, 1)"));
+  }
   absl::Status profile = ValidateProfile(options.default_step_profile);
   if (!profile.ok()) {
     return absl::InvalidArgumentError(

@@ -176,8 +176,9 @@ enum class PrefillReason {
   // The uncached part is above the threshold (slo: any prompt), but no healthy prefill worker
   // other than the decode worker exists: local.
   kNoPrefillWorker,
-  // slo: prefilling on the decode worker predicts a TTFT at least as good as the best prefill
-  // worker's, and does not slow the worker's running streams past their TPOT objective.
+  // slo: the best prefill worker would not keep the TTFT PolicyOptions::remote_prefill_headroom
+  // under its objective, prefilling on the decode worker predicts a TTFT at least as good, and
+  // it does not slow the worker's running streams past their TPOT objective.
   kPredictedLocal,
 };
 
@@ -274,6 +275,14 @@ struct PolicyOptions {
   // sets the wait for a slot on a full worker, and over how many tokens running requests without
   // a known max_tokens spread a stall. >= 1.
   int64_t expected_output_tokens = 256;
+  // slo: a prompt goes to a prefill worker that decodes nothing whenever that predicts a TTFT at
+  // least this fraction of its objective under it (0.5: within half of it, a margin for the
+  // predictions' error), and to the decode worker only when the prefill workers cannot and it
+  // does better there. Disaggregation is the default: a local prefill stalls the streams decoding
+  // there and delays every request that reaches the worker after it (a 400-token prompt is one
+  // 1.7 s step on one CPU thread). A local prefill longer than half of default_ttft_ms also needs
+  // another decode worker with no prompt queued, where the next arrivals can go. In [0, 1).
+  double remote_prefill_headroom = 0.5;
 };
 
 // Chooses workers for requests. Thread-compatible, not thread-safe: a policy may keep state

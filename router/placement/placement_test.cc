@@ -98,6 +98,9 @@ TEST(CreatePolicyTest, RejectsInvalidOptions) {
       {.default_transfer_seconds_per_byte = -1e-9},
       {.default_transfer_seconds_per_byte = inf},
       {.expected_output_tokens = 0},
+      {.remote_prefill_headroom = 1.0},
+      {.remote_prefill_headroom = -0.1},
+      {.remote_prefill_headroom = nan},
   };
   for (const std::string& name : KnownPolicies()) {
     for (const PolicyOptions& options : bad) {

@@ -48,8 +48,13 @@ class SloPolicy final : public PolicyBase {
     std::vector<double> headrooms;
     candidates.reserve(decode.size());
     headrooms.reserve(decode.size());
+    // Decode workers with no prompt queued: where the next arrivals can start at once.
+    int unqueued = 0;
+    for (int d : decode) unqueued += PrefillQueue(ctx.worker(d)) == 0 ? 1 : 0;
     for (int d : decode) {
-      candidates.push_back(Evaluate(ctx, d, prefill, ttft_slo, tpot_slo));
+      const bool another_unqueued =
+          decode.size() == 1 || unqueued - (PrefillQueue(ctx.worker(d)) == 0 ? 1 : 0) > 0;
+      candidates.push_back(Evaluate(ctx, d, prefill, ttft_slo, tpot_slo, another_unqueued));
       headrooms.push_back(candidates.back().headroom);
     }
     const int d = ArgMaxRandomTie(decode, headrooms);
@@ -117,6 +122,11 @@ class SloPolicy final : public PolicyBase {
                                      : options().default_max_tokens_per_step;
   }
 
+  // A local prefill longer than this holds the worker's steps long enough that the requests
+  // reaching it meanwhile miss a typical TTFT objective (half the default one): allowed only
+  // while another decode worker has no prompt queued, where they can go instead.
+  double HoldLimit() const { return static_cast<double>(options().default_ttft_ms) / 2000.0; }
+
   static int64_t BatchSlots(const WorkerCandidate& w) {
     return std::max<int64_t>(w.max_running, 1);
   }
@@ -177,7 +187,7 @@ class SloPolicy final : public PolicyBase {
   }
 
   Candidate Evaluate(PlacementContext& ctx, int d, const std::vector<PrefillPrediction>& prefill,
-                     double ttft_slo, double tpot_slo) const {
+                     double ttft_slo, double tpot_slo, bool another_unqueued) const {
     const WorkerCandidate& w = ctx.worker(d);
     const int64_t slots = BatchSlots(w);
     const int64_t budget = BudgetOf(w);
@@ -230,9 +240,14 @@ class SloPolicy final : public PolicyBase {
       if (r.ttft < best_remote.ttft) best_remote = r;
     }
     const double local_ttft = local.queue_wait + local.compute;
+    // Disaggregation first: a prefill worker that decodes nothing and keeps the TTFT takes it.
+    const bool remote_keeps_ttft =
+        best_remote.worker >= 0 && DecodingSeqs(ctx.worker(best_remote.worker)) == 0 &&
+        Headroom(ttft_slo, c.slot_wait + best_remote.ttft) >= options().remote_prefill_headroom;
     if (pool.empty()) {
       c.reason = PrefillReason::kNoPrefillWorker;
-    } else if (local_headroom >= 0 && local_ttft <= best_remote.ttft) {
+    } else if (!remote_keeps_ttft && local_headroom >= 0 && local_ttft <= best_remote.ttft &&
+               (another_unqueued || local.compute <= HoldLimit())) {
       c.reason = PrefillReason::kPredictedLocal;
     } else {
       c.reason = PrefillReason::kRemote;

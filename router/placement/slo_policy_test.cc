@@ -107,15 +107,16 @@ TEST(SloPolicyTest, RequestObjectivesOverrideTheDefaults) {
 TEST(SloPolicyTest, LocalUntilItWouldStallTheRunningStreamsThenRemote) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
   // d0 decodes 20 streams with a 40 ms TPOT objective and 20 output tokens (10 left, on
-  // average); p0 has 2000 prompt tokens queued: 4 steps, 0.04 + 0.2 = 0.24 s.
+  // average); p0 has 8000 prompt tokens queued: 16 steps, 0.16 + 0.8 = 0.96 s, too long for a
+  // remote prefill to keep half of the 1 s TTFT objective.
   ClusterView cluster = {
       .workers = {Worker("d0", Role::kDecode).Seqs(20).MaxRunning(64).Running(40, 20),
-                  Worker("p0", Role::kPrefill).Queue(2000)}};
+                  Worker("p0", Role::kPrefill).Queue(8000)}};
   // Locally the prompt shares each step with 20 decode tokens: chunks of 492, each step
   // 0.010 + 0.020 + its chunk * 1e-4. With this request the batch steps in 0.010 + 0.021 = 0.031;
   // a local prefill of C seconds raises the streams' mean TPOT to 0.031 + C / 10.
   // 190 tokens: C = 0.049, streams 0.0359 <= 0.040, far better than remote
-  // (0.24 + 0.029 + 0.0019 = 0.2709).
+  // (0.96 + 0.029 + 0.0019 = 0.9909).
   Decision d = PlaceOrDie(*policy, Prompt(190), cluster);
   EXPECT_EQ(d.decode_worker, "d0");
   EXPECT_TRUE(d.local_prefill);
@@ -128,16 +129,17 @@ TEST(SloPolicyTest, LocalUntilItWouldStallTheRunningStreamsThenRemote) {
   EXPECT_NEAR(d.headroom, 0.1025, kTol);
 
   // 500 tokens: 2 chunks, C = 2 * 0.030 + 0.05 = 0.11; the streams would average 0.042 > 0.040:
-  // remote, 0.24 wait + 0.010 + 0.05 prefill + 500 * 10 us transfer = 0.305.
+  // remote, 0.96 wait + 0.010 + 0.05 prefill + 500 * 10 us transfer = 1.025, a predicted miss.
   d = PlaceOrDie(*policy, Prompt(500), cluster);
   EXPECT_FALSE(d.local_prefill);
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
   EXPECT_THAT(Ids(d), ElementsAre("p0"));
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.305, kTol);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0.24, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 1.025, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.96, kTol);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.031, kTol);
-  // min(1 - 0.305, 0.38 for the request, (0.04 - 0.031) / 0.04 for the streams).
-  EXPECT_NEAR(d.headroom, 0.225, kTol);
+  // min(1 - 1.025, 0.38 for the request, (0.04 - 0.031) / 0.04 for the streams).
+  EXPECT_NEAR(d.headroom, -0.025, kTol);
+  EXPECT_FALSE(d.meets_slo);
 
   // Streams with more tokens left spread the same stall thinner: 60 ms and 200 tokens average
   // 0.031 + 0.11 / 100 = 0.0321: local again.
@@ -206,9 +208,62 @@ TEST(SloPolicyTest, LearnedCorrectionsScaleAWorkersPredictions) {
   EXPECT_EQ(d.tpot_correction, 1.0);
 }
 
-TEST(SloPolicyTest, RemoteWhenTheDecodeWorkersQueueIsLongerThanTheTransfer) {
+TEST(SloPolicyTest, APrefillWorkerThatKeepsTheTtftGetsThePromptEvenIfLocalIsFaster) {
   PolicyOptions options = Options();
-  options.default_ttft_ms = 5000;
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", options);
+  const ClusterView cluster = {
+      .workers = {Worker("d0", Role::kDecode), Worker("p0", Role::kPrefill)}};
+  // 1000 tokens: local 2 * 0.010 + 0.1 = 0.12; remote the same + 0.01 of transfer, 87% under the
+  // 1 s objective (more than the 50% asked): remote, keeping d0's steps short for what comes next.
+  Decision d = PlaceOrDie(*policy, Prompt(1000), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.13, kTol);
+  // Asked for 90% of the objective, the remote prefill is not enough: the faster one, local.
+  options.remote_prefill_headroom = 0.9;
+  policy = MakePolicy("slo", options);
+  d = PlaceOrDie(*policy, Prompt(1000), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.12, kTol);
+}
+
+TEST(SloPolicyTest, ALongLocalPrefillLeavesADecodeWorkerFreeForTheNextArrivals) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  // 5000 tokens: 10 steps, 0.1 + 0.5 = 0.6 s on an idle worker, longer than half the default
+  // 1 s TTFT objective. p0 has 20000 tokens queued (40 steps, 0.4 + 2.0 = 2.4 s): remote
+  // 2.4 + 0.6 + 0.05 of transfer = 3.05 s, a predicted miss.
+  const WorkerCandidate busy_p0 = Worker("p0", Role::kPrefill).Queue(20000);
+  // d1 has 600 prompt tokens queued (2 steps, 0.02 + 0.06 = 0.08 s); d0 none. Locally on d0 the
+  // prompt would leave no decode worker free for the next arrivals; on d1 it leaves d0:
+  // d1, local, 0.68.
+  Decision d = PlaceOrDie(*policy, Prompt(5000),
+                          {.workers = {Worker("d0", Role::kDecode),
+                                       Worker("d1", Role::kDecode).Queue(600), busy_p0}});
+  EXPECT_EQ(d.decode_worker, "d1");
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.68, kTol);
+  // Both free: either may take it, locally.
+  d = PlaceOrDie(*policy, Prompt(5000),
+                 {.workers = {Worker("d0", Role::kDecode), Worker("d1", Role::kDecode), busy_p0}});
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.6, kTol);
+  // Both with prompts queued: neither may hold its steps that long; the prefill worker, late.
+  d = PlaceOrDie(*policy, Prompt(5000),
+                 {.workers = {Worker("d0", Role::kDecode).Queue(600),
+                              Worker("d1", Role::kDecode).Queue(600), busy_p0}});
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 3.05, kTol);
+  EXPECT_FALSE(d.meets_slo);
+  // A short prompt holds nobody long: local on either (100 tokens, 0.02 s, + 0.08 on d1).
+  d = PlaceOrDie(*policy, Prompt(100),
+                 {.workers = {Worker("d0", Role::kDecode).Queue(600),
+                              Worker("d1", Role::kDecode).Queue(600), busy_p0}});
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.1, kTol);
+}
+
+TEST(SloPolicyTest, LocalWhenTheRemoteMissesAndTheDecodeWorkersQueueIsShorterThanTheTransfer) {
+  PolicyOptions options = Options();
+  options.default_ttft_ms = 2500;
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", options);
   // No streams decoding on d0, but 1000 prompt tokens queued for local prefill: 0.12 s. p0 is
   // idle; its only extra cost is the transfer, 10 us a token.
@@ -218,8 +273,9 @@ TEST(SloPolicyTest, RemoteWhenTheDecodeWorkersQueueIsLongerThanTheTransfer) {
   Decision d = PlaceOrDie(*policy, Prompt(1024), cluster);
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.13264, kTol);
-  // 16000 tokens: the transfer (0.16) now costs more than the queue (0.12): local,
-  // 0.12 + 32 * 0.010 + 1.6 = 2.04 against 2.08.
+  // 16000 tokens: remote 2.08 would not keep half of the 2.5 s objective, and the transfer (0.16)
+  // now costs more than the queue (0.12): local, 0.12 + 32 * 0.010 + 1.6 = 2.04 (d0 is the only
+  // decode worker, so its long local prefill makes no arrival wait that could go elsewhere).
   d = PlaceOrDie(*policy, Prompt(16000), cluster);
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
   EXPECT_NEAR(d.predicted_ttft_seconds, 2.04, kTol);

@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, step_profile, "",
           "slo: where each worker's step-time model starts before its own timings refine it: "
           "base_ms,prefill_token_ms,decode_token_ms,context_token_us (empty: the built-in "
           "default of docs/slo.md)");
+ABSL_FLAG(double, remote_prefill_headroom, 0.5,
+          "slo: send a prompt to a prefill worker whenever that predicts a TTFT at least this "
+          "fraction of its objective under it; else prefill on the decode worker if better there");
 ABSL_FLAG(int64_t, max_queued, 256,
           "slo: requests that may wait in the admission queue at once (0: refuse instead)");
 ABSL_FLAG(int64_t, max_queue_ms, 5000, "slo: longest a request waits in the admission queue, ms");
@@ -97,6 +100,7 @@ absl::Status Run() {
   options.max_migrations = absl::GetFlag(FLAGS_max_migrations);
   options.policy_options.default_ttft_ms = absl::GetFlag(FLAGS_default_ttft_ms);
   options.policy_options.default_tpot_ms = absl::GetFlag(FLAGS_default_tpot_ms);
+  options.policy_options.remote_prefill_headroom = absl::GetFlag(FLAGS_remote_prefill_headroom);
   options.admission.max_queued = absl::GetFlag(FLAGS_max_queued);
   options.admission.max_queue_time = absl::Milliseconds(absl::GetFlag(FLAGS_max_queue_ms));
   if (options.max_migrations < 0) return absl::InvalidArgumentError("--max_migrations must be >= 0");

@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/metrics.h"
+#include "prometheus/gauge.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -53,6 +55,17 @@ placement::TransferModel MakeTransferModel(const placement::TransferModelOptions
   absl::StatusOr<placement::TransferModel> model = placement::TransferModel::Create(options);
   CHECK_OK(model.status());
   return *std::move(model);
+}
+
+// The learned correction factors, by worker and kind (ttft, tpot).
+prometheus::Family<prometheus::Gauge>& CorrectionGauges() {
+  static auto& family = prometheus::BuildGauge()
+                            .Name("tandem_router_latency_correction")
+                            .Help("Factor the slo policy multiplies a worker's predictions by, "
+                                  "learned from observed latencies (kind: ttft of the prompts it "
+                                  "prefills, tpot of the streams it decodes); 1 is none")
+                            .Register(ProcessMetrics());
+  return family;
 }
 
 uint64_t DecodeKey(uint64_t serial) { return serial * 2; }
@@ -346,6 +359,9 @@ void Registry::ObserveTtft(const Route& route, double seconds) {
       !s.ok()) {
     LOG(WARNING) << "a TTFT observation was refused: " << s;
   }
+  if (!w->view.worker_id().empty()) {
+    CorrectionGauges().Add({{"worker", w->view.worker_id()}, {"kind", "ttft"}}).Set(w->ttft.factor());
+  }
 }
 
 void Registry::ObserveTpot(const Route& route, double seconds) {
@@ -357,6 +373,9 @@ void Registry::ObserveTpot(const Route& route, double seconds) {
   if (absl::Status s = w->tpot.Observe(seconds, d.predicted_tpot_seconds / d.tpot_correction);
       !s.ok()) {
     LOG(WARNING) << "a TPOT observation was refused: " << s;
+  }
+  if (!w->view.worker_id().empty()) {
+    CorrectionGauges().Add({{"worker", w->view.worker_id()}, {"kind", "tpot"}}).Set(w->tpot.factor());
   }
 }
 

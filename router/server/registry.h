@@ -34,7 +34,7 @@ struct RegistryOptions {
   // step timings refine it. The prior is weak: the built-in profile describes no particular
   // machine, and a worker's first snapshot already carries the steps of its start-up calibration
   // (EngineLoop::Calibrate), which should win at once.
-  placement::StepCostModelOptions cost_model = {.prior_weight = 2.0, .min_prior_weight = 0.5};
+  placement::StepCostModelOptions cost_model = {.prior_weight = 0.5, .min_prior_weight = 0.1};
   placement::TransferModelOptions transfer_model = {};
   // Load the router placed on a worker counts in its view until a load sample received this
   // long after the placement (by then the worker's own numbers include the request: they count
@@ -92,8 +92,9 @@ class Registry {
   // (placement::LatencyCorrection, against the prediction without the correction it included).
   void ObserveTtft(const Route& route, double seconds);
   void ObserveTpot(const Route& route, double seconds);
-  // A prefill worker moved the KV of `tokens` prompt tokens to a decode worker in `seconds` (the
-  // transfer model, in bytes of the decode worker's KV layout).
+  // A prefill worker moved the KV of `tokens` prompt tokens to a decode worker, and the move took
+  // `seconds` beyond the computation it overlaps (the transfer model, in bytes of the decode
+  // worker's KV layout).
   void ObserveTransfer(const std::string& prefill_worker, const std::string& decode_worker,
                        int64_t tokens, double seconds);
   // A copy of the worker's fitted step profile; nullopt for an unknown id (tests, metrics).

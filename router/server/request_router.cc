@@ -236,9 +236,13 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
           response.has_usage()) {
         const int64_t moved = static_cast<int64_t>(response.usage().prompt_tokens()) -
                               response.usage().cached_prompt_tokens();
-        router_->registry().ObserveTransfer(response.timings().prefill_worker(),
-                                            response.timings().decode_worker(), moved,
-                                            response.timings().kv_transfer_us() * 1e-6);
+        // The writes run beside the computation, layer by layer: what the move adds to the time
+        // to first token is its tail after the last layer is computed.
+        const uint64_t transfer_us = response.timings().kv_transfer_us();
+        const uint64_t compute_us = response.timings().prefill_us();
+        router_->registry().ObserveTransfer(
+            response.timings().prefill_worker(), response.timings().decode_worker(), moved,
+            static_cast<double>(transfer_us > compute_us ? transfer_us - compute_us : 0) * 1e-6);
       }
       if (response.finish_reason() != v1::FINISH_REASON_ERROR) ObserveSlo(*t);
     }

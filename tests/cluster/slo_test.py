@@ -78,6 +78,11 @@ def test_unloaded_requests_carry_predictions_of_the_right_size(pb, cluster):
     assert metric_sum(text, "tandem_router_ttft_prediction_error_ratio_count") >= 4
     assert metric_sum(text, "tandem_router_tpot_prediction_error_ratio_count") >= 4
     assert metric_sum(text, 'tandem_router_slo_requests_total{attained="true",class="normal"}') >= 4
+    # What the requests observed taught each worker a correction of its predictions.
+    corrections = [l for l in text.splitlines()
+                   if l.startswith("tandem_router_latency_correction{")]
+    assert {l.split('kind="')[1].split('"')[0] for l in corrections} == {"ttft", "tpot"}, corrections
+    assert all(0.25 <= float(l.split()[-1]) <= 4 for l in corrections), corrections
 
 
 def test_overload_is_refused_quickly_and_admitted_requests_keep_their_slos(pb, cluster):
