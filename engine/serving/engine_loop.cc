@@ -381,6 +381,7 @@ SchedulerStats EngineLoop::stats() {
   SchedulerStats s = stats_;
   s.waiting += posted_.sequences;
   s.queued_prefill_tokens += posted_.prompt_tokens;
+  s.prompt_tokens += posted_.prompt_tokens;  // received
   s.remote_prefills += posted_.remote_prefills;
   return s;
 }

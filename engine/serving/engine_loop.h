@@ -118,7 +118,8 @@ class EngineLoop {
   absl::StatusOr<std::vector<KvEvent>> EventsAfter(uint64_t after, absl::Duration timeout);
   // The latest counters (updated after every step and request change). Requests submitted but
   // not yet taken by the engine thread (it takes them between steps) count already: as waiting
-  // sequences with all their prompt tokens queued, or as remote prefills.
+  // sequences with all their prompt tokens queued (and received, in prompt_tokens), or as remote
+  // prefills.
   SchedulerStats stats();
   // Step timings after step number `after` (at most Options::step_history), and the newest
   // step number.

@@ -252,6 +252,7 @@ TEST(EngineLoopTest, StatsCountSubmissionsTheEngineHasNotTakenYet) {
   const SchedulerStats posted = loop->stats();
   EXPECT_EQ(posted.waiting, before.waiting + 1);
   EXPECT_EQ(posted.queued_prefill_tokens, before.queued_prefill_tokens + 10);
+  EXPECT_EQ(posted.prompt_tokens, before.prompt_tokens + 10);
   release.Notify();
   added.WaitForNotification();
   EXPECT_EQ(stream.Wait().size(), 2u);
@@ -263,6 +264,7 @@ TEST(EngineLoopTest, StatsCountSubmissionsTheEngineHasNotTakenYet) {
   const SchedulerStats after = loop->stats();
   EXPECT_EQ(after.waiting + after.running, 0);
   EXPECT_EQ(after.queued_prefill_tokens, 0);
+  EXPECT_EQ(after.prompt_tokens, before.prompt_tokens + 10);  // counted once
 }
 
 // A subscriber that takes a snapshot and then follows the events holds what a later snapshot

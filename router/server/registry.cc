@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -37,8 +38,15 @@ struct Registry::Worker {
   struct Pending {
     absl::Time placed_at;
     PlacedLoad load;
+    // > 0: a prompt sent to a prefill worker, which gets it only once the decode worker's engine
+    // has taken the request (after the step it is in, up to seconds later): it stays counted
+    // until the worker's count of received prompt tokens has grown by this much since the
+    // entries before it (oldest first). 0: until report_lag has passed.
+    int64_t receipt_tokens = 0;
   };
   absl::flat_hash_map<uint64_t, Pending> pending;
+  // LoadSample.prompt_tokens at the last sample; -1 before the first.
+  int64_t received_prompt_tokens = -1;
   // The requests decoding here that the router placed (until Release), counted by (TPOT
   // objective ms, max_tokens). Guarded by Registry::mu_.
   std::map<std::pair<int64_t, int64_t>, int64_t> running_groups;
@@ -152,7 +160,7 @@ void Registry::Watch(Worker* w) {
       }
       if (update.has_load()) {
         ObserveSteps(update.load(), w->cost);
-        ExpireReported(w, absl::Now());
+        ExpireReported(w, static_cast<int64_t>(update.load().prompt_tokens()), absl::Now());
       }
       if (update.has_snapshot()) {
         // A worker seen for the first time: its snapshot carries the steps of its start-up
@@ -191,6 +199,7 @@ void Registry::Watch(Worker* w) {
       w->connected = false;
       w->view = WorkerView();
       w->pending.clear();  // the fresh view counts nothing placed
+      w->received_prompt_tokens = -1;
       if (stopping_ || w->removed) return;
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff);
       if (stopping_) return;
@@ -269,9 +278,9 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
   route.placed_prefill_tokens = decision->local_prefill ? decision->uncached_tokens : 0;
   route.placed_decode_tokens = request.prompt_tokens;
   const absl::Time now = absl::Now();
-  auto count = [&](Worker* w, uint64_t key, const PlacedLoad& load) {
+  auto count = [&](Worker* w, uint64_t key, const PlacedLoad& load, int64_t receipt_tokens = 0) {
     w->view.AddPlaced(load.prefill_tokens, load.sequences, load.decode_tokens);
-    w->pending[key] = {.placed_at = now, .load = load};
+    w->pending[key] = {.placed_at = now, .load = load, .receipt_tokens = receipt_tokens};
   };
   count(decode, DecodeKey(route.serial), {.prefill_tokens = route.placed_prefill_tokens,
                  .sequences = 1,
@@ -282,7 +291,7 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
   }
   if (!route.prefill.empty()) {
     count(by_id.at(route.prefill[0].first), PrefillKey(route.serial),
-          {.prefill_tokens = decision->uncached_tokens});
+          {.prefill_tokens = decision->uncached_tokens}, std::max<int64_t>(request.prompt_tokens, 1));
   }
   route.tpot_ms = decision->predicted ? static_cast<int64_t>(decision->tpot_slo_seconds * 1e3)
                                       : request.slo.tpot_ms;
@@ -296,9 +305,26 @@ Registry::Worker* Registry::FindLocked(const std::string& address) {
   return it == workers_.end() ? nullptr : it->second.get();
 }
 
-void Registry::ExpireReported(Worker* w, absl::Time now) {
+void Registry::ExpireReported(Worker* w, int64_t received_prompt_tokens, absl::Time now) {
+  // Prompts the worker received since the last sample pay for the oldest waiting entries.
+  int64_t received = w->received_prompt_tokens < 0
+                         ? 0
+                         : std::max<int64_t>(received_prompt_tokens - w->received_prompt_tokens, 0);
+  w->received_prompt_tokens = received_prompt_tokens;
+  std::vector<uint64_t> waiting;
+  for (const auto& [key, p] : w->pending) {
+    if (p.receipt_tokens > 0) waiting.push_back(key);
+  }
+  std::sort(waiting.begin(), waiting.end());
+  for (uint64_t key : waiting) {
+    Worker::Pending& p = w->pending.at(key);
+    if (received < p.receipt_tokens) break;
+    received -= p.receipt_tokens;
+    p.receipt_tokens = 0;
+    p.placed_at = absl::InfinitePast();  // reported: uncounted below
+  }
   for (auto it = w->pending.begin(); it != w->pending.end();) {
-    if (it->second.placed_at + options_.report_lag <= now) {
+    if (it->second.receipt_tokens == 0 && it->second.placed_at + options_.report_lag <= now) {
       const PlacedLoad& l = it->second.load;
       w->view.RemovePlaced(l.prefill_tokens, l.sequences, l.decode_tokens);
       w->pending.erase(it++);

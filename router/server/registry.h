@@ -38,7 +38,9 @@ struct RegistryOptions {
   placement::TransferModelOptions transfer_model = {};
   // Load the router placed on a worker counts in its view until a load sample received this
   // long after the placement (by then the worker's own numbers include the request: they count
-  // submissions its engine has not taken yet), or until the first token or the end.
+  // submissions its engine has not taken yet), or until the first token or the end. A prompt
+  // sent to a prefill worker goes there only once the decode worker's engine has taken it, so
+  // it counts until the prefill worker's received prompt tokens show it instead.
   absl::Duration report_lag = absl::Milliseconds(150);
   // How fast each worker's TTFT and TPOT corrections follow the observed latencies.
   placement::LatencyCorrectionOptions latency_correction = {};
@@ -115,8 +117,11 @@ class Registry {
   void Discover();
   void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Worker* FindLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Uncounts the placements on `w` that its reports include by `now` (RegistryOptions::report_lag).
-  void ExpireReported(Worker* w, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Uncounts the placements on `w` that its reports include by `now` (RegistryOptions::report_lag),
+  // or, for prompts sent to a prefill worker, once its count of received prompt tokens (the load
+  // sample's) shows them.
+  void ExpireReported(Worker* w, int64_t received_prompt_tokens, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Uncounts the prompt tokens (prompt_only) or all of what pending entry `key` placed on `w`
   // that is still counted.
   void Uncount(Worker* w, uint64_t key, bool prompt_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
