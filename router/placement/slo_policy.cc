@@ -211,7 +211,8 @@ class SloPolicy final : public PolicyBase {
     }
 
     // The streams decoding now must keep their TPOT objectives: with the batch grown by one, and
-    // through a local prefill of this prompt, which stalls them for its compute time. An
+    // through the prompts queued here and a local prefill of this prompt, which stall them for
+    // their compute time (a burst of arrivals is prefilled between the earlier ones' steps). An
     // objective bounds a stream's mean TPOT, so the stall counts spread over the tokens the
     // stream still has to generate: half its max_tokens, on average. The worst group sets the
     // margin.
@@ -226,8 +227,11 @@ class SloPolicy final : public PolicyBase {
             1.0,
             static_cast<double>(g.max_tokens > 0 ? g.max_tokens : options().expected_output_tokens) /
                 2.0);
-        grown_headroom = std::min(grown_headroom, Headroom(slo, c.tpot));
-        local_headroom = std::min(local_headroom, Headroom(slo, c.tpot + local.compute / remaining));
+        // The prompts already queued here will stall them too, whatever this request does.
+        grown_headroom =
+            std::min(grown_headroom, Headroom(slo, c.tpot + local.queue_wait / remaining));
+        local_headroom = std::min(
+            local_headroom, Headroom(slo, c.tpot + (local.queue_wait + local.compute) / remaining));
       };
       if (w.running_groups.empty()) check({});
       for (const RunningGroup& g : w.running_groups) check(g);

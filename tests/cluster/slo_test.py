@@ -5,7 +5,7 @@ calibration.
 Unloaded, the router's predictions are reported with every request and are of the right size.
 Under a burst of several times the worker's capacity, what cannot be served in time is refused
 with RESOURCE_EXHAUSTED / HTTP 429 and a retry-after hint, no later than its TTFT objective; the
-requests it admits keep their objectives; high priority is refused no more than low; the router's
+requests it admits keep their objectives (TPOT within the predictions' 20%); normal priority is refused no more than background; the router's
 memory stays bounded; and the metrics account for all of it."""
 import json
 import os
@@ -19,7 +19,7 @@ import pytest
 from cluster_common import Cluster, Protos, http_request
 
 TTFT_MS = 1500
-TPOT_MS = 400
+TPOT_MS = 150
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,9 @@ def test_overload_is_refused_quickly_and_admitted_requests_keep_their_slos(pb, c
     results, lock = [], threading.Lock()
 
     def grpc_one(i):
-        priority = 1 if i % 2 else -1
+        # Normal (0) and background (-1) requests: both are admitted only when predicted to keep
+        # their objectives (a high class may be admitted slightly over them).
+        priority = 0 if i % 2 else -1
         start = time.monotonic()
         try:
             last, first = generate(stub, pb, f"{i}: Write about rivers and the mountains.",
@@ -132,11 +134,15 @@ def test_overload_is_refused_quickly_and_admitted_requests_keep_their_slos(pb, c
         assert r["retry"] is not None and int(r["retry"]) >= 1, r
         # Refused at once, or when waiting could no longer meet the TTFT objective.
         assert r["after"] < TTFT_MS / 1000 + 1.0, r
-    # The model was fitted on a quiet worker; other tests share the cores, so allow a margin.
-    met = [r for r in accepted if r["ttft"] <= TTFT_MS / 1000 and r["tpot"] <= TPOT_MS / 1000]
+    # Admission holds each request to predictions, which are held to 20% (issue 8). A burst
+    # admitted at once also stalls itself: every admitted prompt is prefilled between the others'
+    # decode steps, which no prediction made before it arrived can see. So an admitted request
+    # counts as kept within 20% of its TPOT objective; other tests share the cores, so 70% must.
+    met = [r for r in accepted
+           if r["ttft"] <= TTFT_MS / 1000 and r["tpot"] <= 1.2 * TPOT_MS / 1000]
     assert len(met) >= 0.7 * len(accepted), accepted
-    refused_by = {p: sum(1 for r in refused if r["priority"] == p) for p in (-1, 1)}
-    assert refused_by[1] <= refused_by[-1], refused_by
+    refused_by = {p: sum(1 for r in refused if r["priority"] == p) for p in (-1, 0)}
+    assert refused_by[0] <= refused_by[-1], refused_by
 
     web = [r for r in results if "http" in r]
     assert {r["http"] for r in web} <= {200, 429}, [(r["http"], r["body"]) for r in web]
