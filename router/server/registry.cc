@@ -376,32 +376,30 @@ void Registry::Release(Route& route) {
 
 void Registry::ObserveTtft(const Route& route, double seconds) {
   const placement::Decision& d = route.decision;
-  if (!d.predicted || d.predicted_ttft_seconds <= 0 || !(seconds > 0)) return;
-  absl::MutexLock lock(&mu_);
-  Worker* w = FindLocked(d.local_prefill || route.prefill.empty() ? route.decode_address
-                                                                  : route.prefill[0].second);
-  if (w == nullptr) return;
-  if (absl::Status s = w->ttft.Observe(seconds, d.predicted_ttft_seconds / d.ttft_correction);
-      !s.ok()) {
-    LOG(WARNING) << "a TTFT observation was refused: " << s;
-  }
-  if (!w->view.worker_id().empty()) {
-    CorrectionGauges().Add({{"worker", w->view.worker_id()}, {"kind", "ttft"}}).Set(w->ttft.factor());
-  }
+  Observe(d.local_prefill || route.prefill.empty() ? route.decode_address
+                                                   : route.prefill[0].second,
+          &Worker::ttft, "ttft", seconds, d.predicted_ttft_seconds, d.ttft_correction, d.predicted);
 }
 
 void Registry::ObserveTpot(const Route& route, double seconds) {
   const placement::Decision& d = route.decision;
-  if (!d.predicted || d.predicted_tpot_seconds <= 0 || !(seconds > 0)) return;
+  Observe(route.decode_address, &Worker::tpot, "tpot", seconds, d.predicted_tpot_seconds,
+          d.tpot_correction, d.predicted);
+}
+
+void Registry::Observe(const std::string& address, placement::LatencyCorrection Worker::*which,
+                       const char* kind, double seconds, double predicted, double correction,
+                       bool has_prediction) {
+  if (!has_prediction || predicted <= 0 || !(seconds > 0)) return;
   absl::MutexLock lock(&mu_);
-  Worker* w = FindLocked(route.decode_address);
+  Worker* w = FindLocked(address);
   if (w == nullptr) return;
-  if (absl::Status s = w->tpot.Observe(seconds, d.predicted_tpot_seconds / d.tpot_correction);
-      !s.ok()) {
-    LOG(WARNING) << "a TPOT observation was refused: " << s;
+  placement::LatencyCorrection& c = w->*which;
+  if (absl::Status s = c.Observe(seconds, predicted / correction); !s.ok()) {
+    LOG(WARNING) << "a " << kind << " observation was refused: " << s;
   }
   if (!w->view.worker_id().empty()) {
-    CorrectionGauges().Add({{"worker", w->view.worker_id()}, {"kind", "tpot"}}).Set(w->tpot.factor());
+    CorrectionGauges().Add({{"worker", w->view.worker_id()}, {"kind", kind}}).Set(c.factor());
   }
 }
 

@@ -117,6 +117,11 @@ class Registry {
   void Discover();
   void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Worker* FindLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ObserveTtft and ObserveTpot: teaches `which` correction of the worker at `address` that a
+  // request took `seconds` where the prediction said `predicted` with `correction` in it.
+  void Observe(const std::string& address, placement::LatencyCorrection Worker::*which,
+               const char* kind, double seconds, double predicted, double correction,
+               bool has_prediction) ABSL_LOCKS_EXCLUDED(mu_);
   // Uncounts the placements on `w` that its reports include by `now` (RegistryOptions::report_lag),
   // or, for prompts sent to a prefill worker, once its count of received prompt tokens (the load
   // sample's) shows them.
