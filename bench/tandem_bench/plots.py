@@ -50,10 +50,18 @@ def latency_cdf(runs, path):
         ax.set_xlabel(title)
         ax.set_ylabel("fraction of token gaps" if key == "itl_ms" else "fraction of requests")
         ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+        _grid_and_legend(ax)
     fig.suptitle("latency CDFs")
+    _save(fig, path)
+
+
+def _grid_and_legend(ax):
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def _save(fig, path):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -78,13 +86,9 @@ def latency_vs_rate(runs, path):
                         color=colors[run_i % len(colors)], label=f"{run['label']} {q}")
         ax.set_xlabel("offered rate (requests/s)")
         ax.set_ylabel(title)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+        _grid_and_legend(ax)
     fig.suptitle("latency percentiles versus rate")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def attainment_vs_rate(runs, path, target):
@@ -106,9 +110,7 @@ def attainment_vs_rate(runs, path, target):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("SLO attainment versus rate")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def write_all(runs, directory, target=0.9):
