@@ -46,12 +46,16 @@ EngineLoop::~EngineLoop() {
 }
 
 void EngineLoop::Loop() {
+  // Whether the last step scheduled nothing: every sequence waits for something only a task can
+  // bring (a remote prefill's KV, its fallback, a cancel), so the loop sleeps until one comes
+  // instead of spinning through empty steps on a core the other workers need.
+  bool idle_step = false;
   while (true) {
     std::deque<absl::AnyInvocable<void(LocalEngine*) &&>> tasks;
     bool stopping;
     {
       absl::MutexLock lock(&mu_);
-      if (!engine_->HasWork()) {
+      if (!engine_->HasWork() || idle_step) {
         mu_.Await(absl::Condition(
             +[](EngineLoop* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu_) {
               return l->stopping_ || !l->tasks_.empty();
@@ -68,12 +72,16 @@ void EngineLoop::Loop() {
     if (absl::Status s = engine_->Step(&info); !s.ok()) {
       LOG(ERROR) << "engine step failed: " << s;
     }
-    if (metrics_ != nullptr) metrics_->Update(engine_->scheduler_stats(), &info);
+    // A step that scheduled and preempted nothing did no work: it is no timing and no step.
+    idle_step = info.batch_size == 0 && info.preempted == 0;
+    if (!idle_step && metrics_ != nullptr) metrics_->Update(engine_->scheduler_stats(), &info);
     absl::MutexLock lock(&mu_);
-    steps_.push_back(info);
-    if (steps_.size() > options_.step_history) steps_.pop_front();
-    ++steps_total_;
-    PublishStats();
+    if (!idle_step) {
+      steps_.push_back(info);
+      if (steps_.size() > options_.step_history) steps_.pop_front();
+      ++steps_total_;
+    }
+    PublishStats();  // the tasks may have changed it, even when the step did nothing
   }
   // Stopping: the last tasks run (their callers wait for them).
   std::deque<absl::AnyInvocable<void(LocalEngine*) &&>> rest;

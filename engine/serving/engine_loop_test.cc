@@ -1,5 +1,7 @@
 #include "engine/serving/engine_loop.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <set>
 #include <string>
@@ -229,6 +231,47 @@ TEST(EngineLoopTest, CalibrationRunsPrefillAndDecodeStepsOfKnownShapes) {
   EXPECT_GE(long_context_fours, 1);
   EXPECT_EQ(largest_batch, loop->max_running());  // 8 here: min(max_running, 16)
   EXPECT_EQ(loop->stats().running + loop->stats().waiting, 0);
+}
+
+// A request waiting for a peer to write its prompt's KV leaves nothing to compute: the engine
+// thread sleeps until the KV comes (no empty steps recorded, no core spent spinning), then decodes.
+TEST(EngineLoopTest, WaitingForRemoteKvMakesNoStepsAndSpendsNoCpu) {
+  auto loop = StartLoop();
+  uint64_t before = 0;
+  loop->StepsAfter(0, &before);
+  Stream stream;
+  absl::Notification planned;
+  loop->SubmitRemotePrefillAsync(5, Greedy(loop->EncodePrompt("hello there"), 3), stream.Callback(),
+                                 [&](absl::StatusOr<RemotePrefillPlan> plan) {
+                                   EXPECT_TRUE(plan.ok()) << plan.status();
+                                   planned.Notify();
+                                 });
+  planned.WaitForNotification();
+  EXPECT_EQ(loop->stats().remote_prefills, 1);
+  timespec cpu_start;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu_start);
+  absl::SleepFor(absl::Milliseconds(300));
+  timespec cpu_end;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu_end);
+  const double cpu_seconds = static_cast<double>(cpu_end.tv_sec - cpu_start.tv_sec) +
+                             static_cast<double>(cpu_end.tv_nsec - cpu_start.tv_nsec) * 1e-9;
+  uint64_t waited = 0;
+  EXPECT_TRUE(loop->StepsAfter(before, &waited).empty());
+  EXPECT_EQ(waited, before);
+  // A spinning loop burns the whole 0.3 s; a sleeping process next to nothing.
+  EXPECT_LT(cpu_seconds, 0.1);
+
+  absl::Notification completed;
+  loop->CompleteRemotePrefillAsync(5, 42, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    completed.Notify();
+  });
+  completed.WaitForNotification();
+  const std::vector<int32_t> tokens = stream.Wait();
+  ASSERT_EQ(tokens.size(), 3u);
+  EXPECT_EQ(tokens[0], 42);  // the peer's first token, then two decoded here
+  uint64_t after = 0;
+  EXPECT_EQ(loop->StepsAfter(before, &after).size(), 2u);
 }
 
 // A request posted while the engine thread is busy counts in stats() at once: a router reading

@@ -87,6 +87,9 @@ constexpr int kMinCalibrationSteps = 8;
 // previous sample's) into the worker's model.
 void ObserveSteps(const v1::LoadSample& sample, placement::StepCostModel& model) {
   for (const v1::StepTiming& t : sample.recent_steps()) {
+    // A step that computed nothing (an older worker reported those while it waited for remote
+    // KV) says nothing about step costs and would pull the fit's base towards 0.
+    if (t.batch_size() == 0) continue;
     const absl::Status s = model.Observe({.batch_size = t.batch_size(),
                                           .prefill_tokens = t.prefill_tokens(),
                                           .decode_tokens = t.decode_tokens(),
