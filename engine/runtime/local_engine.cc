@@ -313,7 +313,9 @@ absl::Status LocalEngine::Step(StepInfo* info) {
                                            .start_position = item.start,
                                            .block_table = item.block_table,
                                            .compute_logits = item.samples});
-    in.context_tokens += item.start + static_cast<int64_t>(item.tokens.size());
+    const int64_t n = static_cast<int64_t>(item.tokens.size());
+    in.context_tokens += item.start + n;
+    in.attended_tokens += n * item.start + n * (n + 1) / 2;
   }
   // Per-request layer hooks (a prefill worker's transfers).
   std::vector<std::pair<const ScheduledItem*, Request*>> hooked;

@@ -93,6 +93,9 @@ struct StepInfo {
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
   int64_t context_tokens = 0;  // sum over the batch of the positions each one attends to
+  // Sum over the step's tokens of the positions each attends to: n * start + n * (n + 1) / 2 for
+  // n tokens from `start` (the step's attention work; = context_tokens when all decode).
+  int64_t attended_tokens = 0;
   int64_t preempted = 0;
   double schedule_seconds = 0;  // scheduler work: picking the batch, then committing it
   double forward_seconds = 0;   // the model

@@ -69,9 +69,10 @@ void EngineLoop::Loop() {
     if (stopping) break;
     if (!engine_->HasWork()) continue;
     StepInfo info;
-    if (absl::Status s = engine_->Step(&info); !s.ok()) {
-      LOG(ERROR) << "engine step failed: " << s;
-    }
+    step_started_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+    const absl::Status stepped = engine_->Step(&info);
+    step_started_ns_.store(0, std::memory_order_relaxed);
+    if (!stepped.ok()) LOG(ERROR) << "engine step failed: " << stepped;
     // A step that scheduled and preempted nothing did no work: it is no timing and no step.
     idle_step = info.batch_size == 0 && info.preempted == 0;
     if (!idle_step && metrics_ != nullptr) metrics_->Update(engine_->scheduler_stats(), &info);
@@ -392,6 +393,12 @@ SchedulerStats EngineLoop::stats() {
   s.prompt_tokens += posted_.prompt_tokens;  // received
   s.remote_prefills += posted_.remote_prefills;
   return s;
+}
+
+absl::Duration EngineLoop::StepElapsed() const {
+  const int64_t started = step_started_ns_.load(std::memory_order_relaxed);
+  if (started == 0) return absl::ZeroDuration();
+  return absl::Nanoseconds(std::max<int64_t>(absl::GetCurrentTimeNanos() - started, 0));
 }
 
 std::vector<StepInfo> EngineLoop::StepsAfter(uint64_t after, uint64_t* newest) {

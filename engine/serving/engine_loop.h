@@ -13,6 +13,7 @@
 #ifndef TANDEM_ENGINE_SERVING_ENGINE_LOOP_H_
 #define TANDEM_ENGINE_SERVING_ENGINE_LOOP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -62,6 +63,7 @@ class EngineLoop {
   KvStorage& kv_storage() { return engine_->kv_pool().storage(); }
   const KvLayout& kv_layout() const { return layout_; }
   int64_t max_running() const { return max_running_; }
+  int64_t max_tokens_per_step() const { return options_.engine.scheduler.max_tokens_per_step; }
   std::vector<int32_t> EncodePrompt(absl::string_view text) const {
     return engine_->EncodePrompt(text);
   }
@@ -124,6 +126,8 @@ class EngineLoop {
   // Step timings after step number `after` (at most Options::step_history), and the newest
   // step number.
   std::vector<StepInfo> StepsAfter(uint64_t after, uint64_t* newest);
+  // How long the engine step in progress has run; zero between steps.
+  absl::Duration StepElapsed() const;
 
  private:
   EngineLoop(std::unique_ptr<LocalEngine> engine, const Options& options);
@@ -169,6 +173,8 @@ class EngineLoop {
   uint64_t last_event_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<StepInfo> steps_ ABSL_GUARDED_BY(mu_);
   uint64_t steps_total_ ABSL_GUARDED_BY(mu_) = 0;
+  // absl::GetCurrentTimeNanos() when the step in progress began; 0 between steps.
+  std::atomic<int64_t> step_started_ns_{0};
 };
 
 }  // namespace tandem

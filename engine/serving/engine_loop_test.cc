@@ -215,8 +215,19 @@ TEST(EngineLoopTest, CalibrationRunsPrefillAndDecodeStepsOfKnownShapes) {
   // Decode-only steps of 4 sequences: with short contexts, and with ~200 tokens each (their
   // prompts mostly from the prefix cache), so that the fit can tell context from batch size.
   int64_t short_context_fours = 0, long_context_fours = 0;
+  int64_t whole_prompt_steps = 0;
   for (const StepInfo& s : steps) {
     EXPECT_GT(s.total_seconds, 0);
+    // Attention work: a decode token attends to its context, a prompt's n tokens from position
+    // 0 to n (n + 1) / 2 in all.
+    if (s.prefill_tokens == 0) {
+      EXPECT_EQ(s.attended_tokens, s.context_tokens);
+    }
+    EXPECT_GE(s.attended_tokens, s.context_tokens);
+    if (s.batch_size == 1 && s.decode_tokens == 0 && s.context_tokens == s.prefill_tokens) {
+      EXPECT_EQ(s.attended_tokens, s.prefill_tokens * (s.prefill_tokens + 1) / 2);
+      ++whole_prompt_steps;
+    }
     largest_prefill = std::max(largest_prefill, s.prefill_tokens);
     if (s.prefill_tokens == 0) {
       largest_batch = std::max(largest_batch, s.decode_tokens);
@@ -226,6 +237,7 @@ TEST(EngineLoopTest, CalibrationRunsPrefillAndDecodeStepsOfKnownShapes) {
     }
   }
   EXPECT_GE(largest_prefill, 192);
+  EXPECT_GE(whole_prompt_steps, 2);  // the 32- and 192-token prompts
   EXPECT_GE(single_decodes, 1);
   EXPECT_GE(short_context_fours, 1);
   EXPECT_GE(long_context_fours, 1);
@@ -270,8 +282,37 @@ TEST(EngineLoopTest, WaitingForRemoteKvMakesNoStepsAndSpendsNoCpu) {
   const std::vector<int32_t> tokens = stream.Wait();
   ASSERT_EQ(tokens.size(), 3u);
   EXPECT_EQ(tokens[0], 42);  // the peer's first token, then two decoded here
+  // The step that sent the last token is recorded once the engine thread runs the next task.
+  absl::Notification recorded;
+  EngineLoopTestPeer::Post(*loop, [&](LocalEngine*) { recorded.Notify(); });
+  recorded.WaitForNotification();
   uint64_t after = 0;
   EXPECT_EQ(loop->StepsAfter(before, &after).size(), 2u);
+}
+
+// StepElapsed tells a load sample how far the step in progress has got: above zero while the
+// engine computes a prompt, zero between steps.
+TEST(EngineLoopTest, StepElapsedRunsDuringAStepOnly) {
+  auto loop = StartLoop();
+  EXPECT_EQ(loop->StepElapsed(), absl::ZeroDuration());
+  std::vector<int32_t> prompt;
+  for (int32_t t = 0; t < 256; ++t) prompt.push_back(300 + t);
+  Stream stream;
+  ASSERT_TRUE(loop->Submit(9, Greedy(prompt, 1), stream.Callback()).ok());
+  absl::Duration seen = absl::ZeroDuration();
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (seen == absl::ZeroDuration() && absl::Now() < give_up) {
+    seen = loop->StepElapsed();
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  EXPECT_GT(seen, absl::ZeroDuration());
+  EXPECT_LT(seen, absl::Seconds(20));
+  stream.Wait();
+  // The step that sent the last token has ended once the engine thread runs the next task.
+  absl::Notification idle;
+  EngineLoopTestPeer::Post(*loop, [&](LocalEngine*) { idle.Notify(); });
+  idle.WaitForNotification();
+  EXPECT_EQ(loop->StepElapsed(), absl::ZeroDuration());
 }
 
 // A request posted while the engine thread is busy counts in stats() at once: a router reading

@@ -27,7 +27,8 @@ v1::KvEvent WorkerStateService::ToProto(const KvEvent& event) {
 }
 
 v1::LoadSample WorkerStateService::MakeLoad(const SchedulerStats& s,
-                                            const std::vector<StepInfo>& steps) {
+                                            const std::vector<StepInfo>& steps,
+                                            absl::Duration step_elapsed) {
   v1::LoadSample load;
   load.set_timestamp_us(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now())));
   load.set_running_seqs(static_cast<uint32_t>(s.running + s.remote_prefills));
@@ -39,6 +40,7 @@ v1::LoadSample WorkerStateService::MakeLoad(const SchedulerStats& s,
   load.set_active_decode_tokens(static_cast<uint64_t>(s.active_decode_tokens));
   load.set_prefix_hit_tokens(static_cast<uint64_t>(s.prefix_hit_tokens));
   load.set_prompt_tokens(static_cast<uint64_t>(s.prompt_tokens));
+  load.set_step_elapsed_us(static_cast<uint64_t>(absl::ToInt64Microseconds(step_elapsed)));
   const size_t first = steps.size() > 64 ? steps.size() - 64 : 0;
   for (size_t i = first; i < steps.size(); ++i) {
     const StepInfo& st = steps[i];
@@ -47,6 +49,7 @@ v1::LoadSample WorkerStateService::MakeLoad(const SchedulerStats& s,
     t->set_prefill_tokens(static_cast<uint32_t>(st.prefill_tokens));
     t->set_decode_tokens(static_cast<uint32_t>(st.decode_tokens));
     t->set_context_tokens(static_cast<uint64_t>(st.context_tokens));
+    t->set_attended_tokens(static_cast<uint64_t>(st.attended_tokens));
     t->set_duration_us(static_cast<uint64_t>(st.total_seconds * 1e6));
   }
   return load;
@@ -62,10 +65,12 @@ v1::Snapshot WorkerStateService::MakeSnapshot(const EngineLoop::State& state) co
   s.set_free_blocks(static_cast<uint32_t>(state.stats.free_blocks + state.stats.cached_blocks));
   s.set_max_context(static_cast<uint32_t>(loop_->config().max_context));
   s.set_max_running(static_cast<uint32_t>(loop_->max_running()));
+  s.set_max_tokens_per_step(static_cast<uint32_t>(loop_->max_tokens_per_step()));
   for (BlockHash h : state.cache.hashes) s.add_cached_block_hashes(h);
   s.set_last_event_id(state.cache.last_event_id);
   *s.mutable_kv_pool() = info_.kv_pool;
-  *s.mutable_load() = MakeLoad(state.stats, state.recent_steps);
+  // Taken on the engine thread between two steps: none is in progress.
+  *s.mutable_load() = MakeLoad(state.stats, state.recent_steps, absl::ZeroDuration());
   s.set_engine(info_.engine);
   s.set_version(kVersion);
   return s;
@@ -108,7 +113,7 @@ grpc::Status WorkerStateService::WatchState(grpc::ServerContext* context,
       std::vector<StepInfo> steps = loop_->StepsAfter(last_step, &newest);
       last_step = newest;
       v1::WorkerStateUpdate update;
-      *update.mutable_load() = MakeLoad(loop_->stats(), steps);
+      *update.mutable_load() = MakeLoad(loop_->stats(), steps, loop_->StepElapsed());
       if (!writer->Write(update)) break;
       next_load = absl::Now() + interval;
     }

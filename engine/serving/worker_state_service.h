@@ -28,7 +28,9 @@ class WorkerStateService final : public v1::WorkerState::Service {
 
   // The messages it sends, for tests and for workers that report elsewhere.
   v1::Snapshot MakeSnapshot(const EngineLoop::State& state) const;
-  static v1::LoadSample MakeLoad(const SchedulerStats& stats, const std::vector<StepInfo>& steps);
+  // `step_elapsed`: how long the engine step in progress has run (zero between steps).
+  static v1::LoadSample MakeLoad(const SchedulerStats& stats, const std::vector<StepInfo>& steps,
+                                 absl::Duration step_elapsed);
   static v1::KvEvent ToProto(const KvEvent& event);
 
  private:

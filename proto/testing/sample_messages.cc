@@ -85,6 +85,7 @@ v1::StepTiming SampleStepTiming(uint32_t batch_size, uint32_t prefill_tokens) {
   step.set_decode_tokens(batch_size - 1);
   step.set_context_tokens(70000);
   step.set_duration_us(18000);
+  step.set_attended_tokens(70400);
   return step;
 }
 
@@ -220,6 +221,7 @@ v1::LoadSample SampleLoadSample() {
   *load.add_recent_steps() = SampleStepTiming(3, 0);
   load.set_prefix_hit_tokens(uint64_t{1} << 40);
   load.set_prompt_tokens((uint64_t{1} << 41) + 7);
+  load.set_step_elapsed_us(1700000);
   return load;
 }
 
@@ -266,6 +268,7 @@ v1::Snapshot SampleSnapshot() {
   *snapshot.mutable_load() = SampleLoadSample();
   snapshot.set_engine("cpu-avx512");
   snapshot.set_version("0.1.0");
+  snapshot.set_max_tokens_per_step(512);
   return snapshot;
 }
 

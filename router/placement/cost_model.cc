@@ -103,29 +103,37 @@ int64_t PrefillSteps(const PrefillShape& shape) {
   return CeilDiv(std::max<int64_t>(shape.uncached_tokens, 1), PrefillChunkTokens(shape));
 }
 
+namespace {
+
+// Tokens attended to by prompt positions [from, to): sum of (position + 1) = T(to) - T(from),
+// T(n) = n (n + 1) / 2.
+double AttendedTokens(double from, double to) { return (to * (to + 1) - from * (from + 1)) / 2; }
+
+}  // namespace
+
 double PrefillSeconds(const StepProfile& profile, const PrefillShape& shape) {
   const double tokens = static_cast<double>(std::max<int64_t>(shape.uncached_tokens, 1));
-  const double chunk = static_cast<double>(PrefillChunkTokens(shape));
   const double steps = static_cast<double>(PrefillSteps(shape));
   const double decode = static_cast<double>(
       std::clamp<int64_t>(shape.decode_seqs, 0, std::max<int64_t>(shape.token_budget, 1)));
-  // Chunk k (from 0) ends at min((k + 1) * chunk, tokens) past the cached prefix: the sum of the
-  // ends is chunk * K (K - 1) / 2 + tokens.
-  const double sum_of_ends = chunk * steps * (steps - 1) / 2 + tokens;
-  const double fixed_context =
-      static_cast<double>(shape.decode_context_tokens) + static_cast<double>(shape.cached_tokens);
-  return steps * profile.StepSeconds(0, decode, fixed_context) +
-         profile.prefill_token_seconds * tokens + profile.context_token_seconds * sum_of_ends;
+  // However the prompt is chunked, its tokens attend to the positions before them once each.
+  const double cached = static_cast<double>(std::max<int64_t>(shape.cached_tokens, 0));
+  return steps * profile.StepSeconds(0, decode, static_cast<double>(shape.decode_context_tokens)) +
+         profile.prefill_token_seconds * tokens +
+         profile.context_token_seconds * AttendedTokens(cached, cached + tokens);
 }
 
 double QueuedPrefillSeconds(const StepProfile& profile, const PrefillShape& shape) {
   if (shape.uncached_tokens <= 0) return 0;
   const double tokens = static_cast<double>(shape.uncached_tokens);
+  const double prompts = static_cast<double>(
+      std::clamp<int64_t>(shape.queued_prompts, 1, shape.uncached_tokens));
   const double steps = static_cast<double>(PrefillSteps(shape));
   const double decode = static_cast<double>(
       std::clamp<int64_t>(shape.decode_seqs, 0, std::max<int64_t>(shape.token_budget, 1)));
   return steps * profile.StepSeconds(0, decode, static_cast<double>(shape.decode_context_tokens)) +
-         (profile.prefill_token_seconds + profile.context_token_seconds) * tokens;
+         profile.prefill_token_seconds * tokens +
+         profile.context_token_seconds * prompts * AttendedTokens(0, tokens / prompts);
 }
 
 double DecodeStepSeconds(const StepProfile& profile, int64_t batch_size, int64_t context_tokens) {

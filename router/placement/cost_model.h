@@ -7,7 +7,7 @@
 //     absl::Status s = model.Observe({.batch_size = t.batch_size(),
 //                                     .prefill_tokens = t.prefill_tokens(),
 //                                     .decode_tokens = t.decode_tokens(),
-//                                     .context_tokens = static_cast<int64_t>(t.context_tokens()),
+//                                     .context_tokens = static_cast<int64_t>(t.attended_tokens()),
 //                                     .duration_us = static_cast<int64_t>(t.duration_us())});
 //     // A bad observation (negative numbers) is refused and changes nothing: log it, go on.
 //   }
@@ -17,6 +17,10 @@
 //
 //   step_seconds = base + prefill_token * prefill_tokens + decode_token * decode_tokens
 //                       + context_token * context_tokens
+//
+// where context_tokens is the step's attention work: the sum over every token it computed of the
+// context that token attended to. A decode token attends to its whole sequence; a prompt of L
+// tokens attends to L (L + 1) / 2 in all, so prefill time grows with the square of the prompt.
 //
 // with the four coefficients kept >= 0, fitted by least squares whose observations decay by a
 // forgetting factor (so the fit follows a worker that gets slower or faster), regularized towards
@@ -47,7 +51,8 @@ struct StepObservation {
   int64_t prefill_tokens = 0;
   // Tokens decoded in the step (one per decoding sequence).
   int64_t decode_tokens = 0;
-  // Sum over the batch's sequences of the context each attended to (its last position + 1).
+  // Sum over the step's tokens of the context each attended to (its position + 1):
+  // tandem.v1.StepTiming.attended_tokens.
   int64_t context_tokens = 0;
   // Wall time of the step, microseconds.
   int64_t duration_us = 0;
@@ -63,7 +68,7 @@ struct StepProfile {
   double prefill_token_seconds = 0.0002;
   // Per decoding sequence.
   double decode_token_seconds = 0.0005;
-  // Per token of context attended to (summed over the batch).
+  // Per token of context attended to, summed over the step's tokens (StepObservation).
   double context_token_seconds = 1e-8;
 
   // base + prefill_token * prefill + decode_token * decode + context_token * context.
@@ -88,6 +93,9 @@ struct PrefillShape {
   // their context lengths.
   int64_t decode_seqs = 0;
   int64_t decode_context_tokens = 0;
+  // QueuedPrefillSeconds only: how many prompts uncached_tokens belong to (their lengths are not
+  // known, so each counts as the average). <= 1: one prompt.
+  int64_t queued_prompts = 0;
 };
 
 // Tokens of a prompt computed per step beside `shape.decode_seqs` decoding sequences:
@@ -96,12 +104,13 @@ int64_t PrefillChunkTokens(const PrefillShape& shape);
 // Steps the prompt takes: ceil(max(uncached_tokens, 1) / chunk).
 int64_t PrefillSteps(const PrefillShape& shape);
 // Seconds to compute the prompt: the sum over its steps of StepSeconds(chunk, decode tokens,
-// decode context + cached_tokens + the chunk's end position); closed form in docs/slo.md.
+// decode context + the chunk's attention), where the prompt's attention over all its chunks is
+// E (E + 1) / 2 - C (C + 1) / 2 with C = cached_tokens and E = C + uncached_tokens; closed form
+// in docs/slo.md.
 double PrefillSeconds(const StepProfile& profile, const PrefillShape& shape);
-// Seconds to compute `queued_tokens` prompt tokens of other requests queued ahead (reported +
-// placed), chunked as PrefillShape (uncached_tokens = queued_tokens, cached_tokens ignored), with
-// each step's prompt context taken as the chunk itself (queued prompts assumed short and
-// uncached: their lengths are not known). 0 queued: 0 seconds.
+// Seconds to compute `uncached_tokens` prompt tokens of other requests queued ahead (reported +
+// placed), chunked as PrefillShape (cached_tokens ignored): `queued_prompts` prompts of the
+// average length L, uncached, each attending to L (L + 1) / 2. 0 queued: 0 seconds.
 double QueuedPrefillSeconds(const StepProfile& profile, const PrefillShape& shape);
 // Seconds of one decode step of `batch_size` sequences attending to `context_tokens` in all:
 // StepSeconds(0, batch_size, context_tokens).

@@ -114,31 +114,44 @@ TEST(StepPredictionTest, ChunksShareTheBudgetWithDecodeTokens) {
 
 TEST(StepPredictionTest, PrefillIsTheSumOfItsChunkedSteps) {
   // 1000 tokens after 320 cached, beside 12 decoding sequences with 5000 tokens of context, budget
-  // 512: chunks of 500. Step 1: 0.01 + 500e-4 + 12e-3 + 1e-6 * (5000 + 320 + 500) = 0.07782.
-  // Step 2: the same with the chunk ending at 1000: 0.07832.
-  const PrefillShape shape = {.uncached_tokens = 1000,
-                              .cached_tokens = 320,
-                              .token_budget = 512,
-                              .decode_seqs = 12,
-                              .decode_context_tokens = 5000};
-  EXPECT_NEAR(PrefillSeconds(kProfile, shape), 0.07782 + 0.07832, kTight);
-  // One short chunk: 0.01 + 100e-4 + 1e-6 * 100 = 0.0201.
-  EXPECT_NEAR(PrefillSeconds(kProfile, {.uncached_tokens = 100, .token_budget = 512}), 0.0201,
+  // 512: chunks of 500, two steps of 0.01 + 12e-3 + 5000e-6 = 0.027 besides the prompt; its
+  // tokens, 1000 * 1e-4 = 0.1; their attention: positions 320 .. 1319 attend to 321 .. 1320
+  // tokens, (1320 * 1321 - 320 * 321) / 2 = 820500, * 1e-6.
+  PrefillShape shape = {.uncached_tokens = 1000,
+                        .cached_tokens = 320,
+                        .token_budget = 512,
+                        .decode_seqs = 12,
+                        .decode_context_tokens = 5000};
+  EXPECT_NEAR(PrefillSeconds(kProfile, shape), 2 * 0.027 + 0.1 + 0.8205, kTight);
+  // In one chunk the attention is the same: one fixed step less.
+  shape.token_budget = 2000;
+  EXPECT_NEAR(PrefillSeconds(kProfile, shape), 0.027 + 0.1 + 0.8205, kTight);
+  // A prompt twice as long costs four times the attention: 0.01 + 100e-4 + 1e-6 * 100 * 101 / 2,
+  // and 0.01 + 200e-4 + 1e-6 * 200 * 201 / 2.
+  EXPECT_NEAR(PrefillSeconds(kProfile, {.uncached_tokens = 100, .token_budget = 512}), 0.02505,
+              kTight);
+  EXPECT_NEAR(PrefillSeconds(kProfile, {.uncached_tokens = 200, .token_budget = 512}), 0.0501,
               kTight);
   // Nothing uncached: one token, 0.01 + 1e-4 + 1e-6 * (64 + 1).
   EXPECT_NEAR(PrefillSeconds(kProfile, {.cached_tokens = 64, .token_budget = 512}), 0.010165,
               kTight);
 }
 
-TEST(StepPredictionTest, QueuedPromptsCountTheirChunksAsContext) {
+TEST(StepPredictionTest, QueuedPromptsAttendWithinThemselves) {
   // 1000 queued tokens beside 12 decoding sequences: 2 steps of 0.01 + 12e-3 + 5000e-6 fixed, and
-  // 1000 * (1e-4 + 1e-6) for the tokens: 0.054 + 0.101.
-  const PrefillShape shape = {.uncached_tokens = 1000,
-                              .cached_tokens = 999999,  // ignored
-                              .token_budget = 512,
-                              .decode_seqs = 12,
-                              .decode_context_tokens = 5000};
-  EXPECT_NEAR(QueuedPrefillSeconds(kProfile, shape), 0.155, kTight);
+  // 1000 * 1e-4 for the tokens: 0.054 + 0.1. One prompt of 1000 tokens attends to 1000 * 1001 / 2.
+  PrefillShape shape = {.uncached_tokens = 1000,
+                        .cached_tokens = 999999,  // ignored
+                        .token_budget = 512,
+                        .decode_seqs = 12,
+                        .decode_context_tokens = 5000};
+  EXPECT_NEAR(QueuedPrefillSeconds(kProfile, shape), 0.154 + 0.5005, kTight);
+  // Ten prompts of 100 attend to 10 * 100 * 101 / 2.
+  shape.queued_prompts = 10;
+  EXPECT_NEAR(QueuedPrefillSeconds(kProfile, shape), 0.154 + 0.0505, kTight);
+  // More prompts than tokens: a token each.
+  shape.queued_prompts = 5000;
+  EXPECT_NEAR(QueuedPrefillSeconds(kProfile, shape), 0.154 + 0.001, kTight);
   EXPECT_EQ(QueuedPrefillSeconds(kProfile, {.uncached_tokens = 0, .token_budget = 512}), 0);
 }
 
@@ -187,8 +200,9 @@ TEST(StepCostModelTest, ZeroObservationsPredictWithThePrior) {
   EXPECT_EQ(model.profile().decode_token_seconds, kProfile.decode_token_seconds);
   EXPECT_EQ(model.profile().context_token_seconds, kProfile.context_token_seconds);
   EXPECT_NEAR(model.DecodeStepSeconds(10, 20000), 0.04, kTight);
-  EXPECT_NEAR(model.PrefillSeconds({.uncached_tokens = 100, .token_budget = 512}), 0.0201, kTight);
-  EXPECT_NEAR(model.QueuedPrefillSeconds({.uncached_tokens = 100, .token_budget = 512}), 0.0201,
+  EXPECT_NEAR(model.PrefillSeconds({.uncached_tokens = 100, .token_budget = 512}), 0.02505,
+              kTight);
+  EXPECT_NEAR(model.QueuedPrefillSeconds({.uncached_tokens = 100, .token_budget = 512}), 0.02505,
               kTight);
   EXPECT_NEAR(model.StepSeconds(Step(100, 10, 20000, 0)), 0.05, kTight);
 }
@@ -379,15 +393,16 @@ TEST(StepCostModelTest, ResetStartsAgainFromANewPrior) {
 
 // The steps a CPU worker's start-up calibration reported (EngineLoop::Calibrate, SmolLM2-135M on
 // one thread): prefill about 4 ms per prompt token, decode about 5 ms per sequence on a 6 ms base,
-// 20x the built-in profile. CalibrationOptions (a prior of next to no weight, no clipping) fits
+// 20x the built-in profile. A prompt's context is its attention (n (n + 1) / 2 for n tokens; the
+// 64-token step is two prompts of 32). CalibrationOptions (a prior of next to no weight, no clipping) fits
 // them closely at once; the router then starts the worker's model from that profile.
 TEST(StepCostModelTest, FitsACalibrationFarFromThePrior) {
   StepCostModel model = MakeModel(CalibrationOptions());
   const StepObservation steps[] = {
-      Step(32, 0, 32, 0.120028),   Step(0, 1, 33, 0.010895),   Step(0, 1, 34, 0.011006),
-      Step(192, 0, 192, 0.779295), Step(0, 1, 193, 0.013048),  Step(32, 0, 32, 0.121435),
-      Step(0, 4, 36, 0.022722),    Step(0, 4, 40, 0.023333),   Step(0, 4, 44, 0.022854),
-      Step(64, 0, 64, 0.253192),   Step(0, 16, 80, 0.085031),  Step(0, 16, 96, 0.084901),
+      Step(32, 0, 528, 0.120028),     Step(0, 1, 33, 0.010895),  Step(0, 1, 34, 0.011006),
+      Step(192, 0, 18528, 0.779295),  Step(0, 1, 193, 0.013048), Step(32, 0, 528, 0.121435),
+      Step(0, 4, 36, 0.022722),       Step(0, 4, 40, 0.023333),  Step(0, 4, 44, 0.022854),
+      Step(64, 0, 1056, 0.253192),    Step(0, 16, 80, 0.085031), Step(0, 16, 96, 0.084901),
       Step(0, 16, 112, 0.086306),
   };
   for (const StepObservation& s : steps) ASSERT_TRUE(model.Observe(s).ok());

@@ -103,6 +103,7 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
       {"queued_prefill_tokens", w.queued_prefill_tokens},
       {"placed_sequences", w.placed_sequences},
       {"placed_prefill_tokens", w.placed_prefill_tokens},
+      {"placed_prompts", w.placed_prompts},
       {"active_decode_tokens", w.active_decode_tokens},
       {"placed_decode_tokens", w.placed_decode_tokens},
       {"max_tokens_per_step", w.max_tokens_per_step},
@@ -121,6 +122,11 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
       return absl::InvalidArgumentError(absl::StrCat("placement: worker '", w.id, "' has ", name,
                                                      " ", value, " (not finite and > 0)"));
     }
+  }
+  if (!std::isfinite(w.step_elapsed_seconds) || w.step_elapsed_seconds < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("placement: worker '", w.id,
+                                                   "' has step_elapsed_seconds ",
+                                                   w.step_elapsed_seconds, " (not finite and >= 0)"));
   }
   for (const RunningGroup& g : w.running_groups) {
     if (g.tpot_ms < 0 || g.max_tokens < 0) {

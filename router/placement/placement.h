@@ -127,6 +127,8 @@ struct WorkerCandidate {
   // (decode) and prompt tokens (prefill).
   int64_t placed_sequences = 0;
   int64_t placed_prefill_tokens = 0;
+  // Prompts placed_prefill_tokens belong to.
+  int64_t placed_prompts = 0;
   // Hashes of the full blocks the worker's prefix cache holds; nullptr: none. Not owned; must stay
   // valid and unchanged for the duration of a Place call.
   const absl::flat_hash_set<BlockHash>* cached_hashes = nullptr;
@@ -151,6 +153,10 @@ struct WorkerCandidate {
   // streams it decodes. 1: none. Finite, > 0.
   double ttft_correction = 1.0;
   double tpot_correction = 1.0;
+  // How long the worker's engine step in progress has run, seconds (0 between steps): the prompt
+  // tokens it computes still count in queued_prefill_tokens, but that much of them is done.
+  // Finite, >= 0.
+  double step_elapsed_seconds = 0;
   // Tokens per engine step (SchedulerOptions::max_tokens_per_step); 0:
   // PolicyOptions::default_max_tokens_per_step.
   int64_t max_tokens_per_step = 0;

@@ -201,6 +201,9 @@ TEST_P(EveryPolicyTest, InvalidClusterViews) {
       [](WorkerCandidate& w) { w.tpot_correction = -1; },
       [](WorkerCandidate& w) { w.ttft_correction = std::numeric_limits<double>::infinity(); },
       [](WorkerCandidate& w) { w.tpot_correction = std::nan(""); },
+      [](WorkerCandidate& w) { w.placed_prompts = -1; },
+      [](WorkerCandidate& w) { w.step_elapsed_seconds = -0.5; },
+      [](WorkerCandidate& w) { w.step_elapsed_seconds = std::nan(""); },
       [](WorkerCandidate& w) { w.max_tokens_per_step = -1; },
       [](WorkerCandidate& w) { w.kv_bytes_per_token = -1; },
   };

@@ -68,9 +68,11 @@ struct Worker : WorkerCandidate {
     queued_prefill_tokens = tokens;
     return *this;
   }
+  // `sequences` placed here, each with its prompt to prefill here when prefill_tokens > 0.
   Worker& Placed(int64_t sequences, int64_t prefill_tokens) {
     placed_sequences = sequences;
     placed_prefill_tokens = prefill_tokens;
+    placed_prompts = prefill_tokens > 0 ? sequences : 0;
     return *this;
   }
   // The fields the slo policy reads.

@@ -142,6 +142,12 @@ class SloPolicy final : public PolicyBase {
     return w.active_decode_tokens + w.placed_decode_tokens;
   }
 
+  // The prompts the worker's queued prefill tokens belong to: those waiting, those placed, and on
+  // a prefill worker the ones it is computing now (a decode worker's running ones decode).
+  static int64_t QueuedPrompts(const WorkerCandidate& w) {
+    return w.waiting_seqs + w.placed_prompts + (w.role == Role::kPrefill ? w.running_seqs : 0);
+  }
+
   PrefillPrediction PredictPrefill(PlacementContext& ctx, int w) const {
     const WorkerCandidate& worker = ctx.worker(w);
     const StepProfile& profile = ProfileOf(worker);
@@ -149,12 +155,17 @@ class SloPolicy final : public PolicyBase {
     const PrefillShape queued = {.uncached_tokens = PrefillQueue(worker),
                                  .token_budget = BudgetOf(worker),
                                  .decode_seqs = DecodingSeqs(worker),
-                                 .decode_context_tokens = DecodingContext(worker)};
+                                 .decode_context_tokens = DecodingContext(worker),
+                                 .queued_prompts = QueuedPrompts(worker)};
     PrefillShape own = queued;
     own.uncached_tokens = ctx.request().prompt_tokens - cached;
     own.cached_tokens = cached;
+    own.queued_prompts = 0;
     PrefillPrediction p;
-    p.queue_wait = QueuedPrefillSeconds(profile, queued) * worker.ttft_correction;
+    // The step in progress computes part of the queue and has run this long already.
+    p.queue_wait = std::max(
+        QueuedPrefillSeconds(profile, queued) * worker.ttft_correction - worker.step_elapsed_seconds,
+        0.0);
     p.compute = PrefillSeconds(profile, own) * worker.ttft_correction;
     return p;
   }
@@ -165,7 +176,35 @@ class SloPolicy final : public PolicyBase {
     int worker = -1;  // the prefill worker
   };
 
-  // Queue + prefill on `p` + moving the KV that decode worker `d` lacks from `p` to `d`.
+  // The step worker `w` runs next while prompt tokens are queued on it: a chunk of them beside its
+  // decoding sequences (a decode step when none are queued), corrected.
+  double ChunkStepSeconds(const WorkerCandidate& w) const {
+    const StepProfile& profile = ProfileOf(w);
+    const PrefillShape shape = {.uncached_tokens = w.queued_prefill_tokens,
+                                .token_budget = BudgetOf(w),
+                                .decode_seqs = DecodingSeqs(w),
+                                .decode_context_tokens = DecodingContext(w)};
+    if (w.queued_prefill_tokens <= 0) {
+      return DecodeStepSeconds(profile, DecodingSeqs(w), DecodingContext(w)) * w.tpot_correction;
+    }
+    const double chunk =
+        static_cast<double>(std::min(w.queued_prefill_tokens, PrefillChunkTokens(shape)));
+    return profile.StepSeconds(chunk, static_cast<double>(shape.decode_seqs),
+                               static_cast<double>(shape.decode_context_tokens) +
+                                   chunk * (chunk + 1) / 2) *
+           w.ttft_correction;
+  }
+
+  // What is left of the step worker `w` is in (0 between steps).
+  double StepRemaining(const WorkerCandidate& w) const {
+    if (w.step_elapsed_seconds <= 0) return 0;
+    return std::max(ChunkStepSeconds(w) - w.step_elapsed_seconds, 0.0);
+  }
+
+  // The decode worker `d` reserves the prompt's blocks between two of its steps and only then
+  // asks the prefill worker `p`: its step in progress, then queue + prefill on `p`, then moving
+  // the KV that `d` lacks. `d` takes the first token between two of its steps as well: while it
+  // is still computing queued prompts then, half such a step on average.
   Remote RemoteTtft(PlacementContext& ctx, int d, int p, const PrefillPrediction& on_p,
                     double decode_queue_wait) const {
     const WorkerCandidate& decode = ctx.worker(d);
@@ -180,9 +219,9 @@ class SloPolicy final : public PolicyBase {
         bytes * (ctx.cluster().transfers != nullptr
                      ? ctx.cluster().transfers->SecondsPerByte(prefill.id, decode.id)
                      : options().default_transfer_seconds_per_byte);
-    // The decode worker takes the first token between two of its steps: not before the prompt
-    // work queued there (its local prefills) is done.
-    const double ttft = std::max(on_p.queue_wait + on_p.compute + transfer, decode_queue_wait);
+    const double arrival = StepRemaining(decode) + on_p.queue_wait + on_p.compute + transfer;
+    const double boundary = decode_queue_wait > arrival ? ChunkStepSeconds(decode) / 2 : 0.0;
+    const double ttft = arrival + boundary;
     return {.ttft = ttft, .wait = ttft - on_p.compute - transfer, .worker = p};
   }
 

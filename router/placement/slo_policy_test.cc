@@ -60,8 +60,8 @@ Request WithSlo(Request r, int64_t ttft_ms, int64_t tpot_ms) {
 TEST(SloPolicyTest, LocalPrefillOnAnIdleWorkerByHand) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", WithContextCost(1e-6));
   const ClusterView cluster = {.workers = {Worker("d0", Role::kDecode)}};
-  // 1000 tokens in chunks of 512: 2 steps of 10 ms, 1000 * 0.1 ms, and context 1e-6 * (512 +
-  // 1000) for the chunks' ends: TTFT 0.121512. TPOT: one sequence with 1000 tokens of context:
+  // 1000 tokens in chunks of 512: 2 steps of 10 ms, 1000 * 0.1 ms, and their attention,
+  // 1e-6 * 1000 * 1001 / 2: TTFT 0.6205. TPOT: one sequence with 1000 tokens of context:
   // 0.010 + 0.001 + 0.001.
   Decision d = PlaceOrDie(*policy, Prompt(1000), cluster);
   EXPECT_EQ(d.decode_worker, "d0");
@@ -69,24 +69,24 @@ TEST(SloPolicyTest, LocalPrefillOnAnIdleWorkerByHand) {
   EXPECT_EQ(d.reason, PrefillReason::kNoPrefillWorker);
   EXPECT_THAT(d.prefill, IsEmpty());
   EXPECT_TRUE(d.predicted);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.121512, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.6205, kTol);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.012, kTol);
   EXPECT_NEAR(d.predicted_wait_seconds, 0, kTol);
   EXPECT_NEAR(d.ttft_slo_seconds, 1.0, kTol);
   EXPECT_NEAR(d.tpot_slo_seconds, 0.05, kTol);
-  // min((1 - 0.121512) / 1, (0.05 - 0.012) / 0.05) = min(0.878488, 0.76).
-  EXPECT_NEAR(d.headroom, 0.76, kTol);
+  // min((1 - 0.6205) / 1, (0.05 - 0.012) / 0.05) = min(0.3795, 0.76).
+  EXPECT_NEAR(d.headroom, 0.3795, kTol);
   EXPECT_TRUE(d.meets_slo);
 
-  // 20 blocks (320 tokens) cached: 680 to compute after them, still 2 chunks. Each step attends to
-  // the 320 cached tokens: 2 * (0.010 + 320e-6) + 680e-4 + 1e-6 * (512 + 680) = 0.089832. The
+  // 20 blocks (320 tokens) cached: 680 to compute after them, still 2 chunks, attending to the
+  // cached tokens too: 2 * 0.010 + 680e-4 + 1e-6 * (1000 * 1001 - 320 * 321) / 2 = 0.53714. The
   // TPOT still counts the whole prompt as context.
   const absl::flat_hash_set<BlockHash> cache = CachedSet(20);
   const ClusterView cached = {.workers = {Worker("d0", Role::kDecode).Cached(&cache)}};
   d = PlaceOrDie(*policy, Prompt(1000), cached);
   EXPECT_EQ(d.decode_cached_tokens, 320);
   EXPECT_EQ(d.uncached_tokens, 680);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.089832, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.53714, kTol);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.012, kTol);
 }
 
@@ -161,11 +161,11 @@ TEST(SloPolicyTest, LocalUntilItWouldStallTheRunningStreamsThenRemote) {
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
 }
 
-TEST(SloPolicyTest, ARemotePrefillWaitsForTheDecodeWorkersQueuedPrompts) {
+TEST(SloPolicyTest, ARemotePrefillWaitsForTheDecodeWorkersStepBoundaries) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
   // d0 decodes 20 streams of 40 ms and 4 tokens (2 left), which no local prefill may stall by
-  // more than 18 ms; p0 is idle. The first token of a remote prefill comes between two of d0's
-  // steps, after the prompts queued there.
+  // more than 18 ms; p0 is idle. d0 reserves the prompt's blocks between two of its steps before
+  // it asks p0, and takes the first token between two steps.
   const ClusterView cluster = {
       .workers = {Worker("d0", Role::kDecode).Seqs(20).MaxRunning(64).Running(40, 4),
                   Worker("p0", Role::kPrefill)}};
@@ -176,12 +176,43 @@ TEST(SloPolicyTest, ARemotePrefillWaitsForTheDecodeWorkersQueuedPrompts) {
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.021, kTol);
   EXPECT_NEAR(d.predicted_wait_seconds, 0, kTol);
-  // ...but behind 4000 prompt tokens queued on d0 (with 20 decoding: chunks of 492, 9 steps of
-  // 0.030 + 0.4 = 0.67 s) it waits for them, and counts that as waiting.
+  // ...but with 4000 prompt tokens queued on d0 (0.67 s of steps: chunks of 492 beside 20
+  // decoding) d0 is still in them when the KV is in place, and takes the token at its next step
+  // boundary: half a step of 0.010 + 492e-4 + 20e-3 = 0.0792 on average, counted as waiting.
   d = PlaceOrDie(*policy, Prompt(100), queued);
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.67, kTol);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0.67 - 0.021, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.021 + 0.0396, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.0396, kTol);
+  // A step of d0 that has run 0.05 s has 0.0292 s left before d0 can ask p0.
+  queued.workers[0].step_elapsed_seconds = 0.05;
+  d = PlaceOrDie(*policy, Prompt(100), queued);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.0292 + 0.021 + 0.0396, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.0292 + 0.0396, kTol);
+  // One that has run longer than the whole queue's prediction leaves neither a step nor a queue
+  // to wait for (not a negative wait).
+  queued.workers[0].step_elapsed_seconds = 5;
+  d = PlaceOrDie(*policy, Prompt(100), queued);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.021, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0, kTol);
+}
+
+// A step in progress on the worker that prefills is that far into the queue.
+TEST(SloPolicyTest, TheStepInProgressShortensTheQueueWait) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  ClusterView cluster = {.workers = {Worker("d0", Role::kDecode).Queue(4000)}};
+  // Queue: 4000 tokens in chunks of 512, 8 steps: 0.08 + 0.4 = 0.48; the prompt: 0.010 + 0.01.
+  Decision d = PlaceOrDie(*policy, Prompt(100), cluster);
+  EXPECT_TRUE(d.local_prefill);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.48, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.5, kTol);
+  cluster.workers[0].step_elapsed_seconds = 0.03;
+  d = PlaceOrDie(*policy, Prompt(100), cluster);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.45, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.47, kTol);
+  cluster.workers[0].step_elapsed_seconds = 1;
+  d = PlaceOrDie(*policy, Prompt(100), cluster);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.02, kTol);
 }
 
 TEST(SloPolicyTest, LearnedCorrectionsScaleAWorkersPredictions) {
@@ -380,16 +411,17 @@ TEST(SloPolicyTest, CountsLoadTheRouterPlaced) {
           Worker("d0", Role::kDecode).Seqs(2).Placed(2, 1024).Active(3000).PlacedDecode(1000),
       }};
   // Steps carry 4 decode tokens and 4000 tokens of their context: a fixed 0.010 + 0.004 + 0.004.
-  // Queue: 1024 tokens in chunks of 508, 3 steps: 0.054 + 1024 * (1e-4 + 1e-6) = 0.157424.
-  // The prompt: 100 tokens, one step: 0.018 + 0.01 + 1e-6 * 100 = 0.0281.
+  // Queue: 1024 tokens of the 2 placed prompts in chunks of 508, 3 steps: 0.054 + 1024 * 1e-4,
+  // and two prompts of 512 attending to 512 * 513 / 2 each: 0.054 + 0.1024 + 0.262656.
+  // The prompt: 100 tokens, one step: 0.018 + 0.01 + 1e-6 * 100 * 101 / 2 = 0.03305.
   const Decision d = PlaceOrDie(*policy, Prompt(100), cluster);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0.157424, kTol);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.157424 + 0.0281, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.419056, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.419056 + 0.03305, kTol);
   // 5 sequences, 3000 + 1000 + 100 tokens of context: 0.010 + 0.005 + 0.0041.
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.0191, kTol);
-  // min(1 - 0.185524, (0.05 - 0.0191) / 0.05, and the streams, which the queued prompts stall
-  // too: (0.05 - (0.0191 + (0.157424 + 0.0281) / 50)) / 0.05).
-  EXPECT_NEAR(d.headroom, 0.5437904, kTol);
+  // min(1 - 0.452106, (0.05 - 0.0191) / 0.05, and the streams, which the queued prompts stall
+  // too: (0.05 - (0.0191 + (0.419056 + 0.03305) / 50)) / 0.05).
+  EXPECT_NEAR(d.headroom, 0.4371576, kTol);
 }
 
 TEST(SloPolicyTest, ABatchAboveTheTokenBudgetDecodesSlower) {

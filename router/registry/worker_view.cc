@@ -29,6 +29,7 @@ WorkerLoad ToWorkerLoad(const v1::LoadSample& sample) {
       .cached_blocks = sample.cached_blocks(),
       .queued_prefill_tokens = Capped(sample.queued_prefill_tokens()),
       .active_decode_tokens = Capped(sample.active_decode_tokens()),
+      .step_elapsed_us = Capped(sample.step_elapsed_us()),
   };
 }
 
@@ -128,19 +129,21 @@ int64_t WorkerView::CachedPrefixTokens(absl::Span<const BlockHash> hashes) const
   return CachedPrefixLength(hashes) * block_size();
 }
 
-void WorkerView::AddPlaced(int64_t prefill_tokens, int64_t sequences, int64_t decode_tokens) {
-  placed_.prefill_tokens += std::max<int64_t>(prefill_tokens, 0);
-  placed_.sequences += std::max<int64_t>(sequences, 0);
-  placed_.decode_tokens += std::max<int64_t>(decode_tokens, 0);
+void WorkerView::AddPlaced(const PlacedLoad& load) {
+  placed_.prefill_tokens += std::max<int64_t>(load.prefill_tokens, 0);
+  placed_.sequences += std::max<int64_t>(load.sequences, 0);
+  placed_.decode_tokens += std::max<int64_t>(load.decode_tokens, 0);
+  placed_.prompts += std::max<int64_t>(load.prompts, 0);
 }
 
-void WorkerView::RemovePlaced(int64_t prefill_tokens, int64_t sequences, int64_t decode_tokens) {
+void WorkerView::RemovePlaced(const PlacedLoad& load) {
   auto less = [](int64_t total, int64_t amount) {
     return std::max<int64_t>(total - std::max<int64_t>(amount, 0), 0);
   };
-  placed_.prefill_tokens = less(placed_.prefill_tokens, prefill_tokens);
-  placed_.sequences = less(placed_.sequences, sequences);
-  placed_.decode_tokens = less(placed_.decode_tokens, decode_tokens);
+  placed_.prefill_tokens = less(placed_.prefill_tokens, load.prefill_tokens);
+  placed_.sequences = less(placed_.sequences, load.sequences);
+  placed_.decode_tokens = less(placed_.decode_tokens, load.decode_tokens);
+  placed_.prompts = less(placed_.prompts, load.prompts);
 }
 
 int64_t KvBytesPerToken(const v1::KvLayout& layout) {
@@ -190,9 +193,11 @@ std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view) {
       .queued_prefill_tokens = load.queued_prefill_tokens,
       .placed_sequences = view.placed().sequences,
       .placed_prefill_tokens = view.placed().prefill_tokens,
+      .placed_prompts = view.placed().prompts,
       .cached_hashes = &view.cached_hashes(),
       .active_decode_tokens = load.active_decode_tokens,
       .placed_decode_tokens = view.placed().decode_tokens,
+      .max_tokens_per_step = view.max_tokens_per_step(),
       .kv_bytes_per_token = KvBytesPerToken(view.kv_pool().layout()),
   };
 }

@@ -54,6 +54,8 @@ struct WorkerLoad {
   int64_t queued_prefill_tokens = 0;
   // Sum of the context lengths of the decoding sequences, tokens.
   int64_t active_decode_tokens = 0;
+  // How long the engine step in progress had run when the sample was taken; 0 between steps.
+  int64_t step_elapsed_us = 0;
 };
 
 // Load the router placed on a worker and has not seen reported yet. Counted by the router:
@@ -66,6 +68,8 @@ struct PlacedLoad {
   int64_t sequences = 0;
   // Their context when they start decoding (prompt tokens), for the slo policy's TPOT.
   int64_t decode_tokens = 0;
+  // Prompts that prefill_tokens belong to (the slo policy's attention estimate of a queue).
+  int64_t prompts = 0;
 };
 
 class WorkerView {
@@ -104,6 +108,8 @@ class WorkerView {
   int64_t max_context() const { return snapshot_.max_context(); }
   // Largest number of sequences in one batch.
   int64_t max_running() const { return snapshot_.max_running(); }
+  // 0: not reported (an older worker).
+  int64_t max_tokens_per_step() const { return snapshot_.max_tokens_per_step(); }
   const std::string& engine() const { return snapshot_.engine(); }
   const std::string& version() const { return snapshot_.version(); }
   // The worker's KV pool descriptor, kept as sent (empty on prefill-only workers).
@@ -131,8 +137,8 @@ class WorkerView {
   // Router-side load. Add when placing a request here; Remove (the same amounts) when the worker's
   // reports include it or the request is gone. Amounts must be >= 0 (negative ones are ignored);
   // totals never go below 0.
-  void AddPlaced(int64_t prefill_tokens, int64_t sequences, int64_t decode_tokens = 0);
-  void RemovePlaced(int64_t prefill_tokens, int64_t sequences, int64_t decode_tokens = 0);
+  void AddPlaced(const PlacedLoad& load);
+  void RemovePlaced(const PlacedLoad& load);
   // Forgets all placed load (e.g. when the worker was lost and its requests failed over).
   void ClearPlaced() { placed_ = {}; }
   const PlacedLoad& placed() const { return placed_; }

@@ -41,6 +41,7 @@ v1::Snapshot MakeSnapshot(const std::vector<BlockHash>& cached, uint64_t last_ev
   s.set_free_blocks(900);
   s.set_max_context(8192);
   s.set_max_running(32);
+  s.set_max_tokens_per_step(256);
   for (BlockHash h : cached) s.add_cached_block_hashes(h);
   s.set_last_event_id(last_event_id);
   v1::KvPoolDescriptor* pool = s.mutable_kv_pool();
@@ -119,6 +120,7 @@ v1::WorkerStateUpdate Load(uint32_t running, uint32_t waiting, uint64_t queued_t
   step->set_duration_us(1500);
   load->set_prefix_hit_tokens(77);
   load->set_prompt_tokens(1000);
+  load->set_step_elapsed_us(250000);
   return u;
 }
 
@@ -358,6 +360,7 @@ TEST(WorkerViewTest, LoadSampleReplacesTheLoad) {
   EXPECT_EQ(load.cached_blocks, 10);
   EXPECT_EQ(load.queued_prefill_tokens, 3000);
   EXPECT_EQ(load.active_decode_tokens, 4096);
+  EXPECT_EQ(load.step_elapsed_us, 250000);
   EXPECT_EQ(view.free_blocks(), 700);
   ASSERT_EQ(view.last_load_sample().recent_steps_size(), 1);
   EXPECT_EQ(view.last_load_sample().recent_steps(0).duration_us(), 1500u);
@@ -374,24 +377,29 @@ TEST(WorkerViewTest, PlacedLoadAccounting) {
   WorkerView view = ViewAfterSnapshot({}, 0);
   EXPECT_EQ(view.placed().prefill_tokens, 0);
   EXPECT_EQ(view.placed().sequences, 0);
-  view.AddPlaced(1000, 1);
-  view.AddPlaced(500, 1);
+  view.AddPlaced({.prefill_tokens = 1000, .sequences = 1, .decode_tokens = 1000, .prompts = 1});
+  view.AddPlaced({.prefill_tokens = 500, .sequences = 1, .prompts = 1});
   EXPECT_EQ(view.placed().prefill_tokens, 1500);
   EXPECT_EQ(view.placed().sequences, 2);
-  view.RemovePlaced(1000, 1);
+  EXPECT_EQ(view.placed().decode_tokens, 1000);
+  EXPECT_EQ(view.placed().prompts, 2);
+  view.RemovePlaced({.prefill_tokens = 1000, .sequences = 1, .decode_tokens = 1000, .prompts = 1});
   EXPECT_EQ(view.placed().prefill_tokens, 500);
   EXPECT_EQ(view.placed().sequences, 1);
+  EXPECT_EQ(view.placed().decode_tokens, 0);
+  EXPECT_EQ(view.placed().prompts, 1);
   // Clamped at 0.
-  view.RemovePlaced(800, 5);
+  view.RemovePlaced({.prefill_tokens = 800, .sequences = 5, .prompts = 3});
   EXPECT_EQ(view.placed().prefill_tokens, 0);
   EXPECT_EQ(view.placed().sequences, 0);
+  EXPECT_EQ(view.placed().prompts, 0);
   // Negative amounts are ignored.
-  view.AddPlaced(-5, -1);
-  view.RemovePlaced(-5, -1);
+  view.AddPlaced({.prefill_tokens = -5, .sequences = -1});
+  view.RemovePlaced({.prefill_tokens = -5, .sequences = -1});
   EXPECT_EQ(view.placed().prefill_tokens, 0);
   EXPECT_EQ(view.placed().sequences, 0);
   // The router's own count survives snapshots and load samples; ClearPlaced forgets it.
-  view.AddPlaced(300, 2);
+  view.AddPlaced({.prefill_tokens = 300, .sequences = 2});
   ASSERT_TRUE(view.Apply(SnapshotUpdate(MakeSnapshot({}, 0))).ok());
   ASSERT_TRUE(view.Apply(Load(1, 1, 1)).ok());
   EXPECT_EQ(view.placed().prefill_tokens, 300);
@@ -400,7 +408,7 @@ TEST(WorkerViewTest, PlacedLoadAccounting) {
   EXPECT_EQ(view.placed().sequences, 0);
   // Placed load works before any snapshot too.
   WorkerView fresh;
-  fresh.AddPlaced(10, 1);
+  fresh.AddPlaced({.prefill_tokens = 10, .sequences = 1});
   EXPECT_EQ(fresh.placed().sequences, 1);
 }
 
@@ -495,7 +503,7 @@ TEST(ToCandidateTest, MapsRoleLoadAndCache) {
   for (const auto& c : cases) {
     WorkerView view;
     ASSERT_TRUE(view.Apply(SnapshotUpdate(MakeSnapshot({1, 2}, 0, c.role))).ok());
-    view.AddPlaced(700, 2);
+    view.AddPlaced({.prefill_tokens = 700, .sequences = 2, .prompts = 2});
     std::optional<placement::WorkerCandidate> candidate = ToCandidate(view);
     ASSERT_EQ(candidate.has_value(), c.expected.has_value()) << c.role;
     if (!candidate) continue;
@@ -508,6 +516,8 @@ TEST(ToCandidateTest, MapsRoleLoadAndCache) {
     EXPECT_EQ(candidate->queued_prefill_tokens, 512);
     EXPECT_EQ(candidate->placed_sequences, 2);
     EXPECT_EQ(candidate->placed_prefill_tokens, 700);
+    EXPECT_EQ(candidate->placed_prompts, 2);
+    EXPECT_EQ(candidate->max_tokens_per_step, 256);
     EXPECT_EQ(candidate->cached_hashes, &view.cached_hashes());
   }
 }
@@ -546,12 +556,12 @@ TEST(ToCandidateTest, KvAwarePlacementOverViews) {
   EXPECT_EQ(d->prefill[0].cached_tokens, 640);
   EXPECT_EQ(d->prefill[1].worker_id, "p0");
   // The router's own placements on p1 (800 tokens) outweigh its 480-token lead over p0.
-  views[2]->AddPlaced(800, 1);
+  views[2]->AddPlaced({.prefill_tokens = 800, .sequences = 1});
   d = (*policy)->Place(request, cluster());
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->prefill[0].worker_id, "p0");
   // p1 evicts its blocks: its credit goes.
-  views[2]->RemovePlaced(800, 1);
+  views[2]->RemovePlaced({.prefill_tokens = 800, .sequences = 1});
   std::vector<BlockHash> evicted(prompt.begin(), prompt.begin() + 40);
   ASSERT_TRUE(views[2]->Apply(Events({Removed(1, evicted)})).ok());
   d = (*policy)->Place(request, cluster());

@@ -45,6 +45,8 @@ struct Registry::Worker {
     int64_t receipt_tokens = 0;
   };
   absl::flat_hash_map<uint64_t, Pending> pending;
+  // When the router received the worker's last load sample (its clock, not the worker's).
+  absl::Time load_received_at = absl::InfinitePast();
   // LoadSample.prompt_tokens at the last sample; -1 before the first.
   int64_t received_prompt_tokens = -1;
   // The requests decoding here that the router placed (until Release), counted by (TPOT
@@ -90,10 +92,13 @@ void ObserveSteps(const v1::LoadSample& sample, placement::StepCostModel& model)
     // A step that computed nothing (an older worker reported those while it waited for remote
     // KV) says nothing about step costs and would pull the fit's base towards 0.
     if (t.batch_size() == 0) continue;
+    // The model's attention term is per token attended (a prompt's grows with its square);
+    // workers that predate attended_tokens report the per-sequence sum only.
+    const uint64_t attended = t.attended_tokens() > 0 ? t.attended_tokens() : t.context_tokens();
     const absl::Status s = model.Observe({.batch_size = t.batch_size(),
                                           .prefill_tokens = t.prefill_tokens(),
                                           .decode_tokens = t.decode_tokens(),
-                                          .context_tokens = static_cast<int64_t>(t.context_tokens()),
+                                          .context_tokens = static_cast<int64_t>(attended),
                                           .duration_us = static_cast<int64_t>(t.duration_us())});
     if (!s.ok()) LOG(WARNING) << "a step timing was refused: " << s;
   }
@@ -161,6 +166,7 @@ void Registry::Watch(Worker* w) {
         context.TryCancel();
         break;
       }
+      if (update.has_load() || update.has_snapshot()) w->load_received_at = absl::Now();
       if (update.has_load()) {
         ObserveSteps(update.load(), w->cost);
         ExpireReported(w, static_cast<int64_t>(update.load().prompt_tokens()), absl::Now());
@@ -253,6 +259,7 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
                                       const placement::Request& request,
                                       const absl::flat_hash_set<std::string>& avoid) {
   absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
   placement::ClusterView view;
   absl::flat_hash_map<std::string, Worker*> by_id;
   for (auto& [address, w] : workers_) {
@@ -264,6 +271,12 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
     c.cost_model = &w->cost;
     c.ttft_correction = w->ttft.factor();
     c.tpot_correction = w->tpot.factor();
+    // The step the worker was in at its last sample has gone on since (if it has ended, the next
+    // sample says so within load_interval).
+    if (const int64_t elapsed_us = w->view.load().step_elapsed_us; elapsed_us > 0) {
+      c.step_elapsed_seconds = static_cast<double>(elapsed_us) * 1e-6 +
+                               std::max(absl::ToDoubleSeconds(now - w->load_received_at), 0.0);
+    }
     for (const auto& [group, count] : w->running_groups) {
       c.running_groups.push_back({.tpot_ms = group.first, .max_tokens = group.second});
     }
@@ -280,21 +293,22 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
   route.decode_address = decode->address;
   route.placed_prefill_tokens = decision->local_prefill ? decision->uncached_tokens : 0;
   route.placed_decode_tokens = request.prompt_tokens;
-  const absl::Time now = absl::Now();
   auto count = [&](Worker* w, uint64_t key, const PlacedLoad& load, int64_t receipt_tokens = 0) {
-    w->view.AddPlaced(load.prefill_tokens, load.sequences, load.decode_tokens);
+    w->view.AddPlaced(load);
     w->pending[key] = {.placed_at = now, .load = load, .receipt_tokens = receipt_tokens};
   };
   count(decode, DecodeKey(route.serial), {.prefill_tokens = route.placed_prefill_tokens,
                  .sequences = 1,
-                 .decode_tokens = route.placed_decode_tokens});
+                 .decode_tokens = route.placed_decode_tokens,
+                 .prompts = decision->local_prefill ? 1 : 0});
   for (const placement::PrefillChoice& p : decision->prefill) {
     Worker* w = by_id.at(p.worker_id);
     route.prefill.emplace_back(p.worker_id, w->address);
   }
   if (!route.prefill.empty()) {
     count(by_id.at(route.prefill[0].first), PrefillKey(route.serial),
-          {.prefill_tokens = decision->uncached_tokens}, std::max<int64_t>(request.prompt_tokens, 1));
+          {.prefill_tokens = decision->uncached_tokens, .prompts = 1},
+          std::max<int64_t>(request.prompt_tokens, 1));
   }
   route.tpot_ms = decision->predicted ? static_cast<int64_t>(decision->tpot_slo_seconds * 1e3)
                                       : request.slo.tpot_ms;
@@ -328,8 +342,7 @@ void Registry::ExpireReported(Worker* w, int64_t received_prompt_tokens, absl::T
   }
   for (auto it = w->pending.begin(); it != w->pending.end();) {
     if (it->second.receipt_tokens == 0 && it->second.placed_at + options_.report_lag <= now) {
-      const PlacedLoad& l = it->second.load;
-      w->view.RemovePlaced(l.prefill_tokens, l.sequences, l.decode_tokens);
+      w->view.RemovePlaced(it->second.load);
       w->pending.erase(it++);
     } else {
       ++it;
@@ -343,10 +356,11 @@ void Registry::Uncount(Worker* w, uint64_t key, bool prompt_only) {
   if (it == w->pending.end()) return;
   PlacedLoad& l = it->second.load;
   if (prompt_only) {
-    w->view.RemovePlaced(l.prefill_tokens, 0, 0);
+    w->view.RemovePlaced({.prefill_tokens = l.prefill_tokens, .prompts = l.prompts});
     l.prefill_tokens = 0;
+    l.prompts = 0;
   } else {
-    w->view.RemovePlaced(l.prefill_tokens, l.sequences, l.decode_tokens);
+    w->view.RemovePlaced(l);
     w->pending.erase(it);
   }
 }

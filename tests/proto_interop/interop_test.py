@@ -124,7 +124,7 @@ def generate_response(g):
 def step_timing(g, batch_size, prefill_tokens):
     return g.worker.StepTiming(batch_size=batch_size, prefill_tokens=prefill_tokens,
                                decode_tokens=batch_size - 1, context_tokens=70000,
-                               duration_us=18000)
+                               duration_us=18000, attended_tokens=70400)
 
 
 def load_sample(g):
@@ -132,7 +132,7 @@ def load_sample(g):
         timestamp_us=1733140000123456, running_seqs=3, waiting_seqs=2, free_blocks=900,
         used_blocks=124, cached_blocks=300, queued_prefill_tokens=4096, active_decode_tokens=12000,
         recent_steps=[step_timing(g, 4, 512), step_timing(g, 3, 0)],
-        prefix_hit_tokens=1 << 40, prompt_tokens=(1 << 41) + 7)
+        prefix_hit_tokens=1 << 40, prompt_tokens=(1 << 41) + 7, step_elapsed_us=1700000)
 
 
 def kv_pool(g):
@@ -158,7 +158,7 @@ def worker_state_snapshot(g):
         worker_id="decode-1", role=pb.ROLE_DECODE, model_id=MODEL, block_size=16,
         total_blocks=1024, free_blocks=900, max_context=8192, max_running=64,
         cached_block_hashes=[HASH_A, HASH_B, HASH_C], last_event_id=41, kv_pool=kv_pool(g),
-        load=load_sample(g), engine="cpu-avx512", version="0.1.0"))
+        load=load_sample(g), engine="cpu-avx512", version="0.1.0", max_tokens_per_step=512))
 
 
 def worker_state_kv_events(g):
