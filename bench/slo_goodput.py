@@ -80,6 +80,36 @@ def prediction_errors(run):
     return medians(ttft), medians(tpot), len(ttft)
 
 
+def hindsight_tpot_floor(run):
+    """What a TPOT predictor that knew the future would still miss: per request, the mean number
+    of streams its decode worker decoded while it did (itself included) and the prompt tokens that
+    worker computed locally meanwhile (other requests' first tokens there), from the run's own
+    timings; TPOT = a + b * batch + c * local_prompt_tokens / (tokens - 1), fitted to the run by
+    least squares. Returns the median relative |error| of that fit, or None. Not a causal
+    predictor: a lower bound on what the step model could reach with these inputs on this host."""
+    rows = []
+    for rate in run["rates"]:
+        done = [r for r in rate["requests"] if r.get("ok") and r.get("tpot_ms")
+                and r.get("ttft_ms") is not None and (r.get("output_tokens") or 0) > 1]
+        spans = [(r, r["sent_s"] + r["ttft_ms"] / 1000, r["sent_s"] + r["e2e_ms"] / 1000)
+                 for r in done]
+        for r, first, end in spans:
+            if end <= first:
+                continue
+            others = [(o, f, e) for o, f, e in spans
+                      if o is not r and o.get("decode_worker") == r.get("decode_worker")]
+            batch = 1 + sum(max(0.0, min(e, end) - max(f, first)) for _, f, e in others) / (end - first)
+            local = sum(o.get("prompt_tokens") or 0 for o, f, _ in others
+                        if o.get("prefill_worker") == o.get("decode_worker") and first < f < end)
+            rows.append((batch, local / (r["output_tokens"] - 1), r["tpot_ms"]))
+    if len(rows) < 10:
+        return None
+    x = numpy.array([[1.0, b, p] for b, p, _ in rows])
+    y = numpy.array([t for _, _, t in rows])
+    coef = numpy.linalg.lstsq(x, y, rcond=None)[0]
+    return float(numpy.median(numpy.abs(y - x @ coef) / y))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default=str(ROOT / "build" / "release" / "bin"))
@@ -128,6 +158,11 @@ def main():
                   f"(bias): TTFT {ttft_bias * 100:+.0f}%, TPOT {tpot_bias * 100:+.0f}% "
                   f"({'within' if max(abs(ttft_bias), abs(tpot_bias)) <= 0.2 else 'beyond'} "
                   "+-20%)")
+            floor = hindsight_tpot_floor(runs["slo"])
+            if floor is not None:
+                print(f"  TPOT with hindsight (each stream's true mean batch and the prompts its "
+                      f"worker computed meanwhile, fitted to this run): median |error| "
+                      f"{floor * 100:.0f}%")
     print(f"\nresults and plots: {out}")
 
 

@@ -176,28 +176,30 @@ class SloPolicy final : public PolicyBase {
     int worker = -1;  // the prefill worker
   };
 
-  // The step worker `w` runs next while prompt tokens are queued on it: a chunk of them beside its
-  // decoding sequences (a decode step when none are queued), corrected.
+  // The step worker `w` runs while prompt tokens are queued on it (reported or placed): a chunk of
+  // them beside its decoding sequences (a decode step when none are queued), corrected.
   double ChunkStepSeconds(const WorkerCandidate& w) const {
     const StepProfile& profile = ProfileOf(w);
-    const PrefillShape shape = {.uncached_tokens = w.queued_prefill_tokens,
+    const int64_t queued = PrefillQueue(w);
+    const PrefillShape shape = {.uncached_tokens = queued,
                                 .token_budget = BudgetOf(w),
                                 .decode_seqs = DecodingSeqs(w),
                                 .decode_context_tokens = DecodingContext(w)};
-    if (w.queued_prefill_tokens <= 0) {
+    if (queued <= 0) {
       return DecodeStepSeconds(profile, DecodingSeqs(w), DecodingContext(w)) * w.tpot_correction;
     }
-    const double chunk =
-        static_cast<double>(std::min(w.queued_prefill_tokens, PrefillChunkTokens(shape)));
+    const double chunk = static_cast<double>(std::min(queued, PrefillChunkTokens(shape)));
     return profile.StepSeconds(chunk, static_cast<double>(shape.decode_seqs),
                                static_cast<double>(shape.decode_context_tokens) +
                                    chunk * (chunk + 1) / 2) *
            w.ttft_correction;
   }
 
-  // What is left of the step worker `w` is in (0 between steps).
+  // How long until worker `w` is between two steps: with prompt tokens queued on it, what is left
+  // of a chunk's step (the one in progress, or one about to start: a prompt placed or queued is
+  // taken at the next step); with none, a decode step's few milliseconds, taken as 0.
   double StepRemaining(const WorkerCandidate& w) const {
-    if (w.step_elapsed_seconds <= 0) return 0;
+    if (PrefillQueue(w) <= 0) return 0;
     return std::max(ChunkStepSeconds(w) - w.step_elapsed_seconds, 0.0);
   }
 

@@ -177,13 +177,14 @@ TEST(SloPolicyTest, ARemotePrefillWaitsForTheDecodeWorkersStepBoundaries) {
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.021, kTol);
   EXPECT_NEAR(d.predicted_wait_seconds, 0, kTol);
   // ...but with 4000 prompt tokens queued on d0 (0.67 s of steps: chunks of 492 beside 20
-  // decoding) d0 is still in them when the KV is in place, and takes the token at its next step
-  // boundary: half a step of 0.010 + 492e-4 + 20e-3 = 0.0792 on average, counted as waiting.
+  // decoding) d0 asks p0 only after a chunk's step of 0.010 + 492e-4 + 20e-3 = 0.0792, is still in
+  // its queue when the KV is in place, and takes the token at its next step boundary: half such a
+  // step on average. The steps count as waiting.
   d = PlaceOrDie(*policy, Prompt(100), queued);
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.021 + 0.0396, kTol);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0.0396, kTol);
-  // A step of d0 that has run 0.05 s has 0.0292 s left before d0 can ask p0.
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.0792 + 0.021 + 0.0396, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.0792 + 0.0396, kTol);
+  // A step of d0 that has run 0.05 s has 0.0292 s left.
   queued.workers[0].step_elapsed_seconds = 0.05;
   d = PlaceOrDie(*policy, Prompt(100), queued);
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.0292 + 0.021 + 0.0396, kTol);
@@ -277,12 +278,13 @@ TEST(SloPolicyTest, ALongLocalPrefillLeavesADecodeWorkerFreeForTheNextArrivals) 
                  {.workers = {Worker("d0", Role::kDecode), Worker("d1", Role::kDecode), busy_p0}});
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.6, kTol);
-  // Both with prompts queued: neither may hold its steps that long; the prefill worker, late.
+  // Both with prompts queued: neither may hold its steps that long; the prefill worker, late,
+  // after the decode worker's step of a 512-token chunk (0.010 + 0.0512) that it asks p0 after.
   d = PlaceOrDie(*policy, Prompt(5000),
                  {.workers = {Worker("d0", Role::kDecode).Queue(600),
                               Worker("d1", Role::kDecode).Queue(600), busy_p0}});
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 3.05, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.0612 + 3.05, kTol);
   EXPECT_FALSE(d.meets_slo);
   // A short prompt holds nobody long: local on either (100 tokens, 0.02 s, + 0.08 on d1).
   d = PlaceOrDie(*policy, Prompt(100),
@@ -300,10 +302,11 @@ TEST(SloPolicyTest, LocalWhenTheRemoteMissesAndTheDecodeWorkersQueueIsShorterTha
   // idle; its only extra cost is the transfer, 10 us a token.
   const ClusterView cluster = {
       .workers = {Worker("d0", Role::kDecode).Queue(1000), Worker("p0", Role::kPrefill)}};
-  // 1024 tokens: local 0.12 + 2 * 0.010 + 0.1024 = 0.2424; remote 0.1224 + 0.01024 = 0.13264.
+  // 1024 tokens: local 0.12 + 2 * 0.010 + 0.1024 = 0.2424; remote, after d0's step of a
+  // 512-token chunk (0.0612), 0.0612 + 0.1224 + 0.01024 = 0.19384 (d0's queue is done by then).
   Decision d = PlaceOrDie(*policy, Prompt(1024), cluster);
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.13264, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.19384, kTol);
   // 16000 tokens: remote 2.08 would not keep half of the 2.5 s objective, and the transfer (0.16)
   // now costs more than the queue (0.12): local, 0.12 + 32 * 0.010 + 1.6 = 2.04 (d0 is the only
   // decode worker, so its long local prefill makes no arrival wait that could go elsewhere).
