@@ -11,8 +11,10 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "router/placement/placement.h"
@@ -34,6 +36,24 @@ std::vector<PriorityClass> DefaultPriorityClasses() {
       {.min_priority = 0, .admit_headroom = 0.0, .max_queued = 128},
       {.min_priority = 1, .admit_headroom = -0.25, .max_queued = 128},
   };
+}
+
+absl::StatusOr<std::vector<PriorityClass>> ParsePriorityClasses(absl::string_view spec) {
+  if (spec.empty()) return DefaultPriorityClasses();
+  std::vector<PriorityClass> classes;
+  for (absl::string_view item : absl::StrSplit(spec, ',')) {
+    const std::vector<absl::string_view> fields = absl::StrSplit(item, ':');
+    PriorityClass c;
+    if (fields.size() != 3 || !absl::SimpleAtoi(fields[0], &c.min_priority) ||
+        !absl::SimpleAtod(fields[1], &c.admit_headroom) ||
+        !absl::SimpleAtoi(fields[2], &c.max_queued)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "priority class ", classes.size() + 1, " '", item,
+          "' is not MIN_PRIORITY:ADMIT_HEADROOM:MAX_QUEUED (e.g. 0:0.1:128)"));
+    }
+    classes.push_back(c);
+  }
+  return classes;
 }
 
 absl::string_view OutcomeName(Outcome outcome) {

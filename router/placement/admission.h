@@ -88,6 +88,12 @@ struct PriorityClass {
 // queues 128.
 std::vector<PriorityClass> DefaultPriorityClasses();
 
+// Priority classes from a flag: "MIN_PRIORITY:ADMIT_HEADROOM:MAX_QUEUED" per class, comma-separated,
+// e.g. "-1:0.2:32,0:0:128,1:-0.25:128" (the defaults). Empty: DefaultPriorityClasses().
+// INVALID_ARGUMENT naming the class for a malformed one; the rest (order, ranges) is checked by
+// Admission::Create.
+absl::StatusOr<std::vector<PriorityClass>> ParsePriorityClasses(absl::string_view spec);
+
 struct AdmissionOptions {
   // Not empty, min_priority strictly increasing.
   std::vector<PriorityClass> classes = DefaultPriorityClasses();

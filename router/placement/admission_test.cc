@@ -93,6 +93,44 @@ TEST(AdmissionTest, NamesAndDefaults) {
   EXPECT_TRUE(Admission::Create({}).ok());
 }
 
+// The router's --priority_classes: the defaults when empty, classes as written otherwise, and a
+// clear error naming the class that does not parse; order and ranges are Create's to check.
+TEST(AdmissionTest, ParsesPriorityClassesFromAFlag) {
+  absl::StatusOr<std::vector<PriorityClass>> classes = ParsePriorityClasses("");
+  ASSERT_TRUE(classes.ok()) << classes.status();
+  ASSERT_EQ(classes->size(), DefaultPriorityClasses().size());
+  for (size_t i = 0; i < classes->size(); ++i) {
+    EXPECT_EQ((*classes)[i].min_priority, DefaultPriorityClasses()[i].min_priority);
+    EXPECT_EQ((*classes)[i].admit_headroom, DefaultPriorityClasses()[i].admit_headroom);
+    EXPECT_EQ((*classes)[i].max_queued, DefaultPriorityClasses()[i].max_queued);
+  }
+  classes = ParsePriorityClasses("-5:0.3:8,2:-0.1:0");
+  ASSERT_TRUE(classes.ok()) << classes.status();
+  ASSERT_EQ(classes->size(), 2u);
+  EXPECT_EQ((*classes)[0].min_priority, -5);
+  EXPECT_EQ((*classes)[0].admit_headroom, 0.3);
+  EXPECT_EQ((*classes)[0].max_queued, 8);
+  EXPECT_EQ((*classes)[1].min_priority, 2);
+  EXPECT_EQ((*classes)[1].admit_headroom, -0.1);
+  EXPECT_EQ((*classes)[1].max_queued, 0);
+  AdmissionOptions options;
+  options.classes = *classes;
+  EXPECT_TRUE(Admission::Create(options).ok());
+  for (const char* bad : {"0:0.1", "0:0.1:8:9", "x:0.1:8", "0:high:8", "0:0.1:1.5", "0:0.1:8,",
+                          ",0:0.1:8"}) {
+    classes = ParsePriorityClasses(bad);
+    EXPECT_EQ(classes.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(classes.status().message(), HasSubstr("MIN_PRIORITY:ADMIT_HEADROOM:MAX_QUEUED"))
+        << bad;
+  }
+  EXPECT_THAT(ParsePriorityClasses("0:0:8,1:x:8").status().message(), HasSubstr("class 2"));
+  // Parsed, but out of order: Create refuses it.
+  classes = ParsePriorityClasses("1:0:8,0:0:8");
+  ASSERT_TRUE(classes.ok());
+  options.classes = *classes;
+  EXPECT_EQ(Admission::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(AdmissionTest, RejectsInvalidOptions) {
   std::vector<AdmissionOptions> bad(11, Options());
   bad[0].classes.clear();

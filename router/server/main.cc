@@ -45,6 +45,11 @@ ABSL_FLAG(double, remote_prefill_headroom, 0.5,
 ABSL_FLAG(int64_t, max_queued, 256,
           "slo: requests that may wait in the admission queue at once (0: refuse instead)");
 ABSL_FLAG(int64_t, max_queue_ms, 5000, "slo: longest a request waits in the admission queue, ms");
+ABSL_FLAG(std::string, priority_classes, "",
+          "slo: admission classes by request priority, MIN_PRIORITY:ADMIT_HEADROOM:MAX_QUEUED, "
+          "comma-separated and ascending; a request is admitted at once when its predicted "
+          "headroom is at least ADMIT_HEADROOM (empty: -1:0.2:32,0:0:128,1:-0.25:128, "
+          "docs/slo.md)");
 
 ABSL_FLAG(int64_t, local_prefill_threshold, 256,
           "Prefill on the decode worker when at most this many prompt tokens are not cached there");
@@ -103,6 +108,12 @@ absl::Status Run() {
   options.policy_options.remote_prefill_headroom = absl::GetFlag(FLAGS_remote_prefill_headroom);
   options.admission.max_queued = absl::GetFlag(FLAGS_max_queued);
   options.admission.max_queue_time = absl::Milliseconds(absl::GetFlag(FLAGS_max_queue_ms));
+  absl::StatusOr<std::vector<placement::PriorityClass>> classes =
+      placement::ParsePriorityClasses(absl::GetFlag(FLAGS_priority_classes));
+  if (!classes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--priority_classes: ", classes.status().message()));
+  }
+  options.admission.classes = *std::move(classes);
   if (options.max_migrations < 0) return absl::InvalidArgumentError("--max_migrations must be >= 0");
   options.policy_options.local_prefill_threshold_tokens =
       absl::GetFlag(FLAGS_local_prefill_threshold);
