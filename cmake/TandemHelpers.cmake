@@ -79,12 +79,14 @@ function(tandem_binary)
 endfunction()
 
 #   tandem_py_test(NAME <name> SCRIPT <file.py> [ENV <VAR=value...>] [LABELS <labels...>]
-#                  [TIMEOUT <seconds>])
+#                  [TIMEOUT <seconds>] [SERIAL])
 #     A pytest file run by the project's Python environment (TANDEM_PYTHON, made by
 #     scripts/setup.sh). TANDEM_BIN_DIR, TANDEM_SOURCE_DIR and TANDEM_BUILD_DIR are set for it.
+#     SERIAL: ctest runs it alone (a test that holds a cluster to latency objectives measures
+#     nothing while other tests take the same cores).
 #     When that Python is missing the test is still registered and fails with a message saying so.
 function(tandem_py_test)
-  cmake_parse_arguments(ARG "" "NAME;SCRIPT;TIMEOUT" "ENV;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "SERIAL" "NAME;SCRIPT;TIMEOUT" "ENV;LABELS" ${ARGN})
   if(NOT TANDEM_BUILD_TESTS)
     return()
   endif()
@@ -107,4 +109,7 @@ function(tandem_py_test)
     LABELS "${ARG_LABELS};python"
     TIMEOUT ${ARG_TIMEOUT}
     ENVIRONMENT "TANDEM_BIN_DIR=${PROJECT_BINARY_DIR}/bin;TANDEM_SOURCE_DIR=${PROJECT_SOURCE_DIR};TANDEM_BUILD_DIR=${PROJECT_BINARY_DIR};PYTHONDONTWRITEBYTECODE=1;${ARG_ENV}")
+  if(ARG_SERIAL)
+    set_tests_properties(${ARG_NAME} PROPERTIES RUN_SERIAL TRUE)
+  endif()
 endfunction()
