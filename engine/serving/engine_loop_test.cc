@@ -23,6 +23,13 @@ struct EngineLoopTestPeer {
   static void Post(EngineLoop& loop, absl::AnyInvocable<void(LocalEngine*) &&> task) {
     loop.Post(std::move(task));
   }
+  // Returns once the engine thread has finished its current step and run a task after it: the
+  // step that delivered a request's last token is then recorded and its counters published.
+  static void WaitForStepBoundary(EngineLoop& loop) {
+    absl::Notification reached;
+    loop.Post([&](LocalEngine*) { reached.Notify(); });
+    reached.WaitForNotification();
+  }
 };
 
 namespace {
@@ -282,10 +289,7 @@ TEST(EngineLoopTest, WaitingForRemoteKvMakesNoStepsAndSpendsNoCpu) {
   const std::vector<int32_t> tokens = stream.Wait();
   ASSERT_EQ(tokens.size(), 3u);
   EXPECT_EQ(tokens[0], 42);  // the peer's first token, then two decoded here
-  // The step that sent the last token is recorded once the engine thread runs the next task.
-  absl::Notification recorded;
-  EngineLoopTestPeer::Post(*loop, [&](LocalEngine*) { recorded.Notify(); });
-  recorded.WaitForNotification();
+  EngineLoopTestPeer::WaitForStepBoundary(*loop);
   uint64_t after = 0;
   EXPECT_EQ(loop->StepsAfter(before, &after).size(), 2u);
 }
@@ -308,10 +312,7 @@ TEST(EngineLoopTest, StepElapsedRunsDuringAStepOnly) {
   EXPECT_GT(seen, absl::ZeroDuration());
   EXPECT_LT(seen, absl::Seconds(20));
   stream.Wait();
-  // The step that sent the last token has ended once the engine thread runs the next task.
-  absl::Notification idle;
-  EngineLoopTestPeer::Post(*loop, [&](LocalEngine*) { idle.Notify(); });
-  idle.WaitForNotification();
+  EngineLoopTestPeer::WaitForStepBoundary(*loop);
   EXPECT_EQ(loop->StepElapsed(), absl::ZeroDuration());
 }
 
@@ -342,9 +343,7 @@ TEST(EngineLoopTest, StatsCountSubmissionsTheEngineHasNotTakenYet) {
   EXPECT_EQ(stream.Wait().size(), 2u);
   // Taken and finished: nothing of it is left in the counters (published after the step that
   // finished it, before the engine thread runs the next task).
-  absl::Notification stepped;
-  EngineLoopTestPeer::Post(*loop, [&](LocalEngine*) { stepped.Notify(); });
-  stepped.WaitForNotification();
+  EngineLoopTestPeer::WaitForStepBoundary(*loop);
   const SchedulerStats after = loop->stats();
   EXPECT_EQ(after.waiting + after.running, 0);
   EXPECT_EQ(after.queued_prefill_tokens, 0);

@@ -176,23 +176,16 @@ class SloPolicy final : public PolicyBase {
     int worker = -1;  // the prefill worker
   };
 
-  // The step worker `w` runs while prompt tokens are queued on it (reported or placed): a chunk of
-  // them beside its decoding sequences (a decode step when none are queued), corrected.
+  // The step worker `w` runs while prompt tokens are queued on it (reported or placed): one chunk
+  // of them, as a prompt of its own, beside its decoding sequences; corrected. Only asked while
+  // PrefillQueue(w) > 0.
   double ChunkStepSeconds(const WorkerCandidate& w) const {
-    const StepProfile& profile = ProfileOf(w);
-    const int64_t queued = PrefillQueue(w);
-    const PrefillShape shape = {.uncached_tokens = queued,
-                                .token_budget = BudgetOf(w),
-                                .decode_seqs = DecodingSeqs(w),
-                                .decode_context_tokens = DecodingContext(w)};
-    if (queued <= 0) {
-      return DecodeStepSeconds(profile, DecodingSeqs(w), DecodingContext(w)) * w.tpot_correction;
-    }
-    const double chunk = static_cast<double>(std::min(queued, PrefillChunkTokens(shape)));
-    return profile.StepSeconds(chunk, static_cast<double>(shape.decode_seqs),
-                               static_cast<double>(shape.decode_context_tokens) +
-                                   chunk * (chunk + 1) / 2) *
-           w.ttft_correction;
+    PrefillShape shape = {.uncached_tokens = PrefillQueue(w),
+                          .token_budget = BudgetOf(w),
+                          .decode_seqs = DecodingSeqs(w),
+                          .decode_context_tokens = DecodingContext(w)};
+    shape.uncached_tokens = std::min(shape.uncached_tokens, PrefillChunkTokens(shape));
+    return PrefillSeconds(ProfileOf(w), shape) * w.ttft_correction;
   }
 
   // How long until worker `w` is between two steps: with prompt tokens queued on it, what is left

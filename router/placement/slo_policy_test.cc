@@ -184,17 +184,21 @@ TEST(SloPolicyTest, ARemotePrefillWaitsForTheDecodeWorkersStepBoundaries) {
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.0792 + 0.021 + 0.0396, kTol);
   EXPECT_NEAR(d.predicted_wait_seconds, 0.0792 + 0.0396, kTol);
-  // A step of d0 that has run 0.05 s has 0.0292 s left.
-  queued.workers[0].step_elapsed_seconds = 0.05;
-  d = PlaceOrDie(*policy, Prompt(100), queued);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.0292 + 0.021 + 0.0396, kTol);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0.0292 + 0.0396, kTol);
-  // One that has run longer than the whole queue's prediction leaves neither a step nor a queue
-  // to wait for (not a negative wait).
-  queued.workers[0].step_elapsed_seconds = 5;
-  d = PlaceOrDie(*policy, Prompt(100), queued);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.021, kTol);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0, kTol);
+  const struct {
+    double step_elapsed, ttft, wait;
+  } in_progress[] = {
+      // A step of d0 that has run 0.05 s has 0.0292 s left.
+      {0.05, 0.0292 + 0.021 + 0.0396, 0.0292 + 0.0396},
+      // One that has run longer than the whole queue's prediction leaves neither a step nor a
+      // queue to wait for (not a negative wait).
+      {5, 0.021, 0},
+  };
+  for (const auto& c : in_progress) {
+    queued.workers[0].step_elapsed_seconds = c.step_elapsed;
+    d = PlaceOrDie(*policy, Prompt(100), queued);
+    EXPECT_NEAR(d.predicted_ttft_seconds, c.ttft, kTol) << c.step_elapsed;
+    EXPECT_NEAR(d.predicted_wait_seconds, c.wait, kTol) << c.step_elapsed;
+  }
 }
 
 // A step in progress on the worker that prefills is that far into the queue.
@@ -202,18 +206,16 @@ TEST(SloPolicyTest, TheStepInProgressShortensTheQueueWait) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
   ClusterView cluster = {.workers = {Worker("d0", Role::kDecode).Queue(4000)}};
   // Queue: 4000 tokens in chunks of 512, 8 steps: 0.08 + 0.4 = 0.48; the prompt: 0.010 + 0.01.
-  Decision d = PlaceOrDie(*policy, Prompt(100), cluster);
-  EXPECT_TRUE(d.local_prefill);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0.48, kTol);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.5, kTol);
-  cluster.workers[0].step_elapsed_seconds = 0.03;
-  d = PlaceOrDie(*policy, Prompt(100), cluster);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0.45, kTol);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.47, kTol);
-  cluster.workers[0].step_elapsed_seconds = 1;
-  d = PlaceOrDie(*policy, Prompt(100), cluster);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0, kTol);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.02, kTol);
+  const struct {
+    double step_elapsed, wait, ttft;
+  } cases[] = {{0, 0.48, 0.5}, {0.03, 0.45, 0.47}, {1, 0, 0.02}};
+  for (const auto& c : cases) {
+    cluster.workers[0].step_elapsed_seconds = c.step_elapsed;
+    const Decision d = PlaceOrDie(*policy, Prompt(100), cluster);
+    EXPECT_TRUE(d.local_prefill) << c.step_elapsed;
+    EXPECT_NEAR(d.predicted_wait_seconds, c.wait, kTol) << c.step_elapsed;
+    EXPECT_NEAR(d.predicted_ttft_seconds, c.ttft, kTol) << c.step_elapsed;
+  }
 }
 
 TEST(SloPolicyTest, LearnedCorrectionsScaleAWorkersPredictions) {

@@ -166,10 +166,11 @@ void Registry::Watch(Worker* w) {
         context.TryCancel();
         break;
       }
-      if (update.has_load() || update.has_snapshot()) w->load_received_at = absl::Now();
+      const absl::Time received = absl::Now();
+      if (update.has_load() || update.has_snapshot()) w->load_received_at = received;
       if (update.has_load()) {
         ObserveSteps(update.load(), w->cost);
-        ExpireReported(w, static_cast<int64_t>(update.load().prompt_tokens()), absl::Now());
+        ExpireReported(w, static_cast<int64_t>(update.load().prompt_tokens()), received);
       }
       if (update.has_snapshot()) {
         // A worker seen for the first time: its snapshot carries the steps of its start-up
