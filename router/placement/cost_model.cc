@@ -174,6 +174,10 @@ absl::StatusOr<StepCostModel> StepCostModel::Create(const StepCostModelOptions& 
     return absl::InvalidArgumentError(absl::StrCat(
         "step cost model: outlier_factor ", options.outlier_factor, " is not finite and >= 1"));
   }
+  if (!(options.recent_alpha > 0 && options.recent_alpha <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step cost model: recent_alpha ", options.recent_alpha, " is not in (0, 1]"));
+  }
   return StepCostModel(options);
 }
 
@@ -193,6 +197,7 @@ absl::Status StepCostModel::Reset(const StepProfile& prior) {
   effective_observations_ = 0;
   prior_weight_ = options_.prior_weight;
   profile_ = prior;
+  recent_log_ratio_ = 0;
   return absl::OkStatus();
 }
 
@@ -216,6 +221,10 @@ absl::Status StepCostModel::Observe(const StepObservation& step) {
   const double predicted = StepSeconds(step);
   const double y = std::min(static_cast<double>(step.duration_us) * 1e-6,
                             options_.outlier_factor * std::max(predicted, 1e-3));
+  const double bound = std::log(options_.outlier_factor);
+  const double residual =
+      std::clamp(std::log(std::max(y, 1e-6) / std::max(predicted, 1e-6)), -bound, bound);
+  recent_log_ratio_ += options_.recent_alpha * (residual - recent_log_ratio_);
   const double lambda = options_.forgetting;
   for (int i = 0; i < kTerms; ++i) {
     for (int j = 0; j < kTerms; ++j) xx_[i][j] = lambda * xx_[i][j] + x[i] * x[j];

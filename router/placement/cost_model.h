@@ -31,6 +31,7 @@
 #define TANDEM_ROUTER_PLACEMENT_COST_MODEL_H_
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -138,6 +139,9 @@ struct StepCostModelOptions {
   // (a stall, a swap, a page fault storm must not wreck the fit). A real slowdown is still
   // followed: each observation can raise the fit up to this factor. >= 1, finite.
   double outlier_factor = 10.0;
+  // Weight of the newest step in the moving average behind recent_ratio(): it follows about the
+  // last 2 / recent_alpha - 1 steps. In (0, 1].
+  double recent_alpha = 0.2;
 };
 
 // Options for fitting a start-up calibration (a few dozen steps of known shapes): the prior
@@ -168,6 +172,14 @@ class StepCostModel {
   // What the prior weighs now: max(prior_weight * forgetting^observations, min_prior_weight).
   double current_prior_weight() const { return prior_weight_; }
 
+  // How much slower (> 1) or faster than the fit the worker's latest steps ran: exp of a moving
+  // average (recent_alpha) of log(observed / predicted), each step predicted before it was
+  // fitted. The fit follows a lasting change over hundreds of steps; this one within a few (a
+  // host whose cores other processes now share, a batch larger than the fit has seen). A
+  // diagnostic: predictions do not use it (docs/slo.md, "How well the fit holds now"). 1 before
+  // any observation and after Reset; within [1 / outlier_factor, outlier_factor].
+  double recent_ratio() const { return std::exp(recent_log_ratio_); }
+
   // Predictions with profile(): see the free functions of the same names.
   double StepSeconds(const StepObservation& step) const;
   double PrefillSeconds(const PrefillShape& shape) const;
@@ -188,6 +200,7 @@ class StepCostModel {
   int64_t observations_ = 0;
   double effective_observations_ = 0;
   double prior_weight_ = 0;  // now
+  double recent_log_ratio_ = 0;
   StepProfile profile_ = {};
 };
 

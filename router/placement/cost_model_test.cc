@@ -184,6 +184,8 @@ TEST(StepCostModelTest, RejectsInvalidOptions) {
       {.typical_decode_tokens = -1},
       {.typical_context_tokens = nan},
       {.outlier_factor = 0.5},
+      {.recent_alpha = 0},
+      {.recent_alpha = 1.5},
   };
   for (const StepCostModelOptions& options : bad) {
     EXPECT_EQ(StepCostModel::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
@@ -280,6 +282,48 @@ TEST(StepCostModelTest, TracksAChange) {
   EXPECT_GT(model.StepSeconds(shapes[0]), 1.5 * before.StepSeconds(512, 0, 512));
   for (int i = 0; i < 1800; ++i) ASSERT_TRUE(model.Observe(source.Next(after, 0.02)).ok());
   expect_predicts(after);
+}
+
+TEST(StepCostModelTest, TheRecentRatioFollowsASlowdownWithinAFewSteps) {
+  const StepProfile truth = {.base_seconds = 0.008,
+                             .prefill_token_seconds = 1.5e-4,
+                             .decode_token_seconds = 6e-4,
+                             .context_token_seconds = 2e-8};
+  StepCostModel model = MakeModel({.prior = truth, .forgetting = 0.995});
+  EXPECT_EQ(model.recent_ratio(), 1.0);
+  StepSource source(3);
+  for (int i = 0; i < 500; ++i) ASSERT_TRUE(model.Observe(source.Next(truth, 0.02)).ok());
+  // As fitted: the ratio is within the noise of 1.
+  EXPECT_NEAR(model.recent_ratio(), 1.0, 0.03);
+  const StepObservation decode = Step(0, 24, 20'000, 0);
+  const double fitted = model.StepSeconds(decode);
+  // Every step now takes 1.5 times as long (a process started to share the host's cores). Ten
+  // steps later the fit has hardly moved, but the ratio shows it.
+  StepProfile slower = truth;
+  for (double* c : {&slower.base_seconds, &slower.prefill_token_seconds,
+                    &slower.decode_token_seconds, &slower.context_token_seconds}) {
+    *c *= 1.5;
+  }
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(model.Observe(source.Next(slower, 0.02)).ok());
+  EXPECT_LT(model.StepSeconds(decode), 1.1 * fitted);
+  // 1 - 0.8^10 = 89% of the way in log scale: 1.5^0.89 = 1.43.
+  EXPECT_NEAR(model.recent_ratio(), 1.43, 0.05);
+  // Back to the old speed: it returns to 1 as fast.
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE(model.Observe(source.Next(truth, 0.02)).ok());
+  EXPECT_NEAR(model.recent_ratio(), 1.0, 0.05);
+}
+
+TEST(StepCostModelTest, TheRecentRatioIsBoundedAndResetForgetsIt) {
+  StepCostModel model = MakeModel({.outlier_factor = 4});
+  // Steps of no time and steps far slower than any prediction: clipped at 1/4 and 4.
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(model.Observe(Step(0, 4, 100, 0)).ok());
+  EXPECT_NEAR(model.recent_ratio(), 0.25, 1e-6);
+  EXPECT_GE(model.recent_ratio(), 0.25 - 1e-12);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(model.Observe(Step(0, 4, 100, 1000)).ok());
+  EXPECT_NEAR(model.recent_ratio(), 4, 1e-3);
+  EXPECT_LE(model.recent_ratio(), 4 + 1e-12);
+  ASSERT_TRUE(model.Reset({}).ok());
+  EXPECT_EQ(model.recent_ratio(), 1.0);
 }
 
 TEST(StepCostModelTest, EqualRowsFitTheirOwnShapeAndLeaveTheRestAtThePrior) {

@@ -78,6 +78,17 @@ prometheus::Family<prometheus::Gauge>& CorrectionGauges() {
   return family;
 }
 
+// How much slower or faster than its step model each worker's latest steps ran.
+prometheus::Family<prometheus::Gauge>& StepSpeedGauges() {
+  static auto& family = prometheus::BuildGauge()
+                            .Name("tandem_router_step_speed_ratio")
+                            .Help("Observed over predicted duration of a worker's latest engine "
+                                  "steps (a moving average over about ten steps): how well its "
+                                  "step model fits now; 1 is as fitted")
+                            .Register(ProcessMetrics());
+  return family;
+}
+
 uint64_t DecodeKey(uint64_t serial) { return serial * 2; }
 uint64_t PrefillKey(uint64_t serial) { return serial * 2 + 1; }
 
@@ -170,6 +181,9 @@ void Registry::Watch(Worker* w) {
       if (update.has_load() || update.has_snapshot()) w->load_received_at = received;
       if (update.has_load()) {
         ObserveSteps(update.load(), w->cost);
+        if (update.load().recent_steps_size() > 0 && w->view.ready()) {
+          StepSpeedGauges().Add({{"worker", w->view.worker_id()}}).Set(w->cost.recent_ratio());
+        }
         ExpireReported(w, static_cast<int64_t>(update.load().prompt_tokens()), received);
       }
       if (update.has_snapshot()) {
