@@ -199,8 +199,8 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
         Metrics().vllm_ttft.Observe(absl::ToDoubleSeconds(now - start_));
         if (prediction_.predicted && prediction_.predicted_ttft_seconds > 0) {
           Metrics().ttft_error.Observe(
-              (absl::ToDoubleSeconds(now - start_) - prediction_.predicted_ttft_seconds) /
-              prediction_.predicted_ttft_seconds);
+              (absl::ToDoubleSeconds(now - start_) - PredictedTtftSeconds()) /
+              PredictedTtftSeconds());
         }
         // From the placement (after any admission queue), which is what was predicted.
         if (migrations_ == 0) {
@@ -228,7 +228,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
       t->set_queue_us(static_cast<uint64_t>(queue_us_) + response.timings().queue_us());
       if (prediction_.predicted) {
         t->set_predicted_ttft_us(
-            static_cast<uint64_t>(std::llround(prediction_.predicted_ttft_seconds * 1e6)));
+            static_cast<uint64_t>(std::llround(PredictedTtftSeconds() * 1e6)));
         t->set_predicted_tpot_us(
             static_cast<uint64_t>(std::llround(prediction_.predicted_tpot_seconds * 1e6)));
       }
@@ -324,6 +324,12 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
     }
     StartAttempt(stub, resumed);
     return absl::OkStatus();
+  }
+
+  // The TTFT predicted at placement, from the request's arrival like the observed one: the time
+  // it waited in the admission queue before it was placed, then the prediction.
+  double PredictedTtftSeconds() const {
+    return static_cast<double>(queue_us_) * 1e-6 + prediction_.predicted_ttft_seconds;
   }
 
   // The TPOT prediction's error, and whether the objectives held (the request's, else those the
