@@ -129,10 +129,13 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
                                                    w.step_elapsed_seconds, " (not finite and >= 0)"));
   }
   for (const RunningGroup& g : w.running_groups) {
-    if (g.tpot_ms < 0 || g.max_tokens < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("placement: worker '", w.id, "' has a running group with tpot_ms ",
-                       g.tpot_ms, " and max_tokens ", g.max_tokens, " (both must be >= 0)"));
+    if (g.tpot_ms < 0 || g.max_tokens < 0 || g.decoded_tokens < -1 ||
+        !std::isfinite(g.decode_seconds) || g.decode_seconds < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement: worker '", w.id, "' has a running group with tpot_ms ", g.tpot_ms,
+          ", max_tokens ", g.max_tokens, ", decoded_tokens ", g.decoded_tokens,
+          " and decode_seconds ", g.decode_seconds,
+          " (must be >= 0, >= 0, >= -1 and finite >= 0)"));
     }
   }
   return absl::OkStatus();

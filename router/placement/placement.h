@@ -98,13 +98,19 @@ struct Request {
   int64_t max_tokens = 0;
 };
 
-// Requests decoding on a worker that share a TPOT objective and a max_tokens (INVALID_ARGUMENT
-// when either is negative).
+// Requests decoding on a worker that share a TPOT objective, a max_tokens and their progress
+// (INVALID_ARGUMENT for a field out of range). The router follows its streams one by one: an
+// entry each.
 struct RunningGroup {
   // Their TPOT objective, ms; 0: PolicyOptions::default_tpot_ms. >= 0.
   int64_t tpot_ms = 0;
   // Their max_tokens; 0: PolicyOptions::expected_output_tokens. >= 0.
   int64_t max_tokens = 0;
+  // Output tokens they have received after their first, and seconds since their first (both 0
+  // before it): the part of their mean TPOT that is past. decoded_tokens -1: not known (streams
+  // taken as half done, at their objective so far). >= -1; decode_seconds finite, >= 0.
+  int64_t decoded_tokens = -1;
+  double decode_seconds = 0;
 };
 
 // One worker as placement sees it: plain numbers, so that tests and the simulator build them by
@@ -143,10 +149,9 @@ struct WorkerCandidate {
   // Prompt tokens of the requests the router placed here to decode that the reported numbers do
   // not show yet (their context when they start decoding).
   int64_t placed_decode_tokens = 0;
-  // The requests decoding here that the router placed, one entry per distinct (TPOT objective,
-  // max_tokens) pair; the slo policy keeps each within its objective when it adds a request or
-  // a local prefill. Empty: the requests are unknown (placed by an earlier router) and stand for
-  // one entry of the defaults.
+  // The requests decoding here that the router placed; the slo policy keeps each that can still
+  // make its objective within it when it adds a request or a local prefill. Empty: the requests
+  // are unknown (placed by an earlier router) and stand for one entry of the defaults.
   std::vector<RunningGroup> running_groups = {};
   // Multiplicative corrections of this worker's predictions (LatencyCorrection, learned from the
   // latencies of earlier requests): of the TTFT of the prompts it prefills, and of the TPOT of the

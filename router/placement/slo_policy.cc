@@ -225,16 +225,20 @@ class SloPolicy final : public PolicyBase {
     const WorkerCandidate& w = ctx.worker(d);
     const int64_t slots = BatchSlots(w);
     const int64_t budget = BudgetOf(w);
-    // TPOT: a decode step of the batch with this request in it. Sequences beyond the token budget
-    // skip steps, so a batch above it decodes batch / budget times slower.
+    // TPOT: a decode step of the batch with this request in it.
     const int64_t sequences = w.running_seqs + w.waiting_seqs + w.placed_sequences + 1;
-    const int64_t batch = std::min(sequences, slots);
-    const int64_t context =
-        w.active_decode_tokens + w.placed_decode_tokens + ctx.request().prompt_tokens;
-    Candidate c;
-    c.tpot = DecodeStepSeconds(ProfileOf(w), std::min(batch, budget), context) *
+    // A decode step of `seqs` sequences. Sequences beyond the token budget skip steps, so a batch
+    // above it decodes batch / budget times slower.
+    const StepProfile& profile = ProfileOf(w);
+    const int64_t context = w.active_decode_tokens + w.placed_decode_tokens;
+    auto decode_step = [&](int64_t seqs, int64_t tokens) {
+      const int64_t batch = std::min(seqs, slots);
+      return DecodeStepSeconds(profile, std::min(batch, budget), tokens) *
              std::max(1.0, static_cast<double>(batch) / static_cast<double>(budget)) *
              w.tpot_correction;
+    };
+    Candidate c;
+    c.tpot = decode_step(sequences, context + ctx.request().prompt_tokens);
     // Beyond max_running the request waits for a slot: a full batch frees one every
     // expected_output_tokens * tpot / slots seconds.
     const int64_t over = sequences - slots;
@@ -247,9 +251,11 @@ class SloPolicy final : public PolicyBase {
     // The streams decoding now must keep their TPOT objectives: with the batch grown by one, and
     // through the prompts queued here and a local prefill of this prompt, which stall them for
     // their compute time (a burst of arrivals is prefilled between the earlier ones' steps). An
-    // objective bounds a stream's mean TPOT, so the stall counts spread over the tokens the
-    // stream still has to generate: half its max_tokens, on average. The worst group sets the
-    // margin.
+    // objective bounds a stream's mean TPOT: what it has seen so far (the stalls of the prompts
+    // admitted before this one among it), then the stall and the grown batch's steps over the
+    // tokens it has left. The worst stream sets the margin. (One that misses its objective even
+    // without this request still holds back more work: passing it over let a burst admit stream
+    // after stream, each lost soon after it was admitted.)
     const PrefillPrediction& local = prefill[d];
     double grown_headroom = kInf;
     double local_headroom = kInf;
@@ -257,15 +263,26 @@ class SloPolicy final : public PolicyBase {
       auto check = [&](const RunningGroup& g) {
         const double slo =
             static_cast<double>(g.tpot_ms > 0 ? g.tpot_ms : options().default_tpot_ms) / 1000.0;
-        const double remaining = std::max(
-            1.0,
-            static_cast<double>(g.max_tokens > 0 ? g.max_tokens : options().expected_output_tokens) /
-                2.0);
+        const double max_tokens = static_cast<double>(
+            g.max_tokens > 0 ? g.max_tokens : options().expected_output_tokens);
+        // Gaps between output tokens: decoded so far, and left (an unknown stream is half done,
+        // at its objective so far).
+        double past = 0;
+        double past_seconds = 0;
+        double left = std::max(1.0, max_tokens / 2.0);
+        if (g.decoded_tokens >= 0) {
+          const double gaps = std::max(1.0, max_tokens - 1.0);
+          past = std::min(static_cast<double>(g.decoded_tokens), gaps - 1.0);
+          past_seconds = g.decode_seconds;
+          left = gaps - past;
+        }
+        auto mean = [&](double step, double stall) {
+          return (past_seconds + stall + left * step) / (past + left);
+        };
         // The prompts already queued here will stall them too, whatever this request does.
-        grown_headroom =
-            std::min(grown_headroom, Headroom(slo, c.tpot + local.queue_wait / remaining));
+        grown_headroom = std::min(grown_headroom, Headroom(slo, mean(c.tpot, local.queue_wait)));
         local_headroom = std::min(
-            local_headroom, Headroom(slo, c.tpot + (local.queue_wait + local.compute) / remaining));
+            local_headroom, Headroom(slo, mean(c.tpot, local.queue_wait + local.compute)));
       };
       if (w.running_groups.empty()) check({});
       for (const RunningGroup& g : w.running_groups) check(g);

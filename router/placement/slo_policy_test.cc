@@ -444,6 +444,43 @@ TEST(SloPolicyTest, ABatchAboveTheTokenBudgetDecodesSlower) {
   EXPECT_FALSE(d.meets_slo);
 }
 
+TEST(SloPolicyTest, WhatAStreamHasSeenSoFarCounts) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  // As in LocalUntilItWouldStallTheRunningStreamsThenRemote: 20 streams of 40 ms and 20 tokens
+  // (19 gaps between them) on d0, p0 queued 0.96 s. The batch steps in 0.030, with this request
+  // 0.031; a local prefill of 190 tokens takes 0.049.
+  ClusterView cluster = {.workers = {Worker("d0", Role::kDecode).Seqs(20).MaxRunning(64),
+                                     Worker("p0", Role::kPrefill).Queue(8000)}};
+  auto streams = [&](int64_t decoded, double seconds) {
+    cluster.workers[0].running_groups = {
+        {.tpot_ms = 40, .max_tokens = 20, .decoded_tokens = decoded, .decode_seconds = seconds}};
+  };
+  // Streams before their first token have all 19 gaps to spread the stall over:
+  // (0.049 + 19 * 0.031) / 19 = 0.033579.
+  streams(0, 0);
+  Decision d = PlaceOrDie(*policy, Prompt(190), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  EXPECT_NEAR(d.headroom, (0.04 - 0.049 / 19 - 0.031) / 0.04, kTol);
+  // Streams 9 gaps in that took 0.41 s (stalled by earlier prompts: 45.6 ms a token so far) can
+  // still make 40 ms, (0.41 + 10 * 0.030) / 19 = 0.03737, but not with the local prefill:
+  // (0.41 + 0.049 + 10 * 0.031) / 19 = 0.04047. Remote keeps them at (0.41 + 0.31) / 19.
+  streams(9, 0.41);
+  d = PlaceOrDie(*policy, Prompt(190), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.9909, kTol);
+  EXPECT_NEAR(d.headroom, 1 - 0.9909, kTol);
+  // The same streams with no time behind them would have allowed it.
+  streams(9, 0.27);
+  EXPECT_EQ(PlaceOrDie(*policy, Prompt(190), cluster).reason, PrefillReason::kPredictedLocal);
+  // Streams 0.6 s in miss their objective even without this request, (0.6 + 0.3) / 19 = 0.0474;
+  // they still hold it back (remote stalls them least): (0.04 - (0.6 + 0.31) / 19) / 0.04.
+  streams(9, 0.6);
+  d = PlaceOrDie(*policy, Prompt(190), cluster);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_NEAR(d.headroom, (0.04 - 0.91 / 19) / 0.04, kTol);
+  EXPECT_FALSE(d.meets_slo);
+}
+
 TEST(SloPolicyTest, EqualWorkersAreChosenAtRandom) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
   const ClusterView cluster = {.workers = {Worker("d0", Role::kDecode), Worker("d1", Role::kDecode),

@@ -6,7 +6,6 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
-#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -49,9 +48,16 @@ struct Registry::Worker {
   absl::Time load_received_at = absl::InfinitePast();
   // LoadSample.prompt_tokens at the last sample; -1 before the first.
   int64_t received_prompt_tokens = -1;
-  // The requests decoding here that the router placed (until Release), counted by (TPOT
-  // objective ms, max_tokens). Guarded by Registry::mu_.
-  std::map<std::pair<int64_t, int64_t>, int64_t> running_groups;
+  // The requests decoding here that the router placed (until Release), by route serial.
+  // Guarded by Registry::mu_.
+  struct Running {
+    int64_t tpot_ms = 0;
+    int64_t max_tokens = 0;
+    // When the first output token came (InfinitePast: not yet), and tokens since.
+    absl::Time first_token_at = absl::InfinitePast();
+    int64_t decoded_tokens = 0;
+  };
+  absl::flat_hash_map<uint64_t, Running> running;
   // Corrections of the slo policy's predictions for this worker, learned from what requests then
   // observed: the TTFT of prompts it prefilled, the TPOT of streams it decoded. Kept across
   // reconnects, like `cost`. Guarded by Registry::mu_.
@@ -292,8 +298,14 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
       c.step_elapsed_seconds = static_cast<double>(elapsed_us) * 1e-6 +
                                std::max(absl::ToDoubleSeconds(now - w->load_received_at), 0.0);
     }
-    for (const auto& [group, count] : w->running_groups) {
-      c.running_groups.push_back({.tpot_ms = group.first, .max_tokens = group.second});
+    for (const auto& [serial, r] : w->running) {
+      const bool started = r.first_token_at != absl::InfinitePast();
+      c.running_groups.push_back(
+          {.tpot_ms = r.tpot_ms,
+           .max_tokens = r.max_tokens,
+           .decoded_tokens = started ? r.decoded_tokens : 0,
+           .decode_seconds = started ? std::max(absl::ToDoubleSeconds(now - r.first_token_at), 0.0)
+                                     : 0.0});
     }
     by_id[c.id] = w.get();
     view.workers.push_back(std::move(*candidate));
@@ -328,7 +340,7 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
   route.tpot_ms = decision->predicted ? static_cast<int64_t>(decision->tpot_slo_seconds * 1e3)
                                       : request.slo.tpot_ms;
   route.max_tokens = request.max_tokens;
-  ++decode->running_groups[{route.tpot_ms, route.max_tokens}];
+  decode->running[route.serial] = {.tpot_ms = route.tpot_ms, .max_tokens = route.max_tokens};
   return route;
 }
 
@@ -390,16 +402,28 @@ void Registry::PromptDone(Route& route) {
   }
 }
 
+void Registry::Progress(const Route& route, int64_t tokens, absl::Time now) {
+  if (route.released || tokens <= 0) return;
+  absl::MutexLock lock(&mu_);
+  Worker* decode = FindLocked(route.decode_address);
+  if (decode == nullptr) return;
+  auto it = decode->running.find(route.serial);
+  if (it == decode->running.end()) return;
+  Worker::Running& r = it->second;
+  if (r.first_token_at == absl::InfinitePast()) {
+    r.first_token_at = now;
+    --tokens;
+  }
+  r.decoded_tokens += tokens;
+}
+
 void Registry::Release(Route& route) {
   if (route.released) return;
   route.released = true;
   absl::MutexLock lock(&mu_);
   if (Worker* decode = FindLocked(route.decode_address); decode != nullptr) {
     Uncount(decode, DecodeKey(route.serial), /*prompt_only=*/false);
-    auto group = decode->running_groups.find({route.tpot_ms, route.max_tokens});
-    if (group != decode->running_groups.end() && --group->second == 0) {
-      decode->running_groups.erase(group);
-    }
+    decode->running.erase(route.serial);
   }
   if (!route.prefill.empty()) {
     Uncount(FindLocked(route.prefill[0].second), PrefillKey(route.serial), /*prompt_only=*/false);

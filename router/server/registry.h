@@ -56,7 +56,7 @@ struct Route {
   // Identifies what Place counted for the route (the registry's pending placements).
   uint64_t serial = 0;
   // The TPOT objective (ms; 0: the policy's default) and max_tokens (0: not set) it counts with
-  // on the decode worker's running requests (placement::RunningGroup) until Release.
+  // among the decode worker's running requests (placement::RunningGroup) until Release.
   int64_t tpot_ms = 0;
   int64_t max_tokens = 0;
   // PromptDone uncounted the prompt tokens; Release the rest.
@@ -86,6 +86,9 @@ class Registry {
   // Place counted is otherwise uncounted once the worker's load samples include the request
   // (RegistryOptions::report_lag), so that nothing counts twice.
   void PromptDone(Route& route);
+  // The request's stream received `tokens` more output tokens at `now`: how far it is, which the
+  // slo policy weighs when it adds work to the decode worker (placement::RunningGroup).
+  void Progress(const Route& route, int64_t tokens, absl::Time now);
   // The request ended or failed: uncounts what is left of its placed load, once.
   void Release(Route& route);
   // A request placed on `route` (with predictions: the slo policy) saw its first token `seconds`

@@ -192,6 +192,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
     generated_.insert(generated_.end(), response.token_ids().begin(), response.token_ids().end());
     const absl::Time now = absl::Now();
     if (response.token_ids_size() > 0) {
+      router_->registry().Progress(route_, response.token_ids_size(), now);
       if (first_) {
         router_->registry().PromptDone(route_);
         ttft_us_ = absl::ToInt64Microseconds(now - start_);

@@ -100,7 +100,8 @@ def test_overload_is_refused_quickly_and_admitted_requests_keep_their_slos(pb, c
                                    max_tokens=32, priority=priority)
             t = last.timings
             out = {"ok": True, "priority": priority, "ttft": first,
-                   "tpot": (t.e2e_us - t.ttft_us) / 31 / 1e6}
+                   "tpot": (t.e2e_us - t.ttft_us) / 31 / 1e6,
+                   "predicted_tpot": t.predicted_tpot_us / 1e6}
         except grpc.RpcError as e:
             retry = dict(e.trailing_metadata() or ()).get("retry-after")
             out = {"ok": False, "priority": priority, "code": e.code(), "details": e.details(),
@@ -134,10 +135,9 @@ def test_overload_is_refused_quickly_and_admitted_requests_keep_their_slos(pb, c
         assert r["retry"] is not None and int(r["retry"]) >= 1, r
         # Refused at once, or when waiting could no longer meet the TTFT objective.
         assert r["after"] < TTFT_MS / 1000 + 1.0, r
-    # Admission holds each request to predictions, which are held to 20% (issue 8). A burst
-    # admitted at once also stalls itself: every admitted prompt is prefilled between the others'
-    # decode steps, which no prediction made before it arrived can see. So an admitted request
-    # counts as kept within 20% of its TPOT objective; other tests share the cores, so 70% must.
+    # Admission holds each request, and the streams already running with the stalls they have
+    # seen so far, to predictions, which are held to 20% (issue 8). So an admitted request counts
+    # as kept within 20% of its TPOT objective, and 70% must be (the host is noisy).
     met = [r for r in accepted
            if r["ttft"] <= TTFT_MS / 1000 and r["tpot"] <= 1.2 * TPOT_MS / 1000]
     assert len(met) >= 0.7 * len(accepted), accepted
