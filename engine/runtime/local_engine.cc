@@ -315,7 +315,9 @@ absl::Status LocalEngine::Step(StepInfo* info) {
                                            .compute_logits = item.samples});
     const int64_t n = static_cast<int64_t>(item.tokens.size());
     in.context_tokens += item.start + n;
-    in.attended_tokens += n * item.start + n * (n + 1) / 2;
+    const int64_t attended = n * item.start + n * (n + 1) / 2;
+    in.attended_tokens += attended;
+    if (!item.is_decode) in.prompt_attended_tokens += attended;
   }
   // Per-request layer hooks (a prefill worker's transfers).
   std::vector<std::pair<const ScheduledItem*, Request*>> hooked;

@@ -96,6 +96,8 @@ struct StepInfo {
   // Sum over the step's tokens of the positions each attends to: n * start + n * (n + 1) / 2 for
   // n tokens from `start` (the step's attention work; = context_tokens when all decode).
   int64_t attended_tokens = 0;
+  // The part of attended_tokens of the items that are not single decode tokens.
+  int64_t prompt_attended_tokens = 0;
   int64_t preempted = 0;
   double schedule_seconds = 0;  // scheduler work: picking the batch, then committing it
   double forward_seconds = 0;   // the model

@@ -300,11 +300,12 @@ absl::Status EngineLoop::Calibrate() {
   const int64_t batch = std::min<int64_t>(max_running_, 16);
   // The first wave only warms up (the first passes fault the weights in and are slow); its
   // steps are forgotten. The two batches of 4 differ in context only (~40 and ~800 tokens), so
-  // that the fit tells the per-context-token cost of attention from the per-sequence cost; in
-  // prefill steps the two grow together.
+  // that the fit tells the per-context-token cost of decode attention from the per-sequence cost
+  // (ten steps each: with four, one worker's fit came out at half the cost a token its later
+  // steps showed); in prefill steps the two grow together.
   const int64_t four = std::min<int64_t>(batch, 4);
-  const Wave waves[] = {{2, 16, 2},    {1, 32, 3},          {1, 192, 2},
-                        {four, 8, 4}, {four, 8, 4, true}, {batch, 4, 4}};
+  const Wave waves[] = {{2, 16, 2},     {1, 32, 3},           {1, 192, 2},
+                        {four, 8, 10}, {four, 8, 10, true}, {batch, 4, 4}};
   std::vector<int32_t> long_prefix;
   uint64_t id = uint64_t{1} << 62;  // far from the ids of the worker's services
   int64_t pool_blocks = 0;

@@ -227,12 +227,18 @@ TEST(EngineLoopTest, CalibrationRunsPrefillAndDecodeStepsOfKnownShapes) {
     EXPECT_GT(s.total_seconds, 0);
     // Attention work: a decode token attends to its context, a prompt's n tokens from position
     // 0 to n (n + 1) / 2 in all.
+    // The prompt tokens' part is reported apart.
     if (s.prefill_tokens == 0) {
       EXPECT_EQ(s.attended_tokens, s.context_tokens);
+      EXPECT_EQ(s.prompt_attended_tokens, 0);
+    } else {
+      EXPECT_GT(s.prompt_attended_tokens, 0);
     }
     EXPECT_GE(s.attended_tokens, s.context_tokens);
+    EXPECT_LE(s.prompt_attended_tokens, s.attended_tokens);
     if (s.batch_size == 1 && s.decode_tokens == 0 && s.context_tokens == s.prefill_tokens) {
       EXPECT_EQ(s.attended_tokens, s.prefill_tokens * (s.prefill_tokens + 1) / 2);
+      EXPECT_EQ(s.prompt_attended_tokens, s.attended_tokens);
       ++whole_prompt_steps;
     }
     largest_prefill = std::max(largest_prefill, s.prefill_tokens);

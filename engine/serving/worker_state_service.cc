@@ -50,6 +50,7 @@ v1::LoadSample WorkerStateService::MakeLoad(const SchedulerStats& s,
     t->set_decode_tokens(static_cast<uint32_t>(st.decode_tokens));
     t->set_context_tokens(static_cast<uint64_t>(st.context_tokens));
     t->set_attended_tokens(static_cast<uint64_t>(st.attended_tokens));
+    t->set_prompt_attended_tokens(static_cast<uint64_t>(st.prompt_attended_tokens));
     t->set_duration_us(static_cast<uint64_t>(st.total_seconds * 1e6));
   }
   return load;

@@ -86,6 +86,7 @@ v1::StepTiming SampleStepTiming(uint32_t batch_size, uint32_t prefill_tokens) {
   step.set_context_tokens(70000);
   step.set_duration_us(18000);
   step.set_attended_tokens(70400);
+  step.set_prompt_attended_tokens(400);
   return step;
 }
 

@@ -390,7 +390,8 @@ TEST(AdmissionTest, DrivenByTheSloPolicysDecisions) {
                            .default_step_profile = {.base_seconds = 0.010,
                                                     .prefill_token_seconds = 1e-4,
                                                     .decode_token_seconds = 1e-3,
-                                                    .context_token_seconds = 0},
+                                                    .context_token_seconds = 0,
+                                                    .prompt_context_token_seconds = 0},
                            .expected_output_tokens = 100};
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", options);
   // 13 sequences for 8 slots (slo_policy_test.cc works it out): TTFT 1.153 s of which 1.125 s is

@@ -17,19 +17,21 @@
 namespace tandem::placement {
 namespace {
 
-constexpr int kTerms = 4;  // base, prefill, decode, context
+constexpr int kTerms = 5;  // base, prefill, decode, context, prompt context
 
 bool FiniteNonNegative(double x) { return std::isfinite(x) && x >= 0; }
 
 std::array<double, kTerms> AsArray(const StepProfile& p) {
-  return {p.base_seconds, p.prefill_token_seconds, p.decode_token_seconds, p.context_token_seconds};
+  return {p.base_seconds, p.prefill_token_seconds, p.decode_token_seconds, p.context_token_seconds,
+          p.prompt_context_token_seconds};
 }
 
 StepProfile FromArray(const std::array<double, kTerms>& a) {
   return {.base_seconds = a[0],
           .prefill_token_seconds = a[1],
           .decode_token_seconds = a[2],
-          .context_token_seconds = a[3]};
+          .context_token_seconds = a[3],
+          .prompt_context_token_seconds = a[4]};
 }
 
 // Solves a x = b for the symmetric positive definite n x n top-left block of `a` (Cholesky).
@@ -71,10 +73,11 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // ----------------------------------------------------------------------------------------------
 // Profiles and predictions
 
-double StepProfile::StepSeconds(double prefill_tokens, double decode_tokens,
-                                double context_tokens) const {
+double StepProfile::StepSeconds(double prefill_tokens, double decode_tokens, double context_tokens,
+                                double prompt_context_tokens) const {
   return base_seconds + prefill_token_seconds * prefill_tokens +
-         decode_token_seconds * decode_tokens + context_token_seconds * context_tokens;
+         decode_token_seconds * decode_tokens + context_token_seconds * context_tokens +
+         prompt_context_token_seconds * prompt_context_tokens;
 }
 
 absl::Status ValidateProfile(const StepProfile& profile) {
@@ -83,6 +86,7 @@ absl::Status ValidateProfile(const StepProfile& profile) {
       {"prefill_token_seconds", profile.prefill_token_seconds},
       {"decode_token_seconds", profile.decode_token_seconds},
       {"context_token_seconds", profile.context_token_seconds},
+      {"prompt_context_token_seconds", profile.prompt_context_token_seconds},
   };
   for (const auto& [name, value] : terms) {
     if (!FiniteNonNegative(value)) {
@@ -120,7 +124,7 @@ double PrefillSeconds(const StepProfile& profile, const PrefillShape& shape) {
   const double cached = static_cast<double>(std::max<int64_t>(shape.cached_tokens, 0));
   return steps * profile.StepSeconds(0, decode, static_cast<double>(shape.decode_context_tokens)) +
          profile.prefill_token_seconds * tokens +
-         profile.context_token_seconds * AttendedTokens(cached, cached + tokens);
+         profile.prompt_context_token_seconds * AttendedTokens(cached, cached + tokens);
 }
 
 double QueuedPrefillSeconds(const StepProfile& profile, const PrefillShape& shape) {
@@ -133,7 +137,7 @@ double QueuedPrefillSeconds(const StepProfile& profile, const PrefillShape& shap
       std::clamp<int64_t>(shape.decode_seqs, 0, std::max<int64_t>(shape.token_budget, 1)));
   return steps * profile.StepSeconds(0, decode, static_cast<double>(shape.decode_context_tokens)) +
          profile.prefill_token_seconds * tokens +
-         profile.context_token_seconds * prompts * AttendedTokens(0, tokens / prompts);
+         profile.prompt_context_token_seconds * prompts * AttendedTokens(0, tokens / prompts);
 }
 
 double DecodeStepSeconds(const StepProfile& profile, int64_t batch_size, int64_t context_tokens) {
@@ -163,6 +167,7 @@ absl::StatusOr<StepCostModel> StepCostModel::Create(const StepCostModelOptions& 
       {"typical_prefill_tokens", options.typical_prefill_tokens},
       {"typical_decode_tokens", options.typical_decode_tokens},
       {"typical_context_tokens", options.typical_context_tokens},
+      {"typical_prompt_context_tokens", options.typical_prompt_context_tokens},
   };
   for (const auto& [name, value] : typical) {
     if (!std::isfinite(value) || value <= 0) {
@@ -184,7 +189,7 @@ absl::StatusOr<StepCostModel> StepCostModel::Create(const StepCostModelOptions& 
 StepCostModel::StepCostModel(const StepCostModelOptions& options)
     : options_(options),
       scale_({1.0, options.typical_prefill_tokens, options.typical_decode_tokens,
-              options.typical_context_tokens}),
+              options.typical_context_tokens, options.typical_prompt_context_tokens}),
       prior_weight_(options.prior_weight),
       profile_(options.prior) {}
 
@@ -205,6 +210,7 @@ absl::Status StepCostModel::Observe(const StepObservation& step) {
   const std::pair<absl::string_view, int64_t> fields[] = {
       {"batch_size", step.batch_size},       {"prefill_tokens", step.prefill_tokens},
       {"decode_tokens", step.decode_tokens}, {"context_tokens", step.context_tokens},
+      {"prompt_context_tokens", step.prompt_context_tokens},
       {"duration_us", step.duration_us},
   };
   for (const auto& [name, value] : fields) {
@@ -216,7 +222,8 @@ absl::Status StepCostModel::Observe(const StepObservation& step) {
   const std::array<double, kTerms> x = {1.0 / scale_[0],
                                         static_cast<double>(step.prefill_tokens) / scale_[1],
                                         static_cast<double>(step.decode_tokens) / scale_[2],
-                                        static_cast<double>(step.context_tokens) / scale_[3]};
+                                        static_cast<double>(step.context_tokens) / scale_[3],
+                                        static_cast<double>(step.prompt_context_tokens) / scale_[4]};
   // Clip against the current prediction, with a 1 ms floor so that a profile near 0 can rise.
   const double predicted = StepSeconds(step);
   const double y = std::min(static_cast<double>(step.duration_us) * 1e-6,
@@ -250,8 +257,8 @@ void StepCostModel::Solve() {
   // Minimize sum_i w_i (y_i - x'_i . phi)^2 + w |phi - phi0|^2 over phi >= 0, where
   // phi = theta * scale and w the prior's weight now. M = xx + w I is positive definite, so the
   // objective is strictly convex; its minimizer over the orthant is the unconstrained minimizer
-  // on its own support. Trying all 16 supports and keeping the best one whose solution is >= 0
-  // is therefore exact (non-negative least squares for four unknowns).
+  // on its own support. Trying all 32 supports and keeping the best one whose solution is >= 0
+  // is therefore exact (non-negative least squares for five unknowns).
   const std::array<double, kTerms> prior = AsArray(options_.prior);
   std::array<std::array<double, kTerms>, kTerms> m = xx_;
   std::array<double, kTerms> g = xy_;
@@ -298,7 +305,8 @@ void StepCostModel::Solve() {
 double StepCostModel::StepSeconds(const StepObservation& step) const {
   return profile_.StepSeconds(static_cast<double>(step.prefill_tokens),
                               static_cast<double>(step.decode_tokens),
-                              static_cast<double>(step.context_tokens));
+                              static_cast<double>(step.context_tokens),
+                              static_cast<double>(step.prompt_context_tokens));
 }
 
 double StepCostModel::PrefillSeconds(const PrefillShape& shape) const {

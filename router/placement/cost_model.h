@@ -4,11 +4,9 @@
 //
 //   ASSIGN_OR_RETURN(placement::StepCostModel model, placement::StepCostModel::Create({}));
 //   for (const v1::StepTiming& t : sample.recent_steps()) {
-//     absl::Status s = model.Observe({.batch_size = t.batch_size(),
-//                                     .prefill_tokens = t.prefill_tokens(),
-//                                     .decode_tokens = t.decode_tokens(),
-//                                     .context_tokens = static_cast<int64_t>(t.attended_tokens()),
-//                                     .duration_us = static_cast<int64_t>(t.duration_us())});
+//     // The proto's fields, field for field, but for the attention, which StepObservationOf
+//     // (router/registry/worker_view.h) splits by kind.
+//     absl::Status s = model.Observe(StepObservationOf(t));
 //     // A bad observation (negative numbers) is refused and changes nothing: log it, go on.
 //   }
 //   double ttft = model.PrefillSeconds({.uncached_tokens = 900, .token_budget = 512});
@@ -17,12 +15,16 @@
 //
 //   step_seconds = base + prefill_token * prefill_tokens + decode_token * decode_tokens
 //                       + context_token * context_tokens
+//                       + prompt_context_token * prompt_context_tokens
 //
-// where context_tokens is the step's attention work: the sum over every token it computed of the
-// context that token attended to. A decode token attends to its whole sequence; a prompt of L
-// tokens attends to L (L + 1) / 2 in all, so prefill time grows with the square of the prompt.
+// where the last two terms are the step's attention work, the sum over every token it computed
+// of the context that token attended to, split by kind: a decode token attends to its whole
+// sequence (context_tokens: reading the sequence's K/V from memory), a prompt of L tokens to
+// L (L + 1) / 2 in all (prompt_context_tokens: a small matrix product per chunk, so prefill time
+// grows with the square of the prompt). The two cost different amounts per token: one
+// coefficient for both fits neither (docs/slo.md).
 //
-// with the four coefficients kept >= 0, fitted by least squares whose observations decay by a
+// with the five coefficients kept >= 0, fitted by least squares whose observations decay by a
 // forgetting factor (so the fit follows a worker that gets slower or faster), regularized towards
 // a prior profile so that a few observations cannot make it wild. The prior weighs as much as
 // some observations at first and fades with them, to a floor that keeps terms the data never
@@ -52,9 +54,11 @@ struct StepObservation {
   int64_t prefill_tokens = 0;
   // Tokens decoded in the step (one per decoding sequence).
   int64_t decode_tokens = 0;
-  // Sum over the step's tokens of the context each attended to (its position + 1):
-  // tandem.v1.StepTiming.attended_tokens.
+  // Sum over the step's decode tokens of the context each attended to (its position + 1):
+  // tandem.v1.StepTiming.attended_tokens - prompt_attended_tokens.
   int64_t context_tokens = 0;
+  // The same over its prompt tokens: tandem.v1.StepTiming.prompt_attended_tokens.
+  int64_t prompt_context_tokens = 0;
   // Wall time of the step, microseconds.
   int64_t duration_us = 0;
 };
@@ -69,11 +73,17 @@ struct StepProfile {
   double prefill_token_seconds = 0.0002;
   // Per decoding sequence.
   double decode_token_seconds = 0.0005;
-  // Per token of context attended to, summed over the step's tokens (StepObservation).
+  // Per token of context a decode token attends to, summed over the step's decode tokens
+  // (StepObservation::context_tokens).
   double context_token_seconds = 1e-8;
+  // Per token of context a prompt token attends to, summed over the step's prompt tokens
+  // (StepObservation::prompt_context_tokens).
+  double prompt_context_token_seconds = 1e-8;
 
-  // base + prefill_token * prefill + decode_token * decode + context_token * context.
-  double StepSeconds(double prefill_tokens, double decode_tokens, double context_tokens) const;
+  // base + prefill_token * prefill + decode_token * decode + context_token * context
+  //      + prompt_context_token * prompt_context.
+  double StepSeconds(double prefill_tokens, double decode_tokens, double context_tokens,
+                     double prompt_context_tokens = 0) const;
 };
 
 // INVALID_ARGUMENT unless every coefficient is finite and >= 0.
@@ -105,7 +115,7 @@ int64_t PrefillChunkTokens(const PrefillShape& shape);
 // Steps the prompt takes: ceil(max(uncached_tokens, 1) / chunk).
 int64_t PrefillSteps(const PrefillShape& shape);
 // Seconds to compute the prompt: the sum over its steps of StepSeconds(chunk, decode tokens,
-// decode context + the chunk's attention), where the prompt's attention over all its chunks is
+// decode context, the chunk's attention), where the prompt's attention over all its chunks is
 // E (E + 1) / 2 - C (C + 1) / 2 with C = cached_tokens and E = C + uncached_tokens; closed form
 // in docs/slo.md.
 double PrefillSeconds(const StepProfile& profile, const PrefillShape& shape);
@@ -135,6 +145,7 @@ struct StepCostModelOptions {
   double typical_prefill_tokens = 512;
   double typical_decode_tokens = 32;
   double typical_context_tokens = 32768;
+  double typical_prompt_context_tokens = 131072;  // a 512-token prompt
   // An observed duration above this many times the current prediction is clipped to that
   // (a stall, a swap, a page fault storm must not wreck the fit). A real slowdown is still
   // followed: each observation can raise the fit up to this factor. >= 1, finite.
@@ -193,10 +204,10 @@ class StepCostModel {
   StepCostModelOptions options_;
   // Scale of each term (1 for base, then the typical sizes): the fit runs on x / scale, where the
   // prior is prior_weight * identity.
-  std::array<double, 4> scale_ = {};
+  std::array<double, 5> scale_ = {};
   // Decayed sums over the observations of x' x'^T and x' y (x' = x / scale, y = seconds).
-  std::array<std::array<double, 4>, 4> xx_ = {};
-  std::array<double, 4> xy_ = {};
+  std::array<std::array<double, 5>, 5> xx_ = {};
+  std::array<double, 5> xy_ = {};
   int64_t observations_ = 0;
   double effective_observations_ = 0;
   double prior_weight_ = 0;  // now

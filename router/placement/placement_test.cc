@@ -92,6 +92,7 @@ TEST(CreatePolicyTest, RejectsInvalidOptions) {
       {.default_tpot_ms = -1},
       {.default_step_profile = {.base_seconds = -0.001}},
       {.default_step_profile = {.context_token_seconds = nan}},
+      {.default_step_profile = {.prompt_context_token_seconds = -1}},
       {.default_step_profile = {.prefill_token_seconds = inf}},
       {.default_max_tokens_per_step = 0},
       {.default_kv_bytes_per_token = -1},

@@ -39,16 +39,19 @@ PolicyOptions Options() {
           .default_step_profile = {.base_seconds = 0.010,
                                    .prefill_token_seconds = 1e-4,
                                    .decode_token_seconds = 1e-3,
-                                   .context_token_seconds = 0},
+                                   .context_token_seconds = 0,
+                                   .prompt_context_token_seconds = 0},
           .default_max_tokens_per_step = 512,
           .default_kv_bytes_per_token = 10000,
           .default_transfer_seconds_per_byte = 1e-9,
           .expected_output_tokens = 100};
 }
 
+// Both kinds of attention at the same cost per context token.
 PolicyOptions WithContextCost(double seconds_per_token) {
   PolicyOptions options = Options();
   options.default_step_profile.context_token_seconds = seconds_per_token;
+  options.default_step_profile.prompt_context_token_seconds = seconds_per_token;
   return options;
 }
 
@@ -353,6 +356,7 @@ TEST(SloPolicyTest, WhenNoWorkerCanMeetTheSloTheLeastBadOneIsChosen) {
                                                                   .prefill_token_seconds = 5e-5,
                                                                   .decode_token_seconds = 1e-3,
                                                                   .context_token_seconds = 0,
+                                                                  .prompt_context_token_seconds = 0,
                                                               }});
   ASSERT_TRUE(fast.ok());
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());

@@ -166,6 +166,21 @@ int64_t KvBytesPerToken(const v1::KvLayout& layout) {
   return 2 * int64_t{layout.num_layers()} * layout.num_kv_heads() * layout.head_dim() * element;
 }
 
+placement::StepObservation StepObservationOf(const v1::StepTiming& step) {
+  const int64_t prefill = step.prefill_tokens();
+  const uint64_t attended =
+      step.attended_tokens() > 0 ? step.attended_tokens() : step.context_tokens();
+  uint64_t prompt = step.prompt_attended_tokens();
+  if (prompt == 0 && prefill > 0) prompt = static_cast<uint64_t>(prefill * (prefill + 1) / 2);
+  prompt = std::min(prompt, attended);
+  return {.batch_size = step.batch_size(),
+          .prefill_tokens = prefill,
+          .decode_tokens = step.decode_tokens(),
+          .context_tokens = static_cast<int64_t>(attended - prompt),
+          .prompt_context_tokens = static_cast<int64_t>(prompt),
+          .duration_us = static_cast<int64_t>(step.duration_us())};
+}
+
 std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view) {
   if (!view.has_snapshot()) return std::nullopt;
   placement::Role role;

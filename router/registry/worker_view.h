@@ -180,6 +180,14 @@ int64_t KvBytesPerToken(const v1::KvLayout& layout);
 // draining worker, a broken connection).
 std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view);
 
+// A reported step as the step cost model observes it (placement::StepObservation): its attention
+// split into the decode tokens' and the prompt tokens' parts. Workers that predate
+// prompt_attended_tokens report no split: a step with prompt tokens is then taken to have computed
+// them from position 0, the least attention they can have had; workers that predate
+// attended_tokens report the per-sequence context sum, used for both. A prompt part larger than
+// the whole is clipped to it. Never negative.
+placement::StepObservation StepObservationOf(const v1::StepTiming& step);
+
 }  // namespace tandem
 
 #endif  // TANDEM_ROUTER_REGISTRY_WORKER_VIEW_H_

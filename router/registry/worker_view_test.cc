@@ -577,5 +577,48 @@ TEST(ToCandidateTest, KvAwarePlacementOverViews) {
   EXPECT_NE(d->prefill[1].worker_id, "p0");
 }
 
+TEST(StepObservationOfTest, SplitsTheAttentionByKind) {
+  v1::StepTiming t;
+  t.set_batch_size(5);
+  t.set_prefill_tokens(100);
+  t.set_decode_tokens(4);
+  t.set_context_tokens(4150);
+  t.set_duration_us(120000);
+  // 4 decode tokens over 4000 tokens of context, and 100 prompt tokens after 50 cached:
+  // (150 * 151 - 50 * 51) / 2 = 10050.
+  t.set_attended_tokens(14050);
+  t.set_prompt_attended_tokens(10050);
+  placement::StepObservation o = StepObservationOf(t);
+  EXPECT_EQ(o.batch_size, 5);
+  EXPECT_EQ(o.prefill_tokens, 100);
+  EXPECT_EQ(o.decode_tokens, 4);
+  EXPECT_EQ(o.context_tokens, 4000);
+  EXPECT_EQ(o.prompt_context_tokens, 10050);
+  EXPECT_EQ(o.duration_us, 120000);
+
+  // A worker before the split: the prompt tokens are taken from position 0, 100 * 101 / 2.
+  t.clear_prompt_attended_tokens();
+  o = StepObservationOf(t);
+  EXPECT_EQ(o.prompt_context_tokens, 5050);
+  EXPECT_EQ(o.context_tokens, 9000);
+  // Before attended_tokens too: the per-sequence sum stands for both.
+  t.clear_attended_tokens();
+  o = StepObservationOf(t);
+  EXPECT_EQ(o.prompt_context_tokens, 4150);
+  EXPECT_EQ(o.context_tokens, 0);
+  // A decode-only step has no prompt part.
+  t.set_prefill_tokens(0);
+  t.set_attended_tokens(4000);
+  o = StepObservationOf(t);
+  EXPECT_EQ(o.prompt_context_tokens, 0);
+  EXPECT_EQ(o.context_tokens, 4000);
+  // A malformed report (the prompt part above the whole) is clipped, never negative.
+  t.set_prefill_tokens(10);
+  t.set_prompt_attended_tokens(99999);
+  o = StepObservationOf(t);
+  EXPECT_EQ(o.prompt_context_tokens, 4000);
+  EXPECT_EQ(o.context_tokens, 0);
+}
+
 }  // namespace
 }  // namespace tandem

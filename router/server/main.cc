@@ -37,8 +37,9 @@ ABSL_FLAG(int64_t, default_tpot_ms, 100,
           "slo: the time-per-output-token objective of a request that sets none, ms");
 ABSL_FLAG(std::string, step_profile, "",
           "slo: where each worker's step-time model starts before its own timings refine it: "
-          "base_ms,prefill_token_ms,decode_token_ms,context_token_us (empty: the built-in "
-          "default of docs/slo.md)");
+          "base_ms,prefill_token_ms,decode_token_ms,context_token_us[,prompt_context_token_us] "
+          "(the last: per token a prompt token attends to; context_token_us when left out; "
+          "empty: the built-in default of docs/slo.md)");
 ABSL_FLAG(double, remote_prefill_headroom, 0.5,
           "slo: send a prompt to a prefill worker whenever that predicts a TTFT at least this "
           "fraction of its objective under it; else prefill on the decode worker if better there");
@@ -83,18 +84,21 @@ absl::Status Run() {
   RouterOptions options;
   if (const std::string profile = absl::GetFlag(FLAGS_step_profile); !profile.empty()) {
     const std::vector<std::string> parts = absl::StrSplit(profile, ',');
-    double v[4];
-    if (parts.size() != 4 || !absl::SimpleAtod(parts[0], &v[0]) ||
-        !absl::SimpleAtod(parts[1], &v[1]) || !absl::SimpleAtod(parts[2], &v[2]) ||
-        !absl::SimpleAtod(parts[3], &v[3])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--step_profile must be base_ms,prefill_token_ms,decode_token_ms,context_token_us, "
-          "got '", profile, "'"));
+    double v[5];
+    bool parsed = parts.size() == 4 || parts.size() == 5;
+    for (size_t i = 0; parsed && i < parts.size(); ++i) parsed = absl::SimpleAtod(parts[i], &v[i]);
+    if (!parsed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--step_profile must be base_ms,prefill_token_ms,decode_token_ms,"
+                       "context_token_us[,prompt_context_token_us], got '",
+                       profile, "'"));
     }
+    if (parts.size() == 4) v[4] = v[3];
     const placement::StepProfile p{.base_seconds = v[0] * 1e-3,
                                    .prefill_token_seconds = v[1] * 1e-3,
                                    .decode_token_seconds = v[2] * 1e-3,
-                                   .context_token_seconds = v[3] * 1e-6};
+                                   .context_token_seconds = v[3] * 1e-6,
+                                   .prompt_context_token_seconds = v[4] * 1e-6};
     if (absl::Status s = placement::ValidateProfile(p); !s.ok()) return s;
     options.policy_options.default_step_profile = p;
     registry_options.cost_model.prior = p;

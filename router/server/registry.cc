@@ -109,14 +109,7 @@ void ObserveSteps(const v1::LoadSample& sample, placement::StepCostModel& model)
     // A step that computed nothing (an older worker reported those while it waited for remote
     // KV) says nothing about step costs and would pull the fit's base towards 0.
     if (t.batch_size() == 0) continue;
-    // The model's attention term is per token attended (a prompt's grows with its square);
-    // workers that predate attended_tokens report the per-sequence sum only.
-    const uint64_t attended = t.attended_tokens() > 0 ? t.attended_tokens() : t.context_tokens();
-    const absl::Status s = model.Observe({.batch_size = t.batch_size(),
-                                          .prefill_tokens = t.prefill_tokens(),
-                                          .decode_tokens = t.decode_tokens(),
-                                          .context_tokens = static_cast<int64_t>(attended),
-                                          .duration_us = static_cast<int64_t>(t.duration_us())});
+    const absl::Status s = model.Observe(StepObservationOf(t));
     if (!s.ok()) LOG(WARNING) << "a step timing was refused: " << s;
   }
 }
@@ -214,7 +207,8 @@ void Registry::Watch(Worker* w) {
                   << p.base_seconds * 1e3 << " ms + " << p.prefill_token_seconds * 1e3
                   << " ms/prompt token + " << p.decode_token_seconds * 1e3
                   << " ms/decoding sequence + " << p.context_token_seconds * 1e6
-                  << " us/context token)";
+                  << " us/decode context token + " << p.prompt_context_token_seconds * 1e6
+                  << " us/prompt context token)";
       }
     }
     const grpc::Status status = stream->Finish();

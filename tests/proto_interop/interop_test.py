@@ -124,7 +124,8 @@ def generate_response(g):
 def step_timing(g, batch_size, prefill_tokens):
     return g.worker.StepTiming(batch_size=batch_size, prefill_tokens=prefill_tokens,
                                decode_tokens=batch_size - 1, context_tokens=70000,
-                               duration_us=18000, attended_tokens=70400)
+                               duration_us=18000, attended_tokens=70400,
+                               prompt_attended_tokens=400)
 
 
 def load_sample(g):
