@@ -92,6 +92,7 @@ bool Scheduler::Finish(SequenceId id) {
   list.erase(std::find(list.begin(), list.end(), seq));
   seq->table.Release();
   sequences_.erase(it);
+  ++counters_.finished_sequences;
   return true;
 }
 

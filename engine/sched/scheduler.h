@@ -100,6 +100,8 @@ struct SchedulerStats {
   int64_t active_decode_tokens = 0;
   // Prompt tokens of every sequence added (a counter).
   int64_t prompt_tokens = 0;
+  // Sequences that left: finished or cancelled (a counter).
+  int64_t finished_sequences = 0;
   // Over all admissions (a recomputed sequence counts again): tokens of the sequence when it was
   // admitted, and those of them found in the prefix cache.
   int64_t admitted_tokens = 0;

@@ -527,9 +527,11 @@ TEST(SchedulerTest, FinishReleasesBlocksOfRunningAndWaitingSequencesAtOnce) {
   EXPECT_EQ(pool->num_used(), 5);
 
   EXPECT_FALSE(engine.sched().Finish(99));
+  EXPECT_EQ(engine.sched().stats().finished_sequences, 0);  // an unknown id is no finish
   // Waiting: nothing held, it just leaves the queue.
   EXPECT_TRUE(engine.Cancel(3));
   EXPECT_EQ(engine.sched().stats().waiting, 0);
+  EXPECT_EQ(engine.sched().stats().finished_sequences, 1);
   EXPECT_EQ(pool->num_used(), 5);
   // Running: its blocks go back before the next step.
   EXPECT_TRUE(engine.Cancel(1));
@@ -537,9 +539,11 @@ TEST(SchedulerTest, FinishReleasesBlocksOfRunningAndWaitingSequencesAtOnce) {
   EXPECT_EQ(engine.sched().stats().running, 1);
   EXPECT_FALSE(engine.sched().Contains(1));
   EXPECT_FALSE(engine.sched().Finish(1));
+  EXPECT_EQ(engine.sched().stats().finished_sequences, 2);  // counted with the running count
   const StepRecord step = engine.Step();
   EXPECT_THAT(step.ids(), ElementsAre(2));
   EXPECT_TRUE(engine.Cancel(2));
+  EXPECT_EQ(engine.sched().stats().finished_sequences, 3);
   EXPECT_EQ(pool->num_used(), 0);
   EXPECT_FALSE(engine.sched().HasWork());
   EXPECT_EQ(pool->num_free() + pool->num_cached(), 16);

@@ -40,6 +40,7 @@ v1::LoadSample WorkerStateService::MakeLoad(const SchedulerStats& s,
   load.set_active_decode_tokens(static_cast<uint64_t>(s.active_decode_tokens));
   load.set_prefix_hit_tokens(static_cast<uint64_t>(s.prefix_hit_tokens));
   load.set_prompt_tokens(static_cast<uint64_t>(s.prompt_tokens));
+  load.set_finished_seqs(static_cast<uint64_t>(s.finished_sequences));
   load.set_step_elapsed_us(static_cast<uint64_t>(absl::ToInt64Microseconds(step_elapsed)));
   const size_t first = steps.size() > 64 ? steps.size() - 64 : 0;
   for (size_t i = first; i < steps.size(); ++i) {

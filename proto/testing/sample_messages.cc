@@ -223,6 +223,7 @@ v1::LoadSample SampleLoadSample() {
   load.set_prefix_hit_tokens(uint64_t{1} << 40);
   load.set_prompt_tokens((uint64_t{1} << 41) + 7);
   load.set_step_elapsed_us(1700000);
+  load.set_finished_seqs(4242);
   return load;
 }
 

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -58,6 +59,22 @@ struct Registry::Worker {
     int64_t decoded_tokens = 0;
   };
   absl::flat_hash_map<uint64_t, Running> running;
+  // Streams that ended (the router saw their last token) which the worker's last sample may still
+  // count as running: subtracted from its reported load until a sample's finished_seqs shows
+  // them, or report_lag has passed. A closed-loop client sends its next request within a
+  // millisecond of the last token, up to a sample interval before the worker reports the batch
+  // shrunk. Finishes a sample showed before the router saw the stream end wait in
+  // `unmatched_finishes` for it (until report_lag has passed). Guarded by Registry::mu_.
+  struct Ended {
+    absl::Time at;
+    int64_t context_tokens = 0;
+  };
+  std::deque<Ended> ended;
+  int64_t ended_context_tokens = 0;
+  std::deque<absl::Time> unmatched_finishes;
+  // LoadSample.finished_seqs at the last sample; <= 0: not reported (an older worker), and
+  // nothing is subtracted.
+  int64_t reported_finished = 0;
   // Corrections of the slo policy's predictions for this worker, learned from what requests then
   // observed: the TTFT of prompts it prefilled, the TPOT of streams it decoded. Kept across
   // reconnects, like `cost`. Guarded by Registry::mu_.
@@ -184,8 +201,15 @@ void Registry::Watch(Worker* w) {
           StepSpeedGauges().Add({{"worker", w->view.worker_id()}}).Set(w->cost.recent_ratio());
         }
         ExpireReported(w, static_cast<int64_t>(update.load().prompt_tokens()), received);
+        MatchFinished(w, static_cast<int64_t>(update.load().finished_seqs()), received);
       }
       if (update.has_snapshot()) {
+        // A snapshot restates the worker's load: nothing ended is left to subtract.
+        w->ended.clear();
+        w->ended_context_tokens = 0;
+        w->unmatched_finishes.clear();
+        w->reported_finished =
+            static_cast<int64_t>(update.snapshot().load().finished_seqs());
         // A worker seen for the first time: its snapshot carries the steps of its start-up
         // calibration; their own fit is where its model starts.
         const v1::LoadSample& load = update.snapshot().load();
@@ -292,6 +316,9 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
       c.step_elapsed_seconds = static_cast<double>(elapsed_us) * 1e-6 +
                                std::max(absl::ToDoubleSeconds(now - w->load_received_at), 0.0);
     }
+    // Streams that ended and that the last sample may still count.
+    c.running_seqs = std::max<int64_t>(c.running_seqs - static_cast<int64_t>(w->ended.size()), 0);
+    c.active_decode_tokens = std::max<int64_t>(c.active_decode_tokens - w->ended_context_tokens, 0);
     for (const auto& [serial, r] : w->running) {
       const bool started = r.first_token_at != absl::InfinitePast();
       c.running_groups.push_back(
@@ -371,6 +398,32 @@ void Registry::ExpireReported(Worker* w, int64_t received_prompt_tokens, absl::T
   }
 }
 
+void Registry::MatchFinished(Worker* w, int64_t finished_seqs, absl::Time now) {
+  const int64_t before = w->reported_finished;
+  w->reported_finished = finished_seqs;
+  auto pop_ended = [w] {
+    w->ended_context_tokens -= w->ended.front().context_tokens;
+    w->ended.pop_front();
+  };
+  if (finished_seqs < before) {  // a restarted worker: its counter began again
+    while (!w->ended.empty()) pop_ended();
+    w->unmatched_finishes.clear();
+  } else if (before > 0) {
+    for (int64_t left = finished_seqs - before; left > 0; --left) {
+      if (!w->ended.empty()) {
+        pop_ended();
+      } else if (w->unmatched_finishes.size() < 4096) {
+        w->unmatched_finishes.push_back(now);
+      }
+    }
+  }
+  while (!w->ended.empty() && w->ended.front().at + options_.report_lag <= now) pop_ended();
+  while (!w->unmatched_finishes.empty() &&
+         w->unmatched_finishes.front() + options_.report_lag <= now) {
+    w->unmatched_finishes.pop_front();
+  }
+}
+
 void Registry::Uncount(Worker* w, uint64_t key, bool prompt_only) {
   if (w == nullptr) return;
   auto it = w->pending.find(key);
@@ -417,7 +470,20 @@ void Registry::Release(Route& route) {
   absl::MutexLock lock(&mu_);
   if (Worker* decode = FindLocked(route.decode_address); decode != nullptr) {
     Uncount(decode, DecodeKey(route.serial), /*prompt_only=*/false);
-    decode->running.erase(route.serial);
+    auto it = decode->running.find(route.serial);
+    // A stream that decoded runs on the worker until its end, which the worker's next sample
+    // shows; until then it is subtracted (MatchFinished), unless a sample already showed it.
+    if (it != decode->running.end() && it->second.first_token_at != absl::InfinitePast() &&
+        decode->reported_finished > 0) {
+      if (!decode->unmatched_finishes.empty()) {
+        decode->unmatched_finishes.pop_front();
+      } else {
+        const int64_t context = route.placed_decode_tokens + it->second.decoded_tokens + 1;
+        decode->ended.push_back({.at = absl::Now(), .context_tokens = context});
+        decode->ended_context_tokens += context;
+      }
+    }
+    if (it != decode->running.end()) decode->running.erase(it);
   }
   if (!route.prefill.empty()) {
     Uncount(FindLocked(route.prefill[0].second), PrefillKey(route.serial), /*prompt_only=*/false);

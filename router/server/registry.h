@@ -130,6 +130,11 @@ class Registry {
   // sample's) shows them.
   void ExpireReported(Worker* w, int64_t received_prompt_tokens, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Matches the streams that ended on `w` against the sequences its sample says have left
+  // (LoadSample.finished_seqs), oldest first: those it shows are no longer subtracted from its
+  // reported load. Anything older than RegistryOptions::report_lag is dropped whatever the count.
+  void MatchFinished(Worker* w, int64_t finished_seqs, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Uncounts the prompt tokens (prompt_only) or all of what pending entry `key` placed on `w`
   // that is still counted.
   void Uncount(Worker* w, uint64_t key, bool prompt_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -85,6 +85,32 @@ def test_unloaded_requests_carry_predictions_of_the_right_size(pb, cluster):
     assert all(0.25 <= float(l.split()[-1]) <= 4 for l in corrections), corrections
 
 
+def test_a_request_right_after_others_end_is_predicted_against_its_own_batch(pb, cluster):
+    """A closed-loop client sends its next request a millisecond after the last token, before the
+    worker's next load sample: the router subtracts the streams it saw end (until the worker's
+    finished_seqs shows them), so the prediction is the batch the request joins, not the one that
+    just left."""
+    stub = pb.inference_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc_address))
+
+    def burst(n, tag):
+        threads = [threading.Thread(target=generate, args=(stub, pb, f"{tag}{i}: Count the stars.", 12))
+                   for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    ratios = []
+    for round_ in range(3):
+        burst(6, f"r{round_}.")
+        right_after, _ = generate(stub, pb, f"{round_}: And then?", max_tokens=4)
+        time.sleep(0.4)  # several load samples: the worker reports an idle batch
+        alone, _ = generate(stub, pb, f"{round_}: And later?", max_tokens=4)
+        ratios.append(right_after.timings.predicted_tpot_us / alone.timings.predicted_tpot_us)
+    # Counting the 6 streams that left would predict a batch of 7: several times a batch of 1.
+    assert sorted(ratios)[1] < 1.3, ratios
+
+
 def test_overload_is_refused_quickly_and_admitted_requests_keep_their_slos(pb, cluster):
     stub = pb.inference_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc_address))
     rss_before = rss_mib(cluster.router)

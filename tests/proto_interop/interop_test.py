@@ -133,7 +133,8 @@ def load_sample(g):
         timestamp_us=1733140000123456, running_seqs=3, waiting_seqs=2, free_blocks=900,
         used_blocks=124, cached_blocks=300, queued_prefill_tokens=4096, active_decode_tokens=12000,
         recent_steps=[step_timing(g, 4, 512), step_timing(g, 3, 0)],
-        prefix_hit_tokens=1 << 40, prompt_tokens=(1 << 41) + 7, step_elapsed_us=1700000)
+        prefix_hit_tokens=1 << 40, prompt_tokens=(1 << 41) + 7, step_elapsed_us=1700000,
+        finished_seqs=4242)
 
 
 def kv_pool(g):
