@@ -144,8 +144,8 @@ struct StepCostModelOptions {
   // Typical sizes of the terms (the unit the prior is counted in). > 0, finite.
   double typical_prefill_tokens = 512;
   double typical_decode_tokens = 32;
-  double typical_context_tokens = 32768;
-  double typical_prompt_context_tokens = 131072;  // a 512-token prompt
+  double typical_context_tokens = 4096;
+  double typical_prompt_context_tokens = 16384;  // a 180-token prompt
   // An observed duration above this many times the current prediction is clipped to that
   // (a stall, a swap, a page fault storm must not wreck the fit). A real slowdown is still
   // followed: each observation can raise the fit up to this factor. >= 1, finite.

@@ -241,30 +241,31 @@ TEST(StepCostModelTest, ZeroObservationsPredictWithThePrior) {
 }
 
 TEST(StepCostModelTest, ThePriorDominatesAFewObservations) {
-  // One step whose every term has its typical size (512, 32, 32768): in the scaled coordinates
-  // the fit runs in, x' = (1, 1, 1, 1) and the prior is 20 * I, so (Sherman-Morrison) the fitted
-  // prediction for that step moves by |x'|^2 / (20 + |x'|^2) = 4 / 24 of the error, and each
-  // coefficient by error / (24 * typical size). After n equal steps: 4n / (20 + 4n).
+  // One step whose every term but the prompt attention has its typical size (512, 32, 4096): in
+  // the scaled coordinates the fit runs in, x' = (1, 1, 1, 1, 0) and the prior is 20 * I, so
+  // (Sherman-Morrison) the fitted prediction for that step moves by |x'|^2 / (20 + |x'|^2) = 4 / 24
+  // of the error, and each coefficient by error / (24 * typical size). After n equal steps:
+  // 4n / (20 + 4n).
   const StepProfile prior = {};
-  const double predicted = prior.StepSeconds(512, 32, 32768);
+  const double predicted = prior.StepSeconds(512, 32, 4096);
   const double observed = 2 * predicted;  // under the outlier clip (10x)
   const double error = observed - predicted;
   StepCostModel model = MakeModel({.prior = prior, .prior_weight = 20, .forgetting = 1.0});
-  ASSERT_TRUE(model.Observe(Step(512, 32, 32768, observed)).ok());
+  ASSERT_TRUE(model.Observe(Step(512, 32, 4096, observed)).ok());
   // Rounding of the duration to whole microseconds.
   const double used = std::llround(observed * 1e6) * 1e-6;
-  EXPECT_NEAR(model.StepSeconds(Step(512, 32, 32768, 0)), predicted + (used - predicted) * 4 / 24,
+  EXPECT_NEAR(model.StepSeconds(Step(512, 32, 4096, 0)), predicted + (used - predicted) * 4 / 24,
               1e-12);
   EXPECT_NEAR(model.profile().base_seconds, prior.base_seconds + (used - predicted) / 24, 1e-12);
   EXPECT_NEAR(model.profile().prefill_token_seconds,
               prior.prefill_token_seconds + (used - predicted) / (24 * 512), 1e-15);
   EXPECT_NEAR(model.profile().context_token_seconds,
-              prior.context_token_seconds + (used - predicted) / (24 * 32768.0), 1e-15);
-  ASSERT_TRUE(model.Observe(Step(512, 32, 32768, observed)).ok());
-  EXPECT_NEAR(model.StepSeconds(Step(512, 32, 32768, 0)), predicted + (used - predicted) * 8 / 28,
+              prior.context_token_seconds + (used - predicted) / (24 * 4096.0), 1e-15);
+  ASSERT_TRUE(model.Observe(Step(512, 32, 4096, observed)).ok());
+  EXPECT_NEAR(model.StepSeconds(Step(512, 32, 4096, 0)), predicted + (used - predicted) * 8 / 28,
               1e-12);
   // Still far nearer the prior than the data.
-  EXPECT_LT(model.StepSeconds(Step(512, 32, 32768, 0)), predicted + error / 2);
+  EXPECT_LT(model.StepSeconds(Step(512, 32, 4096, 0)), predicted + error / 2);
 }
 
 TEST(StepCostModelTest, RecoversKnownCoefficientsFromNoisyData) {
@@ -363,6 +364,38 @@ TEST(StepCostModelTest, TheRecentRatioIsBoundedAndResetForgetsIt) {
   EXPECT_EQ(model.recent_ratio(), 1.0);
 }
 
+TEST(StepCostModelTest, ACpuWorkersStepsTeachTheAttentionTermsOverAFewHundredSteps) {
+  // A start-up calibration that missed the decode attention (0.3 us a token where the steps show
+  // 8 us) and halved the prompt attention; then a CPU worker's steps: batches of 4 decoding over
+  // ~80 or ~3300 tokens, and 40-token chats prefilled beside them.
+  const StepProfile truth = {.base_seconds = 0.005,
+                             .prefill_token_seconds = 3.5e-3,
+                             .decode_token_seconds = 4.5e-3,
+                             .context_token_seconds = 8e-6,
+                             .prompt_context_token_seconds = 5e-6};
+  StepProfile calibrated = truth;
+  calibrated.context_token_seconds = 0.3e-6;
+  calibrated.prompt_context_token_seconds = 2.5e-6;
+  StepCostModel model = MakeModel({.prior = calibrated});
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> jitter(0.0, 0.05);
+  for (int i = 0; i < 300; ++i) {
+    const int64_t context = i % 2 == 0 ? 80 : 3300;
+    const int64_t prefill = i % 10 == 0 ? 40 : 0;
+    const int64_t pairs = prefill * (prefill + 1) / 2;
+    const double seconds = truth.StepSeconds(static_cast<double>(prefill), 4,
+                                             static_cast<double>(context),
+                                             static_cast<double>(pairs)) *
+                           (1.0 + jitter(rng));
+    ASSERT_TRUE(model.Observe(Step(prefill, 4, context, seconds, pairs)).ok());
+  }
+  // A decode step over the long contexts is predicted within 10%, not at the calibration's 24 ms
+  // against 49 (with the attention terms' typical sizes at 32768 and 131072 it stayed at 38).
+  const double want = DecodeStepSeconds(truth, 4, 3300);
+  EXPECT_NEAR(model.DecodeStepSeconds(4, 3300), want, 0.1 * want);
+  EXPECT_NEAR(model.profile().context_token_seconds, 8e-6, 2e-6);
+}
+
 TEST(StepCostModelTest, EqualRowsFitTheirOwnShapeAndLeaveTheRestAtThePrior) {
   // The same prefill-only step 500 times: A = S x' x'^T with S = (1 - 0.995^500) / 0.005 and the
   // prior weighs w = 20 * 0.995^500, so the prediction for that step is
@@ -375,7 +408,7 @@ TEST(StepCostModelTest, EqualRowsFitTheirOwnShapeAndLeaveTheRestAtThePrior) {
   const double s = (1 - std::pow(0.995, 500)) / 0.005;
   const double w = 20 * std::pow(0.995, 500);  // 1.63, above the floor of 1
   EXPECT_NEAR(model.current_prior_weight(), w, 1e-9);
-  const double q = 1 + 1 + (512.0 / 32768) * (512.0 / 32768);
+  const double q = 1 + 1 + (512.0 / 4096) * (512.0 / 4096);
   const double predicted = prior.StepSeconds(512, 0, 512);
   EXPECT_NEAR(model.StepSeconds(step), predicted + s * q * (0.2 - predicted) / (w + s * q), 1e-9);
   EXPECT_NEAR(model.profile().decode_token_seconds, prior.decode_token_seconds, 1e-15);
