@@ -200,6 +200,14 @@ TEST(StepPredictionTest, ValidateProfile) {
 // ----------------------------------------------------------------------------------------------
 // StepCostModel
 
+// The coefficients the fitting tests make their data with: every term off the defaults' prior by
+// 25% to 100%.
+const StepProfile kFitted = {.base_seconds = 0.008,
+                             .prefill_token_seconds = 1.5e-4,
+                             .decode_token_seconds = 6e-4,
+                             .context_token_seconds = 2e-8,
+                             .prompt_context_token_seconds = 1.5e-8};
+
 TEST(StepCostModelTest, RejectsInvalidOptions) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const StepCostModelOptions bad[] = {
@@ -269,11 +277,7 @@ TEST(StepCostModelTest, ThePriorDominatesAFewObservations) {
 }
 
 TEST(StepCostModelTest, RecoversKnownCoefficientsFromNoisyData) {
-  const StepProfile truth = {.base_seconds = 0.008,
-                             .prefill_token_seconds = 1.5e-4,
-                             .decode_token_seconds = 6e-4,
-                             .context_token_seconds = 2e-8,
-                             .prompt_context_token_seconds = 1.5e-8};
+  const StepProfile truth = kFitted;
   // The prior (the defaults) is off by 25% to 100% on every term.
   StepCostModel model = MakeModel({.forgetting = 0.999});
   StepSource source(1);
@@ -286,11 +290,7 @@ TEST(StepCostModelTest, RecoversKnownCoefficientsFromNoisyData) {
 }
 
 TEST(StepCostModelTest, TracksAChange) {
-  const StepProfile before = {.base_seconds = 0.008,
-                              .prefill_token_seconds = 1.5e-4,
-                              .decode_token_seconds = 6e-4,
-                              .context_token_seconds = 2e-8,
-                              .prompt_context_token_seconds = 1.5e-8};
+  const StepProfile before = kFitted;
   // Twice as slow, say after a neighbour started sharing the accelerator.
   const StepProfile after = {.base_seconds = 0.016,
                              .prefill_token_seconds = 3e-4,
@@ -320,11 +320,7 @@ TEST(StepCostModelTest, TracksAChange) {
 }
 
 TEST(StepCostModelTest, TheRecentRatioFollowsASlowdownWithinAFewSteps) {
-  const StepProfile truth = {.base_seconds = 0.008,
-                             .prefill_token_seconds = 1.5e-4,
-                             .decode_token_seconds = 6e-4,
-                             .context_token_seconds = 2e-8,
-                             .prompt_context_token_seconds = 1.5e-8};
+  const StepProfile truth = kFitted;
   StepCostModel model = MakeModel({.prior = truth, .forgetting = 0.995});
   EXPECT_EQ(model.recent_ratio(), 1.0);
   StepSource source(3);
@@ -430,11 +426,7 @@ TEST(StepCostModelTest, CoefficientsNeverGoNegative) {
 }
 
 TEST(StepCostModelTest, OutliersAreClippedAndTheFitStaysSane) {
-  const StepProfile truth = {.base_seconds = 0.008,
-                             .prefill_token_seconds = 1.5e-4,
-                             .decode_token_seconds = 6e-4,
-                             .context_token_seconds = 2e-8,
-                             .prompt_context_token_seconds = 1.5e-8};
+  const StepProfile truth = kFitted;
   StepCostModel model = MakeModel({.prior = truth});
   StepSource source(3);
   for (int i = 0; i < 1000; ++i) {
