@@ -1,6 +1,8 @@
-"""bench/tpot_prediction.py end to end, small: it starts its own cluster (from TANDEM_BIN_DIR), runs
-its rounds and prints, for each pause, the calibrated step model and a row per kind of stream
-with the median predicted and observed TPOT and the median error."""
+"""The benchmarks docs/performance.md quotes, end to end and small, each on clusters it starts
+itself from TANDEM_BIN_DIR: bench/tpot_prediction.py (its rounds, the calibrated step model, a row
+per kind of stream) and bench/slo_goodput.py (a sweep per policy, the comparison, slo's
+prediction errors)."""
+import json
 import os
 import re
 import subprocess
@@ -33,3 +35,28 @@ def test_tpot_prediction_refuses_bad_arguments():
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "tpot_prediction.py"),
                              "--rounds", "1"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--rounds must be >= 2" in result.stderr, result.stderr
+
+
+def test_slo_goodput_sweeps_two_policies_and_compares_them(tmp_path):
+    """bench/slo_goodput.py at one low rate with two policies: each gets its own `tandem up` and
+    the same workload; the table, the ratio line and slo's prediction errors are printed, and
+    each policy's result JSON holds every request."""
+    bin_dir = os.environ.get("TANDEM_BIN_DIR")
+    assert bin_dir, "TANDEM_BIN_DIR must name the folder with tandem and its workers"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "slo_goodput.py"), "--bin", bin_dir, "--rates", "2",
+         "--num-requests", "6", "--policies", "round_robin,slo", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=500)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    out = result.stdout
+    table = out[out.index("slo_goodput: SLO attainment"):]
+    assert re.search(r"^round_robin\s+\d+%", table, re.MULTILINE), table
+    assert re.search(r"^slo\s+\d+%", table, re.MULTILINE), table
+    assert "slo / best other:" in table, table
+    assert re.search(r"slo prediction error over \d+ requests, median \|error\|: TTFT \d+%", table), table
+    for policy in ("round_robin", "slo"):
+        data = json.loads((tmp_path / f"{policy}.json").read_text())
+        requests = data["runs"][0]["rates"][0]["requests"]
+        assert len(requests) == 6, requests
+    slo_requests = json.loads((tmp_path / "slo.json").read_text())["runs"][0]["rates"][0]["requests"]
+    assert any(r.get("predicted_tpot_ms") for r in slo_requests if r.get("ok")), slo_requests
