@@ -149,9 +149,9 @@ struct WorkerCandidate {
   // Prompt tokens of the requests the router placed here to decode that the reported numbers do
   // not show yet (their context when they start decoding).
   int64_t placed_decode_tokens = 0;
-  // The requests decoding here that the router placed; the slo policy keeps each that can still
-  // make its objective within it when it adds a request or a local prefill. Empty: the requests
-  // are unknown (placed by an earlier router) and stand for one entry of the defaults.
+  // The requests decoding here that the router placed; the slo policy holds each to its
+  // objective when it adds a request or a local prefill. Empty: the requests are unknown (placed
+  // by an earlier router) and stand for one entry of the defaults.
   std::vector<RunningGroup> running_groups = {};
   // Multiplicative corrections of this worker's predictions (LatencyCorrection, learned from the
   // latencies of earlier requests): of the TTFT of the prompts it prefills, and of the TPOT of the

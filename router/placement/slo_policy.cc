@@ -225,20 +225,16 @@ class SloPolicy final : public PolicyBase {
     const WorkerCandidate& w = ctx.worker(d);
     const int64_t slots = BatchSlots(w);
     const int64_t budget = BudgetOf(w);
-    // TPOT: a decode step of the batch with this request in it.
+    // TPOT: a decode step of the batch with this request in it. Sequences beyond the token budget
+    // skip steps, so a batch above it decodes batch / budget times slower.
     const int64_t sequences = w.running_seqs + w.waiting_seqs + w.placed_sequences + 1;
-    // A decode step of `seqs` sequences. Sequences beyond the token budget skip steps, so a batch
-    // above it decodes batch / budget times slower.
-    const StepProfile& profile = ProfileOf(w);
-    const int64_t context = w.active_decode_tokens + w.placed_decode_tokens;
-    auto decode_step = [&](int64_t seqs, int64_t tokens) {
-      const int64_t batch = std::min(seqs, slots);
-      return DecodeStepSeconds(profile, std::min(batch, budget), tokens) *
+    const int64_t batch = std::min(sequences, slots);
+    const int64_t context =
+        w.active_decode_tokens + w.placed_decode_tokens + ctx.request().prompt_tokens;
+    Candidate c;
+    c.tpot = DecodeStepSeconds(ProfileOf(w), std::min(batch, budget), context) *
              std::max(1.0, static_cast<double>(batch) / static_cast<double>(budget)) *
              w.tpot_correction;
-    };
-    Candidate c;
-    c.tpot = decode_step(sequences, context + ctx.request().prompt_tokens);
     // Beyond max_running the request waits for a slot: a full batch frees one every
     // expected_output_tokens * tpot / slots seconds.
     const int64_t over = sequences - slots;
