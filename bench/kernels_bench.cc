@@ -3,6 +3,7 @@
 // compare instruction sets rather than core counts.
 //
 //   MatMul/<isa>/<dtype>/M<m>/K<k>/N<n>   bytes_per_second = weight bytes streamed; FLOPS = 2·M·N·K
+//   MatMulPacked/...                      the same weights repacked (packed_weights.h)
 //   PagedAttentionDecode/<isa>/ctx<c>     4 sequences × 1 token, 9 heads / 3 KV heads × 64;
 //                                         bytes_per_second = K and V bytes read
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "engine/core/dtype.h"
 #include "engine/cpu/cpu_features.h"
 #include "engine/cpu/matmul.h"
+#include "engine/cpu/packed_weights.h"
 #include "engine/cpu/paged_attention.h"
 #include "engine/cpu/thread_pool.h"
 
@@ -36,9 +38,14 @@ std::vector<uint8_t> RandomBlocks(DType type, int64_t n, int64_t k, std::mt19937
 }
 
 void BM_MatMul(benchmark::State& state, Isa isa, DType type, int64_t m, int64_t k, int64_t n,
-               int threads) {
+               int threads, bool packed) {
   std::mt19937 rng(1);
   const std::vector<uint8_t> w = RandomBlocks(type, n, k, rng);
+  absl::StatusOr<PackedWeights> packed_w = PackedWeights::Pack(w.data(), type, n, k);
+  if (packed && !packed_w.ok()) {
+    state.SkipWithError("Pack failed");
+    return;
+  }
   std::vector<float> x(static_cast<size_t>(m * k));
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (float& v : x) v = dist(rng);
@@ -52,7 +59,8 @@ void BM_MatMul(benchmark::State& state, Isa isa, DType type, int64_t m, int64_t 
                        .y_stride = n,
                        .m = m,
                        .n = n,
-                       .k = k};
+                       .k = k,
+                       .packed = packed ? &*packed_w : nullptr};
   const KernelContext ctx{.pool = threads > 1 ? &pool : nullptr, .isa = isa};
   for (auto _ : state) {
     if (!MatMul(p, ctx).ok()) {
@@ -123,15 +131,23 @@ void RegisterAll() {
     if (!IsaSupported(isa, HostCpuFeatures())) continue;
     const std::string isa_name(IsaName(isa));
     for (DType type : {DType::kQ4_1, DType::kQ8_0}) {
-      for (int64_t m : {1, 128}) {
-        for (const Shape& s : shapes) {
-          // Scalar prefill of the output layer takes seconds per call; leave it out.
-          if (isa == Isa::kScalar && m > 1 && s.n > 10000) continue;
-          const std::string name = "MatMul/" + isa_name + "/" + std::string(DTypeName(type)) +
-                                   "/M" + std::to_string(m) + "/K" + std::to_string(s.k) + "/N" +
-                                   std::to_string(s.n);
-          benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, isa, type, m, s.k, s.n, 1)
-              ->Unit(benchmark::kMicrosecond);
+      for (bool packed : {false, true}) {
+        // The scalar packed kernels are a reference, not a fallback anyone runs for speed.
+        if (packed && !PackedKernelIsNative(*PackedWeights::FormatFor(type), isa)) {
+          continue;
+        }
+        for (int64_t m : {1, 8, 128}) {
+          for (const Shape& s : shapes) {
+            // Scalar prefill of the output layer takes seconds per call; leave it out.
+            if (isa == Isa::kScalar && m > 1 && s.n > 10000) continue;
+            const std::string name = std::string(packed ? "MatMulPacked/" : "MatMul/") +
+                                     isa_name + "/" + std::string(DTypeName(type)) + "/M" +
+                                     std::to_string(m) + "/K" + std::to_string(s.k) + "/N" +
+                                     std::to_string(s.n);
+            benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, isa, type, m, s.k, s.n, 1,
+                                         packed)
+                ->Unit(benchmark::kMicrosecond);
+          }
         }
       }
     }
@@ -147,7 +163,8 @@ void RegisterAll() {
   const int threads = static_cast<int>(std::thread::hardware_concurrency());
   const std::string name = "MatMul/" + std::string(IsaName(best)) + "/Q4_1/M1/K576/N49152/threads" +
                            std::to_string(threads);
-  benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, best, DType::kQ4_1, 1, 576, 49152, threads)
+  benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, best, DType::kQ4_1, 1, 576, 49152, threads,
+                               false)
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();
 }

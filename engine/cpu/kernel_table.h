@@ -47,6 +47,14 @@ using RowDotFn = void (*)(const void* w_row, const void* x, int64_t x_stride, in
 using RowDot2Fn = void (*)(const void* w_row, int64_t w_row_bytes, const void* x, int64_t x_stride,
                            int64_t m, int64_t k, float* y, int64_t y_stride);
 
+// A packed tile of 16 weight rows (packed_weights.h, whose comment gives the exact arithmetic)
+// against `m` activation rows: y[i * y_stride + r] for i < m, r < rows (rows <= 16). Activation
+// row i's block b is x[i * x_stride + b], and xsum[i * x_stride + b] is the integer sum of its 32
+// codes (the kQ8x16 kernels use it; others may ignore it). nb: blocks per row (K / 32).
+using PackedDotFn = void (*)(const uint8_t* tile, int64_t nb, const BlockQ8Act* x,
+                             const int32_t* xsum, int64_t x_stride, int64_t m, float* y,
+                             int64_t y_stride, int64_t rows);
+
 struct KernelTable {
   Isa isa;
   // Indexed by static_cast<int>(DType).
@@ -60,7 +68,16 @@ struct KernelTable {
   // Two-row kernels indexed by DType (6 entries), or nullptr where the table has none; an entry
   // may be nullptr (then row_dot is used for every row).
   const RowDot2Fn* row_dot2;
+  // Kernels over packed tiles, indexed by PackedFormat (2 entries), or nullptr where the table
+  // has none of its own: MatMul then runs the scalar table's, and a caller that packs weights for
+  // speed should not pack for this table (PackedKernelsAreNative).
+  const PackedDotFn* packed_dot;
 };
+
+// Whether `table` has its own kernel for packed format `format` (an int PackedFormat).
+inline bool PackedKernelsAreNative(const KernelTable& table, int format) {
+  return table.packed_dot != nullptr && table.packed_dot[format] != nullptr;
+}
 
 const KernelTable& ScalarKernelTable();
 // nullptr when the library was built without that ISA's file (non-x86 builds).

@@ -47,6 +47,7 @@ const KernelTable kTable = {
     AxpyF32,
     ScaleF32,
     nullptr,
+    nullptr,  // no packed kernels: MatMul falls back to the scalar ones; CpuForward does not pack
 };
 
 float VF::Hsum(T v) { return Hsum8(v); }

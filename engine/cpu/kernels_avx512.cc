@@ -174,6 +174,100 @@ void RowDot2Quant(const void* w_row, int64_t w_row_bytes, const void* x, int64_t
 const RowDot2Fn kRowDot2[6] = {nullptr, nullptr, nullptr, nullptr, RowDot2Quant<1>,
                                RowDot2Quant<2>};
 
+// ---- packed tiles (packed_weights.h) -----------------------------------------------------------
+// One 512-bit register holds 4 codes of each of the 16 rows; vpdpbusd multiplies them by 4
+// broadcast activation codes. Per block index: the codes are unpacked once for all activation
+// rows, then each activation row costs 8 vpdpbusd, one convert, one multiply and one or two FMAs
+// for 16 × 32 multiply-adds. Q8 codes are signed, which vpdpbusd's first operand is not: they are
+// biased by 128 (x ^ 0x80) and 128 · Σ x is taken off the integer sum again (exact).
+
+inline __m512i Bcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <bool kQ4, int R>
+__attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64_t nb,
+                                                      const BlockQ8Act* x, const int32_t* xsum,
+                                                      int64_t xs, float* y, int64_t ys,
+                                                      int64_t rows) {
+  constexpr int64_t kBlockBytes = kQ4 ? 320 : 544;
+  constexpr int kGroups = kQ4 ? 4 : 8;
+  __m512 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = tile + b * kBlockBytes;
+    __m512i w[8];
+    if constexpr (kQ4) {
+      const __m512i low = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(blk + 64 * c);
+        w[c] = _mm512_and_si512(v, low);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+    } else {
+      const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) w[g] = _mm512_xor_si512(_mm512_loadu_si512(blk + 64 * g), bias);
+    }
+    const __m512 dw =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64)));
+    __m512 mw = _mm512_setzero_ps();
+    if constexpr (kQ4) {
+      mw = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64 + 32)));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8Act& xb = x[r * xs + b];
+      // Two chains of 4 (elements 0..15, 16..31) for the latency; integer sums are exact in any
+      // order.
+      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], Bcast4(xb.qs));
+      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], Bcast4(xb.qs + 16));
+#pragma GCC unroll 3
+      for (int c = 1; c < 4; ++c) {
+        s0 = _mm512_dpbusd_epi32(s0, w[c], Bcast4(xb.qs + 4 * c));
+        s1 = _mm512_dpbusd_epi32(s1, w[c + 4], Bcast4(xb.qs + 16 + 4 * c));
+      }
+      __m512i sum = _mm512_add_epi32(s0, s1);
+      if constexpr (!kQ4) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * xsum[r * xs + b]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(xb.d)),
+                               acc[r]);
+      if constexpr (kQ4) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xb.s), acc[r]);
+    }
+  }
+  const __mmask16 keep = static_cast<__mmask16>(rows >= 16 ? 0xFFFF : (1u << rows) - 1);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ys, keep, acc[r]);
+}
+
+template <bool kQ4>
+void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* xsum,
+               int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
+  int64_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    PackedRows<kQ4, 8>(tile, nb, x + i * xs, xsum + i * xs, xs, y + i * ys, ys, rows);
+  }
+  const BlockQ8Act* xi = x + i * xs;
+  const int32_t* si = xsum + i * xs;
+  float* yi = y + i * ys;
+  switch (m - i) {
+    case 7: PackedRows<kQ4, 7>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 6: PackedRows<kQ4, 6>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 5: PackedRows<kQ4, 5>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 4: PackedRows<kQ4, 4>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 3: PackedRows<kQ4, 3>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 2: PackedRows<kQ4, 2>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 1: PackedRows<kQ4, 1>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    default: break;
+  }
+}
+
+const PackedDotFn kPackedDot[2] = {PackedDot<true>, PackedDot<false>};
+
 const KernelTable kTable = {
     kTableIsa,
     {RowDotFloat<0>, RowDotFloat<1>, RowDotFloat<2>, RowDotQuant<0>, RowDotQuant<1>,
@@ -182,6 +276,7 @@ const KernelTable kTable = {
     AxpyF32,
     ScaleF32,
     kRowDot2,
+    kPackedDot,
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "engine/cpu/kernel_table.h"
 
@@ -117,6 +118,46 @@ void RowDotQ4_1(const void* w_row, const void* x, int64_t xs, int64_t m, int64_t
   }
 }
 
+// The packed kernels' arithmetic, spelled out (packed_weights.h): every SIMD table's packed
+// kernels are tested against these bit for bit.
+template <bool kQ4>
+void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* /*xsum*/,
+               int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
+  constexpr int64_t kBlockBytes = kQ4 ? 320 : 544;
+  constexpr int kGroups = kQ4 ? 4 : 8;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = tile + b * kBlockBytes;
+        const BlockQ8Act& xb = x[i * xs + b];
+        int32_t sumi = 0;
+        for (int g = 0; g < kGroups; ++g) {
+          for (int j = 0; j < 4; ++j) {
+            const uint8_t q = blk[g * 64 + r * 4 + j];
+            if constexpr (kQ4) {
+              sumi += (q & 0x0F) * xb.qs[4 * g + j] + (q >> 4) * xb.qs[16 + 4 * g + j];
+            } else {
+              sumi += static_cast<int8_t>(q) * xb.qs[4 * g + j];
+            }
+          }
+        }
+        uint16_t d;
+        std::memcpy(&d, blk + kGroups * 64 + r * 2, 2);
+        acc = std::fma(static_cast<float>(sumi), HalfToFloat(d) * xb.d, acc);
+        if constexpr (kQ4) {
+          uint16_t mw;
+          std::memcpy(&mw, blk + kGroups * 64 + 32 + r * 2, 2);
+          acc = std::fma(HalfToFloat(mw), xb.s, acc);
+        }
+      }
+      y[i * ys + r] = acc;
+    }
+  }
+}
+
+const PackedDotFn kPackedDot[2] = {PackedDot<true>, PackedDot<false>};
+
 float DotF32(const float* a, const float* b, int64_t n) {
   float acc = 0.0f;
   for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
@@ -132,7 +173,7 @@ void ScaleF32(float a, float* y, int64_t n) {
 const KernelTable kScalarTable = {
     Isa::kScalar, {RowDotF32, RowDotF16, RowDotBF16, RowDotQ8_0, RowDotQ4_0, RowDotQ4_1},
     DotF32,       AxpyF32,
-    ScaleF32,     nullptr,
+    ScaleF32,     nullptr,      kPackedDot,
 };
 
 }  // namespace

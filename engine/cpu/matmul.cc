@@ -10,12 +10,30 @@ namespace tandem::cpu {
 namespace {
 
 constexpr int64_t kRowTile = 16;  // weight rows per tile (a few KB: stays in L1 across all of M)
+static_assert(kRowTile == kPackedRows, "a work item is one packed tile");
 constexpr int64_t kMTile = 4;     // activation rows per inner call (register accumulators)
+
+bool Quantized(const MatMulParams& p) { return p.packed != nullptr || IsQuantized(p.w_type); }
 
 absl::Status Validate(const MatMulParams& p) {
   if (p.m < 0 || p.n < 0 || p.k < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("MatMul: negative size M=", p.m, " N=", p.n, " K=", p.k));
+  }
+  if (p.packed != nullptr) {
+    if (p.packed->n() != p.n || p.packed->k() != p.k) {
+      return absl::InvalidArgumentError(absl::StrCat("MatMul: packed weights are ", p.packed->n(),
+                                                     " x ", p.packed->k(), ", the product ", p.n,
+                                                     " x ", p.k));
+    }
+    if (p.m > 0 && p.n > 0 && ((p.x == nullptr && p.k > 0) || p.y == nullptr)) {
+      return absl::InvalidArgumentError("MatMul: null pointer");
+    }
+    if ((p.m > 1 && p.x_stride < p.k) || (p.m > 1 && p.y_stride < p.n)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MatMul: strides x=", p.x_stride, " y=", p.y_stride, " below K=", p.k, " / N=", p.n));
+    }
+    return absl::OkStatus();
   }
   if (IsQuantized(p.w_type) && p.k % kQuantBlock != 0) {
     return absl::InvalidArgumentError(absl::StrCat("MatMul: K=", p.k, " is not a multiple of ",
@@ -66,14 +84,24 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
   // any weight is quantized (once for all products).
   const int64_t nb = k / kQuantBlock;
   thread_local std::vector<BlockQ8Act> quantized;  // reused across calls on this thread
-  const bool any_quantized = std::any_of(params.begin(), params.end(),
-                                         [](const MatMulParams& p) { return IsQuantized(p.w_type); });
+  thread_local std::vector<int32_t> block_sums;    // Σ codes per block, for packed kernels
+  const bool any_quantized = std::any_of(params.begin(), params.end(), Quantized);
+  const bool any_packed = std::any_of(params.begin(), params.end(),
+                                      [](const MatMulParams& p) { return p.packed != nullptr; });
   if (any_quantized) {
     if (static_cast<int64_t>(quantized.size()) < m * nb) quantized.resize(m * nb);
+    if (any_packed && static_cast<int64_t>(block_sums.size()) < m * nb) block_sums.resize(m * nb);
     BlockQ8Act* q = quantized.data();
+    int32_t* sums = block_sums.data();
     auto quantize = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         QuantizeRowQ8Act(first.x + i * first.x_stride, q + i * nb, k);
+        if (!any_packed) continue;
+        for (int64_t b = i * nb; b < (i + 1) * nb; ++b) {
+          int32_t sum = 0;
+          for (int8_t c : q[b].qs) sum += c;
+          sums[b] = sum;
+        }
       }
     };
     if (context.pool != nullptr && m >= 16) {
@@ -83,6 +111,7 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
     }
   }
   const BlockQ8Act* xq = quantized.data();
+  const int32_t* xsum = block_sums.data();
 
   // Work items are tiles of kRowTile weight rows, numbered across the products in order.
   constexpr int64_t kMaxProducts = 8;
@@ -99,6 +128,17 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
     for (int64_t t = t_begin; t < t_end; ++t) {
       while (t >= tile_begin[j + 1]) ++j;
       const MatMulParams& p = params[j];
+      if (p.packed != nullptr) {
+        const int format = static_cast<int>(p.packed->format());
+        const PackedDotFn dot = PackedKernelsAreNative(table, format)
+                                    ? table.packed_dot[format]
+                                    : ScalarKernelTable().packed_dot[format];
+        const int64_t tile = t - tile_begin[j];
+        const int64_t n0 = tile * kRowTile;
+        dot(p.packed->tile(tile), nb, xq, xsum, nb, m, p.y + n0, p.y_stride,
+            std::min(kRowTile, p.n - n0));
+        continue;
+      }
       const RowDotFn row_dot = table.row_dot[static_cast<int>(p.w_type)];
       const RowDot2Fn row_dot2 =
           table.row_dot2 != nullptr ? table.row_dot2[static_cast<int>(p.w_type)] : nullptr;

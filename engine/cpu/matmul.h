@@ -13,6 +13,10 @@
 // kernel two at a time (rows 2j and 2j + 1 of a tile share each 512-bit register), with results
 // bit-identical to one row at a time.
 //
+// Weights repacked by PackedWeights (packed_weights.h) go through the packed kernels instead,
+// 16 rows at a time for all M; see that header for their exact arithmetic, which differs in
+// rounding from the row kernels'.
+//
 // Thread-safe: concurrent calls are fine. The quantized activations go to a per-calling-thread
 // scratch buffer that is kept between calls (M · K / 32 · 40 bytes at its largest).
 #ifndef TANDEM_ENGINE_CPU_MATMUL_H_
@@ -24,6 +28,7 @@
 #include "absl/types/span.h"
 #include "engine/core/dtype.h"
 #include "engine/cpu/kernel_context.h"
+#include "engine/cpu/packed_weights.h"
 
 namespace tandem::cpu {
 
@@ -38,10 +43,14 @@ struct MatMulParams {
   int64_t m = 0;            // M: activation rows (1 for decode)
   int64_t n = 0;            // N: output features
   int64_t k = 0;            // K: input features; a multiple of 32 for quantized w_type
+  // When set, the weights come from here (n() == N and k() == K) and w, w_type and w_row_bytes
+  // are not read.
+  const PackedWeights* packed = nullptr;
 };
 
 // Computes y[i, n] = Σ_k x[i, k] · W[n, k]. INVALID_ARGUMENT when a size is negative, K is not a
-// whole number of blocks, a stride is too small or a pointer is null (with a nonzero size).
+// whole number of blocks, a stride is too small, a pointer is null (with a nonzero size) or the
+// packed weights' shape is not N × K.
 [[nodiscard]] absl::Status MatMul(const MatMulParams& params, const KernelContext& context = {});
 
 // Several products of the same activations (Q/K/V, or gate/up): y_j = x · W_jᵀ for every

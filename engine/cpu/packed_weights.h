@@ -1,0 +1,92 @@
+// Quantized weight matrices repacked once, at load time, for the batched matrix products.
+//
+// In GGUF's layout each 32-weight block of a row carries its own scales, so a SIMD kernel over one
+// row pays a convert, a scale multiply and an FMA for every 32 multiply-adds. Packed, 16 rows are
+// interleaved: for each block index b, the 16 rows' int codes lie in 64-byte groups of 4 codes
+// per row, followed by the 16 rows' scales. One vpdpbusd then multiplies 4 codes of all 16 rows by
+// 4 broadcast activations, and one convert / multiply / FMA serves 16 rows and 32 inputs. Decode
+// at batch 8 is compute-bound, and this is where its time goes (docs/performance.md).
+//
+// Formats (per tile of 16 rows, per block index b; a tile holds K / 32 of these, b ascending):
+//
+//   kQ4x16  320 bytes  qs[4][16][4]: group c, row r, byte j = byte 4c + j of row r's Q4 block
+//                                    (low nibble: element 4c + j; high: element 16 + 4c + j)
+//                      d[16], m[16]: f16 scale and offset of each row (x = d * nibble + m)
+//           from Q4_1 (d, m as stored) and Q4_0 (m = -8 d, exact in f16)
+//   kQ8x16  544 bytes  qs[8][16][4]: group g, row r, byte j = int8 code 4g + j of row r
+//                      d[16]:        f16 scale of each row
+//           from Q8_0
+//
+// Rows past N in the last tile are zero (scales included), and their outputs are not written.
+//
+// What the packed kernels compute, for weight row n and activation row i (BlockQ8Act blocks x_b),
+// in this order and rounding, on every ISA:
+//
+//   acc = 0
+//   for b in 0 .. K/32 - 1:
+//     acc = fma(float(Σ_j q[n,b,j] · x_b.qs[j]), d[n,b] · x_b.d, acc)   // the integer sum is exact
+//     acc = fma(m[n,b], x_b.s, acc)                                      // kQ4x16 only
+//   y[i, n] = acc
+//
+// so a result depends neither on the ISA nor on how many activation rows share the call.
+#ifndef TANDEM_ENGINE_CPU_PACKED_WEIGHTS_H_
+#define TANDEM_ENGINE_CPU_PACKED_WEIGHTS_H_
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "engine/core/dtype.h"
+#include "engine/cpu/cpu_features.h"
+
+namespace tandem::cpu {
+
+enum class PackedFormat : uint8_t { kQ4x16, kQ8x16 };
+inline constexpr int kNumPackedFormats = 2;
+inline constexpr int64_t kPackedRows = 16;  // weight rows per tile
+
+// Bytes of one block index of one tile (320 or 544).
+int64_t PackedBlockBytes(PackedFormat format);
+
+// Whether the kernel table for `isa` has its own kernel for `format`. Where it has not, MatMul
+// runs packed weights on the scalar reference kernel, so packing for speed is pointless there.
+bool PackedKernelIsNative(PackedFormat format, Isa isa);
+
+class PackedWeights {
+ public:
+  // The packed format for `type`, or std::nullopt for a type without one (F32, F16, BF16).
+  static std::optional<PackedFormat> FormatFor(DType type);
+
+  // Packs the [n, k] matrix at `w` (row r at w + r * w_row_bytes; 0: packed rows). INVALID_ARGUMENT
+  // for a negative size, K not a multiple of 32, a short w_row_bytes or a null `w`; UNIMPLEMENTED
+  // for a type without a packed format; OUT_OF_RANGE for a Q4_0 scale whose offset -8 d does not
+  // fit in f16. RESOURCE_EXHAUSTED when the memory cannot be allocated.
+  static absl::StatusOr<PackedWeights> Pack(const void* w, DType type, int64_t n, int64_t k,
+                                            int64_t w_row_bytes = 0);
+
+  PackedFormat format() const { return format_; }
+  int64_t n() const { return n_; }
+  int64_t k() const { return k_; }
+  int64_t num_tiles() const { return (n_ + kPackedRows - 1) / kPackedRows; }
+  int64_t tile_bytes() const { return k_ / kQuantBlock * PackedBlockBytes(format_); }
+  int64_t bytes() const { return num_tiles() * tile_bytes(); }
+  // Tile t: rows 16t .. 16t + 15. The data starts 64-byte aligned (kQ4x16 tiles all are).
+  const uint8_t* tile(int64_t t) const { return data_.get() + t * tile_bytes(); }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  PackedWeights(PackedFormat format, int64_t n, int64_t k, std::unique_ptr<uint8_t, Free> data)
+      : format_(format), n_(n), k_(k), data_(std::move(data)) {}
+
+  PackedFormat format_;
+  int64_t n_ = 0, k_ = 0;
+  std::unique_ptr<uint8_t, Free> data_;
+};
+
+}  // namespace tandem::cpu
+
+#endif  // TANDEM_ENGINE_CPU_PACKED_WEIGHTS_H_

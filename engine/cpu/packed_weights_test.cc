@@ -1,0 +1,236 @@
+#include "engine/cpu/packed_weights.h"
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/cpu/kernel_table.h"
+#include "engine/cpu/kernel_test_util.h"
+#include "engine/cpu/matmul.h"
+#include "engine/cpu/thread_pool.h"
+#include "gtest/gtest.h"
+
+namespace tandem::cpu {
+namespace {
+
+using testing::RandomFloats;
+using testing::RandomWeights;
+
+constexpr DType kPackable[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0};
+
+// The arithmetic packed_weights.h documents, computed from the GGUF blocks as stored (not from
+// the packed tile): weight element j of block b as an integer code q and a scale and offset.
+std::vector<float> Reference(DType type, const std::vector<uint8_t>& w, int64_t n, int64_t k,
+                             const std::vector<BlockQ8Act>& xq, int64_t m) {
+  const int64_t nb = k / kQuantBlock;
+  const int64_t row_bytes = *DTypeStorageBytes(type, k);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t r = 0; r < n; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = w.data() + r * row_bytes + b * DTypeBlockBytes(type);
+        const BlockQ8Act& xb = xq[static_cast<size_t>(i * nb + b)];
+        uint16_t d16;
+        std::memcpy(&d16, blk, 2);
+        float offset = 0.0f;
+        int32_t sumi = 0;
+        for (int j = 0; j < kQuantBlock; ++j) {
+          int code;
+          if (type == DType::kQ8_0) {
+            code = static_cast<int8_t>(blk[2 + j]);
+          } else {
+            const uint8_t* qs = blk + (type == DType::kQ4_1 ? 4 : 2);
+            code = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
+          }
+          sumi += code * xb.qs[j];
+        }
+        if (type == DType::kQ4_1) {
+          uint16_t m16;
+          std::memcpy(&m16, blk + 2, 2);
+          offset = HalfToFloat(m16);
+        } else if (type == DType::kQ4_0) {
+          offset = -8.0f * HalfToFloat(d16);
+        }
+        acc = std::fma(static_cast<float>(sumi), HalfToFloat(d16) * xb.d, acc);
+        if (type != DType::kQ8_0) acc = std::fma(offset, xb.s, acc);
+      }
+      y[static_cast<size_t>(i * n + r)] = acc;
+    }
+  }
+  return y;
+}
+
+std::vector<BlockQ8Act> Quantize(const std::vector<float>& x, int64_t m, int64_t k) {
+  const int64_t nb = k / kQuantBlock;
+  std::vector<BlockQ8Act> xq(static_cast<size_t>(m * nb));
+  for (int64_t i = 0; i < m; ++i) QuantizeRowQ8Act(x.data() + i * k, xq.data() + i * nb, k);
+  return xq;
+}
+
+// MatMul over packed weights, on every ISA the host has, equals the documented arithmetic bit
+// for bit: for M in and around the kernels' register blocks (8), N that leaves partial tiles, and
+// padded strides. The reference reads the GGUF blocks, so a wrong transposition fails here.
+TEST(PackedWeightsTest, EveryIsaComputesTheDocumentedArithmeticExactly) {
+  std::mt19937 rng(77);
+  for (DType type : kPackable) {
+    for (int64_t k : {32, 96, 576}) {
+      for (int64_t n : {1, 15, 16, 17, 40}) {
+        const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
+        absl::StatusOr<PackedWeights> packed = PackedWeights::Pack(w.data(), type, n, k);
+        ASSERT_TRUE(packed.ok()) << packed.status();
+        for (int64_t m : {1, 3, 8, 9, 17}) {
+          const std::vector<float> x = RandomFloats(rng, m * k, -2.0f, 2.0f);
+          const std::vector<float> want = Reference(type, w, n, k, Quantize(x, m, k), m);
+          for (Isa isa : kAllIsas) {
+            if (!IsaSupported(isa, HostCpuFeatures())) continue;
+            SCOPED_TRACE(::testing::Message() << IsaName(isa) << " " << DTypeName(type)
+                                              << " M=" << m << " N=" << n << " K=" << k);
+            const int64_t y_stride = n + 2;
+            std::vector<float> y(static_cast<size_t>(m * y_stride), -1.0f);
+            MatMulParams p{.x = x.data(), .x_stride = k, .y = y.data(), .y_stride = y_stride,
+                           .m = m, .n = n, .k = k, .packed = &*packed};
+            ASSERT_TRUE(MatMul(p, {.isa = isa}).ok());
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t r = 0; r < n; ++r) {
+                ASSERT_EQ(y[i * y_stride + r], want[i * n + r]) << "m=" << i << " n=" << r;
+              }
+              // Outputs past N (the packed tile's zero rows) are not written.
+              ASSERT_EQ(y[i * y_stride + n], -1.0f);
+              ASSERT_EQ(y[i * y_stride + n + 1], -1.0f);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The packed product approximates the unpacked one: both take the same integer dot products of
+// the same quantized activations and differ only in float rounding order.
+TEST(PackedWeightsTest, AgreesWithTheRowKernelsWithinRounding) {
+  std::mt19937 rng(3);
+  const int64_t m = 5, n = 33, k = 32 * 9;
+  for (DType type : kPackable) {
+    const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
+    std::vector<float> deq(static_cast<size_t>(n * k));
+    DequantizeReference(type, w.data(), deq.data(), n * k);
+    absl::StatusOr<PackedWeights> packed = PackedWeights::Pack(w.data(), type, n, k);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    const std::vector<float> x = RandomFloats(rng, m * k, -2.0f, 2.0f);
+    std::vector<float> y_rows(static_cast<size_t>(m * n)), y_packed(static_cast<size_t>(m * n));
+    MatMulParams p{.x = x.data(), .x_stride = k, .w = w.data(), .w_type = type,
+                   .y = y_rows.data(), .y_stride = n, .m = m, .n = n, .k = k};
+    ASSERT_TRUE(MatMul(p).ok());
+    p.y = y_packed.data();
+    p.packed = &*packed;
+    ASSERT_TRUE(MatMul(p).ok());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t r = 0; r < n; ++r) {
+        // Σ |w · x| bounds every partial sum; Q4 offsets add up to 16·|d| per element.
+        double terms = 0.0;
+        for (int64_t j = 0; j < k; ++j) {
+          terms += (std::fabs(deq[r * k + j]) + 0.3) * std::fabs(x[i * k + j]);
+        }
+        EXPECT_NEAR(y_packed[i * n + r], y_rows[i * n + r], 4.0 * k * FLT_EPSILON * terms)
+            << DTypeName(type) << " m=" << i << " n=" << r;
+      }
+    }
+  }
+}
+
+// A row's result does not depend on how many activation rows share the call, nor on threads.
+TEST(PackedWeightsTest, BatchAndThreadInvariant) {
+  std::mt19937 rng(11);
+  const int64_t n = 48, k = 32 * 5, m = 19;
+  ThreadPool pool({.num_threads = 3});
+  for (DType type : kPackable) {
+    const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
+    absl::StatusOr<PackedWeights> packed = PackedWeights::Pack(w.data(), type, n, k);
+    ASSERT_TRUE(packed.ok());
+    const std::vector<float> x = RandomFloats(rng, m * k);
+    std::vector<float> batched(static_cast<size_t>(m * n));
+    MatMulParams p{.x = x.data(), .x_stride = k, .y = batched.data(), .y_stride = n, .m = m,
+                   .n = n, .k = k, .packed = &*packed};
+    ASSERT_TRUE(MatMul(p, {.pool = &pool, .isa = std::nullopt}).ok());
+    for (int64_t i = 0; i < m; ++i) {
+      std::vector<float> one(static_cast<size_t>(n));
+      MatMulParams q = p;
+      q.x = x.data() + i * k;
+      q.y = one.data();
+      q.m = 1;
+      ASSERT_TRUE(MatMul(q).ok());
+      for (int64_t r = 0; r < n; ++r) ASSERT_EQ(one[r], batched[i * n + r]) << "m=" << i;
+    }
+  }
+}
+
+// MatMulShared mixes packed and row-layout products over one quantization of x.
+TEST(PackedWeightsTest, SharedCallMixesPackedAndRowLayouts) {
+  std::mt19937 rng(21);
+  const int64_t m = 6, k = 64;
+  const std::vector<uint8_t> wa = RandomWeights(rng, DType::kQ4_1, 20, k);
+  const std::vector<uint8_t> wb = RandomWeights(rng, DType::kQ8_0, 7, k);
+  absl::StatusOr<PackedWeights> pa = PackedWeights::Pack(wa.data(), DType::kQ4_1, 20, k);
+  ASSERT_TRUE(pa.ok());
+  const std::vector<float> x = RandomFloats(rng, m * k);
+  std::vector<float> ya(m * 20), yb(m * 7), ya1(m * 20), yb1(m * 7);
+  MatMulParams a{.x = x.data(), .x_stride = k, .y = ya.data(), .y_stride = 20, .m = m, .n = 20,
+                 .k = k, .packed = &*pa};
+  MatMulParams b{.x = x.data(), .x_stride = k, .w = wb.data(), .w_type = DType::kQ8_0,
+                 .y = yb.data(), .y_stride = 7, .m = m, .n = 7, .k = k};
+  const MatMulParams both[] = {a, b};
+  ASSERT_TRUE(MatMulShared(both).ok());
+  a.y = ya1.data();
+  b.y = yb1.data();
+  ASSERT_TRUE(MatMul(a).ok());
+  ASSERT_TRUE(MatMul(b).ok());
+  EXPECT_EQ(ya, ya1);
+  EXPECT_EQ(yb, yb1);
+}
+
+TEST(PackedWeightsTest, RejectsWhatItCannotPack) {
+  std::mt19937 rng(1);
+  const std::vector<uint8_t> f32 = RandomWeights(rng, DType::kF32, 4, 32);
+  EXPECT_EQ(PackedWeights::Pack(f32.data(), DType::kF32, 4, 32).status().code(),
+            absl::StatusCode::kUnimplemented);
+  const std::vector<uint8_t> q = RandomWeights(rng, DType::kQ4_1, 4, 64);
+  EXPECT_EQ(PackedWeights::Pack(q.data(), DType::kQ4_1, 4, 48).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PackedWeights::Pack(q.data(), DType::kQ4_1, 4, 64, /*w_row_bytes=*/20).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PackedWeights::Pack(nullptr, DType::kQ4_1, 4, 64).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A Q4_0 scale of 2^14: its offset -8 · 2^14 is beyond f16.
+  std::vector<uint8_t> big = RandomWeights(rng, DType::kQ4_0, 2, 32);
+  const uint16_t huge = FloatToHalf(16384.0f);
+  std::memcpy(big.data() + 18, &huge, 2);
+  const absl::Status s = PackedWeights::Pack(big.data(), DType::kQ4_0, 2, 32).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(s.message().find("row 1"), std::string::npos) << s;
+
+  // MatMul checks the packed shape against the product's.
+  absl::StatusOr<PackedWeights> packed = PackedWeights::Pack(q.data(), DType::kQ4_1, 4, 64);
+  ASSERT_TRUE(packed.ok());
+  std::vector<float> x(64), y(4);
+  MatMulParams p{.x = x.data(), .x_stride = 64, .y = y.data(), .y_stride = 3, .m = 1, .n = 3,
+                 .k = 64, .packed = &*packed};
+  EXPECT_EQ(MatMul(p).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PackedWeightsTest, SizesAndAlignment) {
+  std::mt19937 rng(2);
+  const std::vector<uint8_t> w = RandomWeights(rng, DType::kQ4_1, 33, 96);
+  absl::StatusOr<PackedWeights> packed = PackedWeights::Pack(w.data(), DType::kQ4_1, 33, 96);
+  ASSERT_TRUE(packed.ok());
+  EXPECT_EQ(packed->num_tiles(), 3);
+  EXPECT_EQ(packed->tile_bytes(), 3 * 320);
+  EXPECT_EQ(packed->bytes(), 3 * 3 * 320);  // the same bytes per row as Q4_1: 320 / 16 = 20
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(packed->tile(1)) % 64, 0u);
+  EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ8x16), 16 * 34);
+}
+
+}  // namespace
+}  // namespace tandem::cpu
