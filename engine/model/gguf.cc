@@ -522,6 +522,10 @@ const GgufTensor* GgufFile::FindTensor(absl::string_view name) const {
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
+void GgufFile::DropPages(const GgufTensor& tensor) const {
+  bytes_.DropPages(tensor.data, tensor.bytes);
+}
+
 namespace {
 
 std::string TypeDesc(const GgufValue& v) {

@@ -76,6 +76,20 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 
 MappedFile::~MappedFile() { Release(); }
 
+void MappedFile::DropPages(const void* p, int64_t bytes) const {
+  if (mapping_ == nullptr || bytes <= 0) return;
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  const auto base = reinterpret_cast<uintptr_t>(data_);
+  if (begin < base || begin + static_cast<uint64_t>(bytes) > base + static_cast<uint64_t>(size_)) {
+    return;
+  }
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + static_cast<uint64_t>(bytes)) / page * page;
+  // Advice only: a failure leaves the pages resident, which is what not asking would have done.
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 void MappedFile::Release() {
   if (mapping_ != nullptr) ::munmap(mapping_, static_cast<size_t>(size_));
   mapping_ = nullptr;

@@ -33,6 +33,12 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   int64_t size() const { return size_; }
 
+  // Lets the pages wholly inside [p, p + bytes) leave this process's resident memory: a mapped
+  // file's bytes are read again from the file when next touched (their contents do not change).
+  // For a caller that has copied the bytes elsewhere (e.g. repacked weights). A no-op for a Copy()
+  // and for a range outside the file.
+  void DropPages(const void* p, int64_t bytes) const;
+
  private:
   MappedFile() = default;
   void Release();

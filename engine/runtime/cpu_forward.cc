@@ -95,7 +95,43 @@ absl::Status CpuForward::Init() {
     s.k_bias = ToFloat(w.attn_k_bias);
     s.v_bias = ToFloat(w.attn_v_bias);
   }
+  if (options_.pack_weights) RETURN_IF_ERROR(PackWeights());
   return absl::OkStatus();
+}
+
+absl::Status CpuForward::PackWeights() {
+  const cpu::Isa isa = options_.isa.value_or(cpu::ActiveIsa());
+  std::vector<const GgufTensor*> matrices;
+  for (const LayerWeights& lw : model_->weights.layers) {
+    matrices.insert(matrices.end(), {lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.ffn_gate,
+                                     lw.ffn_up, lw.ffn_down});
+  }
+  matrices.push_back(model_->weights.output);
+  for (const GgufTensor* t : matrices) {
+    if (t == nullptr || t->shape.size() != 2 || packed_.contains(t)) continue;
+    const std::optional<cpu::PackedFormat> format = cpu::PackedWeights::FormatFor(t->type);
+    if (!format.has_value() || !cpu::PackedKernelIsNative(*format, isa)) {
+      continue;
+    }
+    absl::StatusOr<cpu::PackedWeights> packed =
+        cpu::PackedWeights::Pack(t->data, t->type, t->shape[1], t->shape[0]);
+    // A matrix that cannot be packed (a Q4_0 scale past f16's range) runs on the row kernels.
+    if (packed.status().code() == absl::StatusCode::kOutOfRange) continue;
+    if (!packed.ok()) {
+      return absl::Status(packed.status().code(),
+                          absl::StrCat(t->name, ": ", packed.status().message()));
+    }
+    packed_.emplace(t, *std::move(packed));
+    // The packed copy replaces the file's bytes in memory; an embedding matrix tied to the
+    // output reads a few rows a step, which come back from the page cache.
+    if (model_->file != nullptr) model_->file->DropPages(*t);
+  }
+  return absl::OkStatus();
+}
+
+const cpu::PackedWeights* CpuForward::PackedFor(const GgufTensor* w) const {
+  const auto it = packed_.find(w);
+  return it == packed_.end() ? nullptr : &it->second;
 }
 
 KvLayout CpuForward::KvLayoutFor(int64_t num_blocks) const {
@@ -152,8 +188,10 @@ absl::Status CpuForward::Validate(const StepBatch& batch, const KvStorage& kv) c
 
 namespace {
 
-cpu::MatMulParams LinearParams(const float* x, int64_t rows, const GgufTensor& w, float* y) {
+cpu::MatMulParams LinearParams(const float* x, int64_t rows, const GgufTensor& w, float* y,
+                               const cpu::PackedWeights* packed) {
   cpu::MatMulParams p;
+  p.packed = packed;
   p.x = x;
   p.k = w.shape[0];
   p.n = w.shape.size() > 1 ? w.shape[1] : 1;
@@ -169,7 +207,7 @@ cpu::MatMulParams LinearParams(const float* x, int64_t rows, const GgufTensor& w
 }  // namespace
 
 absl::Status CpuForward::Linear(const float* x, int64_t rows, const GgufTensor& w, float* y) {
-  return cpu::MatMul(LinearParams(x, rows, w, y),
+  return cpu::MatMul(LinearParams(x, rows, w, y, PackedFor(&w)),
                      cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa});
 }
 
@@ -210,7 +248,9 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
                            std::initializer_list<std::pair<const GgufTensor*, float*>> products) {
     cpu::MatMulParams params[3];
     size_t n = 0;
-    for (const auto& [wt, y] : products) params[n++] = LinearParams(in, rows, *wt, y);
+    for (const auto& [wt, y] : products) {
+      params[n++] = LinearParams(in, rows, *wt, y, PackedFor(wt));
+    }
     return cpu::MatMulShared(absl::MakeConstSpan(params, n),
                              cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa});
   };

@@ -13,10 +13,12 @@
 
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/cpu/cpu_features.h"
+#include "engine/cpu/packed_weights.h"
 #include "engine/cpu/rope.h"
 #include "engine/cpu/thread_pool.h"
 #include "engine/kv/kv_storage.h"
@@ -34,10 +36,14 @@ class CpuForward {
     int64_t block_size = 16;
     // Kernel instruction set; empty: the best the CPU has (or TANDEM_CPU_ISA).
     std::optional<cpu::Isa> isa = std::nullopt;
+    // Repack quantized matrices at start-up for the packed kernels (engine/cpu/packed_weights.h),
+    // where the ISA has its own. Results differ from the row kernels' in float rounding only.
+    bool pack_weights = true;
   };
 
   // `model` must outlive the returned object. Small tensors (norms, biases, RoPE factors) are
-  // converted to float once here; matrices are used in place from the mapped file.
+  // converted to float once here. Quantized matrices are repacked here (Options::pack_weights;
+  // their pages of a mapped GGUF file are then let go) and the others used in place.
   static absl::StatusOr<std::unique_ptr<CpuForward>> Create(const LoadedModel* model,
                                                             const Options& options);
 
@@ -61,6 +67,9 @@ class CpuForward {
   absl::Status Init();
   absl::Status Validate(const StepBatch& batch, const KvStorage& kv) const;
   absl::Status Linear(const float* x, int64_t rows, const GgufTensor& w, float* y);
+  absl::Status PackWeights();
+  // The packed copy of `w`, or nullptr.
+  const cpu::PackedWeights* PackedFor(const GgufTensor* w) const;
 
   const LoadedModel* model_;
   Options options_;
@@ -69,6 +78,7 @@ class CpuForward {
   std::vector<float> inv_freq_;  // [head_dim / 2]
   std::vector<float> output_norm_;
   std::vector<SmallLayer> layers_;
+  std::unordered_map<const GgufTensor*, cpu::PackedWeights> packed_;
 };
 
 }  // namespace tandem
