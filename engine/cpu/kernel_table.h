@@ -55,6 +55,17 @@ using PackedDotFn = void (*)(const uint8_t* tile, int64_t nb, const BlockQ8Act* 
                              const int32_t* xsum, int64_t x_stride, int64_t m, float* y,
                              int64_t y_stride, int64_t rows);
 
+// Causal attention of `heads` query heads that share one KV head, head_dim 64, over `ctx` cached
+// positions: k[j] / v[j] point at position j's key / value (64 floats each). The arrays hold
+// ctx rounded up to a multiple of 32 entries; those past ctx point at 64 readable floats (zeros)
+// and are masked out. Query head h is q + h * q_stride, its output out + h * out_stride.
+// Online softmax over fixed chunks of 32 positions, as PagedAttention documents.
+using Attend64Fn = void (*)(const float* q, int64_t q_stride, int64_t heads, const float* const* k,
+                            const float* const* v, int64_t ctx, float scale, float* out,
+                            int64_t out_stride);
+inline constexpr int64_t kAttendChunk = 32;
+inline constexpr int64_t kAttendMaxHeads = 6;  // Attend64Fn takes 1..6 heads
+
 struct KernelTable {
   Isa isa;
   // Indexed by static_cast<int>(DType).
@@ -72,6 +83,9 @@ struct KernelTable {
   // has none of its own: MatMul then runs the scalar table's, and a caller that packs weights for
   // speed should not pack for this table (PackedKernelsAreNative).
   const PackedDotFn* packed_dot;
+  // Attention for head_dim 64, or nullptr (PagedAttention then runs its generic loop on
+  // dot_f32 / axpy_f32 / scale_f32).
+  Attend64Fn attend64;
 };
 
 // Whether `table` has its own kernel for packed format `format` (an int PackedFormat).

@@ -48,6 +48,7 @@ const KernelTable kTable = {
     ScaleF32,
     nullptr,
     nullptr,  // no packed kernels: MatMul falls back to the scalar ones; CpuForward does not pack
+    nullptr,
 };
 
 float VF::Hsum(T v) { return Hsum8(v); }

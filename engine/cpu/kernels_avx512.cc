@@ -268,6 +268,155 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
 
 const PackedDotFn kPackedDot[2] = {PackedDot<true>, PackedDot<false>};
 
+// ---- attention, head_dim 64 ---------------------------------------------------------------------
+// Scores for 16 positions at a time: 16 partial-product vectors (4 FMAs each) are summed
+// horizontally all at once by a transposing tree (45 shuffles and adds instead of 16 reductions of
+// 8 operations each); softmax weights with a vector exp; values accumulated for every query head
+// of the KV head from one load of each value row.
+
+// e^x for x <= 0 (softmax arguments), within ~2 ulp (Cephes' expf polynomial); x below -87.3
+// gives ~1e-38, not 0: callers mask what must be 0.
+inline __m512 ExpNonPositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline float HmaxF32(__m512 v) {
+  const __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xFF, v, 1));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  return _mm_cvtss_f32(m4);
+}
+
+// q · k[j] for j < 16, lane j.
+inline __m512 Scores16(const __m512* q, const float* const* k) {
+  __m512 p[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    p[j] = _mm512_mul_ps(q[0], _mm512_loadu_ps(k[j]));
+    p[j] = _mm512_fmadd_ps(q[1], _mm512_loadu_ps(k[j] + 16), p[j]);
+    p[j] = _mm512_fmadd_ps(q[2], _mm512_loadu_ps(k[j] + 32), p[j]);
+    p[j] = _mm512_fmadd_ps(q[3], _mm512_loadu_ps(k[j] + 48), p[j]);
+  }
+  // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] for keys a, b.
+  __m512 r1[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    r1[i] = _mm512_add_ps(_mm512_unpacklo_ps(p[2 * i], p[2 * i + 1]),
+                          _mm512_unpackhi_ps(p[2 * i], p[2 * i + 1]));
+  }
+  // Per 128-bit lane: keys 4i .. 4i+3, each summed over that lane's quarter of the dimensions.
+  __m512 r2[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    r2[i] = _mm512_add_ps(_mm512_shuffle_ps(r1[2 * i], r1[2 * i + 1], 0x44),
+                          _mm512_shuffle_ps(r1[2 * i], r1[2 * i + 1], 0xEE));
+  }
+  // Lanes: [keys 8i..8i+3 (quarters 0+1), (2+3), keys 8i+4..8i+7 (0+1), (2+3)].
+  __m512 r3[2];
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {
+    r3[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r2[2 * i], r2[2 * i + 1], 0x88),
+                          _mm512_shuffle_f32x4(r2[2 * i], r2[2 * i + 1], 0xDD));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(r3[0], r3[1], 0x88),
+                       _mm512_shuffle_f32x4(r3[0], r3[1], 0xDD));
+}
+
+template <int G>
+void Attend64Heads(const float* q, int64_t q_stride, const float* const* k, const float* const* v,
+                   int64_t ctx, float scale, float* out, int64_t out_stride) {
+  __m512 acc[G][4];
+  float running_max[G], running_sum[G];
+  alignas(64) float weights[G][kAttendChunk];
+#pragma GCC unroll 8
+  for (int h = 0; h < G; ++h) {
+    for (int i = 0; i < 4; ++i) acc[h][i] = _mm512_setzero_ps();
+    running_max[h] = -__builtin_inff();
+    running_sum[h] = 0.0f;
+  }
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  for (int64_t start = 0; start < ctx; start += kAttendChunk) {
+    const int64_t count = ctx - start < kAttendChunk ? ctx - start : kAttendChunk;
+    const __mmask16 live0 = static_cast<__mmask16>(count >= 16 ? 0xFFFF : (1u << count) - 1);
+    const __mmask16 live1 =
+        static_cast<__mmask16>(count >= 32 ? 0xFFFF : count > 16 ? (1u << (count - 16)) - 1 : 0);
+#pragma GCC unroll 8
+    for (int h = 0; h < G; ++h) {
+      const float* qh = q + h * q_stride;
+      const __m512 qv[4] = {_mm512_loadu_ps(qh), _mm512_loadu_ps(qh + 16),
+                            _mm512_loadu_ps(qh + 32), _mm512_loadu_ps(qh + 48)};
+      __m512 s0 = _mm512_mask_blend_ps(live0, neg_inf,
+                                       _mm512_mul_ps(Scores16(qv, k + start), scale_v));
+      __m512 s1 = neg_inf;
+      if (live1 != 0) {
+        s1 = _mm512_mask_blend_ps(live1, neg_inf,
+                                  _mm512_mul_ps(Scores16(qv, k + start + 16), scale_v));
+      }
+      const float chunk_max = HmaxF32(_mm512_max_ps(s0, s1));
+      const float new_max = running_max[h] > chunk_max ? running_max[h] : chunk_max;
+      const float correction = __builtin_expf(running_max[h] - new_max);  // 0 on the first chunk
+      const __m512 m = _mm512_set1_ps(new_max);
+      const __m512 e0 = _mm512_maskz_mov_ps(live0, ExpNonPositive(_mm512_sub_ps(s0, m)));
+      const __m512 e1 = _mm512_maskz_mov_ps(live1, ExpNonPositive(_mm512_sub_ps(s1, m)));
+      _mm512_store_ps(weights[h], e0);
+      _mm512_store_ps(weights[h] + 16, e1);
+      running_sum[h] = running_sum[h] * correction + VF::Hsum(_mm512_add_ps(e0, e1));
+      if (correction != 1.0f) {
+        const __m512 c = _mm512_set1_ps(correction);
+        for (int i = 0; i < 4; ++i) acc[h][i] = _mm512_mul_ps(acc[h][i], c);
+      }
+      running_max[h] = new_max;
+    }
+    for (int64_t j = 0; j < count; ++j) {
+      const float* vj = v[start + j];
+      const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+      const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
+#pragma GCC unroll 8
+      for (int h = 0; h < G; ++h) {
+        const __m512 w = _mm512_set1_ps(weights[h][j]);
+        acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
+        acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
+        acc[h][2] = _mm512_fmadd_ps(w, v2, acc[h][2]);
+        acc[h][3] = _mm512_fmadd_ps(w, v3, acc[h][3]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < G; ++h) {
+    const __m512 inv = _mm512_set1_ps(running_sum[h] > 0.0f ? 1.0f / running_sum[h] : 0.0f);
+    for (int i = 0; i < 4; ++i) {
+      _mm512_storeu_ps(out + h * out_stride + 16 * i, _mm512_mul_ps(acc[h][i], inv));
+    }
+  }
+}
+
+void Attend64(const float* q, int64_t q_stride, int64_t heads, const float* const* k,
+              const float* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
+  switch (heads) {
+    case 1: Attend64Heads<1>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
+    case 2: Attend64Heads<2>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
+    case 3: Attend64Heads<3>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
+    case 4: Attend64Heads<4>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
+    case 5: Attend64Heads<5>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
+    case 6: Attend64Heads<6>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
+    default: break;
+  }
+}
+
 const KernelTable kTable = {
     kTableIsa,
     {RowDotFloat<0>, RowDotFloat<1>, RowDotFloat<2>, RowDotQuant<0>, RowDotQuant<1>,
@@ -277,6 +426,7 @@ const KernelTable kTable = {
     ScaleF32,
     kRowDot2,
     kPackedDot,
+    Attend64,
 };
 
 }  // namespace

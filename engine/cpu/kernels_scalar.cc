@@ -173,7 +173,7 @@ void ScaleF32(float a, float* y, int64_t n) {
 const KernelTable kScalarTable = {
     Isa::kScalar, {RowDotF32, RowDotF16, RowDotBF16, RowDotQ8_0, RowDotQ4_0, RowDotQ4_1},
     DotF32,       AxpyF32,
-    ScaleF32,     nullptr,      kPackedDot,
+    ScaleF32,     nullptr,      kPackedDot, nullptr,
 };
 
 }  // namespace

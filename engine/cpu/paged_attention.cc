@@ -44,9 +44,42 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
   const float scale = Scale(p);
   const int64_t d = p.head_dim;
 
+  if (kt.attend64 != nullptr && d == 64 && group <= kAttendMaxHeads) {
+    // One item per (token, KV head): its query heads share every key and value load.
+    static constexpr float kZeros[64] = {};
+    auto work = [&](int64_t begin, int64_t end) {
+      thread_local std::vector<const float*> keys, values;
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t t = item / p.num_kv_heads;
+        const int64_t g = item % p.num_kv_heads;
+        const int64_t seq = p.token_seq[t];
+        const int64_t ctx = static_cast<int64_t>(p.token_pos[t]) + 1;
+        const int64_t padded = (ctx + kAttendChunk - 1) / kAttendChunk * kAttendChunk;
+        keys.resize(static_cast<size_t>(padded));
+        values.resize(static_cast<size_t>(padded));
+        for (int64_t pos = 0; pos < ctx; ++pos) {
+          const int64_t offset = CacheOffset(p, seq, pos, g);
+          keys[pos] = p.k_cache + offset;
+          values[pos] = p.v_cache + offset;
+        }
+        std::fill(keys.begin() + ctx, keys.end(), kZeros);
+        std::fill(values.begin() + ctx, values.end(), kZeros);
+        kt.attend64(p.q + t * p.q_token_stride + g * group * d, d, group, keys.data(),
+                    values.data(), ctx, scale, p.out + t * p.out_token_stride + g * group * d, d);
+      }
+    };
+    const int64_t items = p.num_tokens * p.num_kv_heads;
+    if (context.pool != nullptr) {
+      context.pool->ParallelFor(items, work);
+    } else {
+      work(0, items);
+    }
+    return absl::OkStatus();
+  }
+
   // Keys are visited in fixed chunks of kChunk positions whatever the block size, so the online
   // softmax rescales at the same points and the result does not depend on how the cache is paged.
-  constexpr int64_t kChunk = 32;
+  constexpr int64_t kChunk = kAttendChunk;
   auto work = [&](int64_t begin, int64_t end) {
     float scores[kChunk];
     int64_t offsets[kChunk];

@@ -48,10 +48,19 @@ struct Batch {
   }
 };
 
-Batch MakeBatch(int64_t block_size, int64_t group, int64_t head_dim, std::mt19937& rng) {
+// Mixed step: decode tokens (seq 0 at 0, seq 2 at 39) around a prefill chunk of seq 1
+// (positions 12..16) and a chunk of seq 3 that ends before the cache does (20..24 of 33).
+const std::vector<int64_t> kSeqLens = {1, 17, 40, 33};
+const std::vector<std::pair<int32_t, int32_t>> kTokens = {
+    {1, 12}, {0, 0}, {1, 13}, {1, 14}, {2, 39}, {1, 15}, {1, 16}, {3, 20}, {3, 21}, {3, 24}};
+
+// `key_scale` widens the scores' spread (peaked softmax weights).
+Batch MakeBatch(int64_t block_size, int64_t group, int64_t head_dim, std::mt19937& rng,
+                const std::vector<int64_t>& seq_lens = kSeqLens,
+                const std::vector<std::pair<int32_t, int32_t>>& tokens = kTokens,
+                float key_scale = 2.0f) {
   Batch b{
       .block_size = block_size, .num_heads = 2 * group, .num_kv_heads = 2, .head_dim = head_dim};
-  const std::vector<int64_t> seq_lens = {1, 17, 40, 33};
   for (int64_t len : seq_lens) {
     b.max_blocks = std::max(b.max_blocks, (len + block_size - 1) / block_size);
   }
@@ -78,16 +87,12 @@ Batch MakeBatch(int64_t block_size, int64_t group, int64_t head_dim, std::mt1993
         const int64_t off =
             block * p.block_stride + (pos % block_size) * p.token_stride + g * p.kv_head_stride;
         for (int64_t d = 0; d < head_dim; ++d) {
-          b.k_cache[off + d] = 2.0f * dist(rng);
+          b.k_cache[off + d] = key_scale * dist(rng);
           b.v_cache[off + d] = dist(rng);
         }
       }
     }
   }
-  // Mixed step: decode tokens (seq 0 at 0, seq 2 at 39) around a prefill chunk of seq 1
-  // (positions 12..16) and a chunk of seq 3 that ends before the cache does (20..24 of 33).
-  const std::vector<std::pair<int32_t, int32_t>> tokens = {
-      {1, 12}, {0, 0}, {1, 13}, {1, 14}, {2, 39}, {1, 15}, {1, 16}, {3, 20}, {3, 21}, {3, 24}};
   for (auto [seq, pos] : tokens) {
     b.token_seq.push_back(seq);
     b.token_pos.push_back(pos);
@@ -100,6 +105,38 @@ Batch MakeBatch(int64_t block_size, int64_t group, int64_t head_dim, std::mt1993
 
 class PagedAttentionTest
     : public ::testing::TestWithParam<std::tuple<Isa, int64_t, int64_t, int64_t>> {};
+
+// Long contexts (several 32-position chunks, partial last chunks of 1..31 positions), every GQA
+// group size the AVX-512 head_dim-64 kernel takes and one past it (7: the generic loop), and
+// scores spread wide enough that the softmax is peaked and the running maximum moves.
+TEST(PagedAttentionLongTest, MatchesTheReferenceOverManyChunks) {
+  const std::vector<int64_t> lens = {301, 64, 33, 97};
+  const std::vector<std::pair<int32_t, int32_t>> tokens = {
+      {0, 300}, {1, 63}, {2, 32}, {3, 95}, {3, 96}, {0, 31}, {0, 160}, {1, 16}};
+  for (int64_t group : {1, 2, 3, 4, 5, 6, 7}) {
+    for (float key_scale : {0.5f, 6.0f}) {
+      std::mt19937 rng(static_cast<uint32_t>(group * 7 + key_scale));
+      Batch batch = MakeBatch(16, group, 64, rng, lens, tokens, key_scale);
+      PagedAttentionParams p = batch.Params();
+      std::vector<float> expected(batch.out.size());
+      p.out = expected.data();
+      ASSERT_TRUE(PagedAttentionReference(p).ok());
+      for (Isa isa : kAllIsas) {
+        if (!IsaSupported(isa, HostCpuFeatures())) continue;
+        std::vector<float> got(batch.out.size(), std::numeric_limits<float>::quiet_NaN());
+        p.out = got.data();
+        ASSERT_TRUE(PagedAttention(p, {.isa = isa}).ok());
+        for (size_t i = 0; i < got.size(); ++i) {
+          // A convex combination of |v| <= 1 over <= 301 positions: 1e-5 covers the rounding of
+          // the float sums and of a ~2-ulp exp.
+          ASSERT_NEAR(got[i], expected[i], 1e-5f)
+              << IsaName(isa) << " group " << group << " key_scale " << key_scale << " element "
+              << i << " (token " << i / p.out_token_stride << ")";
+        }
+      }
+    }
+  }
+}
 
 TEST_P(PagedAttentionTest, MatchesNaiveSoftmaxReference) {
   const auto [isa, block_size, group, head_dim] = GetParam();
