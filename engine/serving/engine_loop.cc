@@ -297,7 +297,10 @@ absl::Status EngineLoop::Calibrate() {
     // holds: the steps decode a batch over a long context at the cost of a few prompt tokens.
     bool long_context = false;
   };
-  const int64_t batch = std::min<int64_t>(max_running_, 16);
+  // The big batch is near the largest a TPOT objective admits on a CPU worker (40-60 streams with
+  // the packed kernels): fitted from batches of at most 16, the step of a 60-stream batch came out
+  // ~25% short of what it took.
+  const int64_t batch = std::min<int64_t>(max_running_, 48);
   // The first wave only warms up (the first passes fault the weights in and are slow); its
   // steps are forgotten. The two batches of 4 differ in context only (~40 and ~800 tokens), so
   // that the fit tells the per-context-token cost of decode attention from the per-sequence cost

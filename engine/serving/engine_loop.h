@@ -99,7 +99,7 @@ class EngineLoop {
 
   // Runs a few requests of known shapes after a warm-up -- prompts alone (prefill steps of 32
   // and 192 tokens),
-  // then batches of 4 and of min(max_running, 16) short ones decoding together -- and waits for
+  // then batches of 4 and of min(max_running, 48) short ones decoding together -- and waits for
   // them, so that the step timings a router fits its cost model to (StepsAfter, docs/slo.md)
   // describe this machine before the first real request. For a worker's start-up, before it
   // serves: the requests bypass max_requests and their blocks stay in the prefix cache (random
