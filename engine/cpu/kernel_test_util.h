@@ -11,6 +11,8 @@
 
 #include "engine/core/dtype.h"
 #include "engine/cpu/cpu_features.h"
+#include "engine/cpu/matmul.h"
+#include "gtest/gtest.h"
 
 namespace tandem::cpu::testing {
 
@@ -67,6 +69,23 @@ inline std::vector<uint8_t> RandomWeights(std::mt19937& rng, DType type, int64_t
 
 inline std::string IsaDTypeName(Isa isa, DType type) {
   return std::string(IsaName(isa)) + "_" + std::string(DTypeName(type));
+}
+
+// Batch invariance: `batched` (the result of MatMul(p) with p.m rows) equals, bit for bit, each
+// row computed alone (M = 1) with `context`.
+inline void ExpectRowsEqualAlone(const MatMulParams& p, const KernelContext& context,
+                                 const std::vector<float>& batched) {
+  for (int64_t i = 0; i < p.m; ++i) {
+    std::vector<float> alone(static_cast<size_t>(p.n));
+    MatMulParams one = p;
+    one.x = p.x + i * p.x_stride;
+    one.y = alone.data();
+    one.m = 1;
+    ASSERT_TRUE(MatMul(one, context).ok());
+    EXPECT_EQ(alone, std::vector<float>(batched.begin() + i * p.y_stride,
+                                        batched.begin() + i * p.y_stride + p.n))
+        << "row " << i;
+  }
 }
 
 }  // namespace tandem::cpu::testing

@@ -300,22 +300,23 @@ inline float HmaxF32(__m512 v) {
   return _mm_cvtss_f32(m4);
 }
 
+// q · k for head_dim 64 as 16 partial sums (lane i: dimensions i, i + 16, i + 32, i + 48).
+inline __m512 Dot64(const __m512* q, const float* k) {
+  __m512 p = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+  p = _mm512_fmadd_ps(q[1], _mm512_loadu_ps(k + 16), p);
+  p = _mm512_fmadd_ps(q[2], _mm512_loadu_ps(k + 32), p);
+  return _mm512_fmadd_ps(q[3], _mm512_loadu_ps(k + 48), p);
+}
+
 // q · k[j] for j < 16, lane j.
 inline __m512 Scores16(const __m512* q, const float* const* k) {
-  __m512 p[16];
-#pragma GCC unroll 16
-  for (int j = 0; j < 16; ++j) {
-    p[j] = _mm512_mul_ps(q[0], _mm512_loadu_ps(k[j]));
-    p[j] = _mm512_fmadd_ps(q[1], _mm512_loadu_ps(k[j] + 16), p[j]);
-    p[j] = _mm512_fmadd_ps(q[2], _mm512_loadu_ps(k[j] + 32), p[j]);
-    p[j] = _mm512_fmadd_ps(q[3], _mm512_loadu_ps(k[j] + 48), p[j]);
-  }
-  // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] for keys a, b.
+  // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] for keys a = 2i, b = 2i + 1 (each pair folded
+  // as soon as it is computed, so that 16 partial products are never live at once).
   __m512 r1[8];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
-    r1[i] = _mm512_add_ps(_mm512_unpacklo_ps(p[2 * i], p[2 * i + 1]),
-                          _mm512_unpackhi_ps(p[2 * i], p[2 * i + 1]));
+    const __m512 a = Dot64(q, k[2 * i]), b = Dot64(q, k[2 * i + 1]);
+    r1[i] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
   }
   // Per 128-bit lane: keys 4i .. 4i+3, each summed over that lane's quarter of the dimensions.
   __m512 r2[4];

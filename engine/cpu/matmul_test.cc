@@ -162,16 +162,7 @@ TEST_P(MatMulTest, RowsDoNotDependOnTheBatch) {
   MatMulParams p{.x = x.data(), .x_stride = k, .w = w.data(), .w_type = type,
                  .y = batched.data(), .y_stride = n, .m = m, .n = n, .k = k};
   ASSERT_TRUE(MatMul(p, {.isa = isa}).ok());
-  for (int64_t i = 0; i < m; ++i) {
-    std::vector<float> alone(static_cast<size_t>(n));
-    MatMulParams one = p;
-    one.x = x.data() + i * k;
-    one.y = alone.data();
-    one.m = 1;
-    ASSERT_TRUE(MatMul(one, {.isa = isa}).ok());
-    EXPECT_EQ(alone, std::vector<float>(batched.begin() + i * n, batched.begin() + (i + 1) * n))
-        << "row " << i;
-  }
+  testing::ExpectRowsEqualAlone(p, {.isa = isa}, batched);
 }
 
 // MatMulShared (Q/K/V in one call, mixed weight types, on the pool) equals one MatMul per

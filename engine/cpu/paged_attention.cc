@@ -35,6 +35,16 @@ int64_t CacheOffset(const PagedAttentionParams& p, int64_t seq, int64_t pos, int
   return block * p.block_stride + (pos % p.block_size) * p.token_stride + g * p.kv_head_stride;
 }
 
+// work(begin, end) over [0, items), on the pool when there is one.
+void RunItems(const KernelContext& context, int64_t items,
+              absl::FunctionRef<void(int64_t, int64_t)> work) {
+  if (context.pool != nullptr) {
+    context.pool->ParallelFor(items, work);
+  } else {
+    work(0, items);
+  }
+}
+
 }  // namespace
 
 absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& context) {
@@ -68,12 +78,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
                     values.data(), ctx, scale, p.out + t * p.out_token_stride + g * group * d, d);
       }
     };
-    const int64_t items = p.num_tokens * p.num_kv_heads;
-    if (context.pool != nullptr) {
-      context.pool->ParallelFor(items, work);
-    } else {
-      work(0, items);
-    }
+    RunItems(context, p.num_tokens * p.num_kv_heads, work);
     return absl::OkStatus();
   }
 
@@ -120,12 +125,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
       for (int64_t i = 0; i < d; ++i) out[i] = acc[i] * inv;
     }
   };
-  const int64_t items = p.num_tokens * p.num_heads;
-  if (context.pool != nullptr) {
-    context.pool->ParallelFor(items, work);
-  } else {
-    work(0, items);
-  }
+  RunItems(context, p.num_tokens * p.num_heads, work);
   return absl::OkStatus();
 }
 
