@@ -39,6 +39,103 @@ inline __m256i DotI8(__m256i u, __m256i s) {
 
 #include "engine/cpu/kernels_x86.inc"
 
+// ---- packed tiles (packed_weights.h) ------------------------------------------------------------
+// The 16 rows of a tile are two 256-bit halves of 8 rows; each half is walked over all blocks
+// with up to 4 activation rows at a time. Q4: the 8 vpmaddubsw pair sums of a block (each at most
+// 2 * 15 * 127) add up in 16 bits without overflow, then one vpmaddwd widens them. Q8: codes are
+// signed, so the sign moves onto x (as in the row kernel) and each product is widened at once.
+
+inline __m256i Bcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+template <bool kQ4, int R>
+void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
+                    const int32_t* /*xsum*/, int64_t xs, float* y, int64_t ys, int64_t rows) {
+  constexpr int64_t kBlockBytes = kQ4 ? 320 : 544;
+  constexpr int kGroups = kQ4 ? 4 : 8;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* base = tile + b * kBlockBytes;
+    const uint8_t* blk = base + 32 * half;  // this half's codes in each 64-byte group
+    const uint8_t* scales = base + kGroups * 64 + 16 * half;  // its 8 f16 d (then, Q4: m)
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (kQ4) {
+      mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
+    }
+    if constexpr (kQ4) {
+      const __m256i low = _mm256_set1_epi8(0x0F);
+      __m256i w[8];
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * c));
+        w[c] = _mm256_and_si256(v, low);
+        w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
+      for (int r = 0; r < R; ++r) {
+        const BlockQ8Act& xb = x[r * xs + b];
+        __m256i s16 = _mm256_maddubs_epi16(w[0], Bcast4(xb.qs));
+        for (int c = 1; c < 4; ++c) {
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[c], Bcast4(xb.qs + 4 * c)));
+        }
+        for (int c = 0; c < 4; ++c) {
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[c + 4], Bcast4(xb.qs + 16 + 4 * c)));
+        }
+        const __m256i sum = _mm256_madd_epi16(s16, ones);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(xb.d)),
+                                 acc[r]);
+        acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb.s), acc[r]);
+      }
+    } else {
+      for (int r = 0; r < R; ++r) {
+        const BlockQ8Act& xb = x[r * xs + b];
+        __m256i sum = _mm256_setzero_si256();
+        for (int g = 0; g < 8; ++g) {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * g));
+          const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
+                                                 _mm256_sign_epi8(Bcast4(xb.qs + 4 * g), w));
+          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
+        }
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(xb.d)),
+                                 acc[r]);
+      }
+    }
+  }
+  const int64_t first = 8 * half;
+  for (int r = 0; r < R; ++r) {
+    if (rows >= first + 8) {
+      _mm256_storeu_ps(y + r * ys + first, acc[r]);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc[r]);
+      for (int64_t i = first; i < rows; ++i) y[r * ys + i] = tmp[i - first];
+    }
+  }
+}
+
+template <bool kQ4>
+void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* xsum,
+               int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
+  for (int half = 0; half < 2 && 8 * half < rows; ++half) {
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      PackedHalfRows<kQ4, 4>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows);
+    }
+    switch (m - i) {
+      case 3: PackedHalfRows<kQ4, 3>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
+      case 2: PackedHalfRows<kQ4, 2>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
+      case 1: PackedHalfRows<kQ4, 1>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
+      default: break;
+    }
+  }
+}
+
+const PackedDotFn kPackedDot[2] = {PackedDot<true>, PackedDot<false>};
+
 const KernelTable kTable = {
     kTableIsa,
     {RowDotFloat<0>, RowDotFloat<1>, RowDotFloat<2>, RowDotQuant<0>, RowDotQuant<1>,
@@ -47,7 +144,7 @@ const KernelTable kTable = {
     AxpyF32,
     ScaleF32,
     nullptr,
-    nullptr,  // no packed kernels: MatMul falls back to the scalar ones; CpuForward does not pack
+    kPackedDot,
     nullptr,
 };
 
