@@ -254,7 +254,7 @@ TEST(EngineLoopTest, CalibrationRunsPrefillAndDecodeStepsOfKnownShapes) {
   EXPECT_GE(single_decodes, 1);
   EXPECT_GE(short_context_fours, 1);
   EXPECT_GE(long_context_fours, 1);
-  EXPECT_EQ(largest_batch, loop->max_running());  // 8 here: min(max_running, 16)
+  EXPECT_EQ(largest_batch, loop->max_running());  // 8 here: min(max_running, 48)
   EXPECT_EQ(loop->stats().running + loop->stats().waiting, 0);
 }
 
