@@ -29,7 +29,8 @@ static_assert(sizeof(BlockQ8Act) == 40);
 
 // Quantizes `k` floats (k a multiple of 32) into k / 32 blocks: d = max|x| / 127,
 // qs = round-to-nearest-even(x / d). The same for every ISA, so integer dot products agree exactly.
-void QuantizeRowQ8Act(const float* x, BlockQ8Act* out, int64_t k);
+// `sums`, when given, receives each block's integer Σ qs (k / 32 values; the kQ8x16 kernels' xsum).
+void QuantizeRowQ8Act(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums = nullptr);
 
 // Dot products of one weight row with `m` activation rows:
 //   y[i * y_stride] = Σ_k w_row[k] * x_i[k]            for i in [0, m)
@@ -50,7 +51,15 @@ using RowDot2Fn = void (*)(const void* w_row, int64_t w_row_bytes, const void* x
 // A packed tile of 16 weight rows (packed_weights.h, whose comment gives the exact arithmetic)
 // against `m` activation rows: y[i * y_stride + r] for i < m, r < rows (rows <= 16). Activation
 // row i's block b is x[i * x_stride + b], and xsum[i * x_stride + b] is the integer sum of its 32
-// codes (the kQ8x16 kernels use it; others may ignore it). nb: blocks per row (K / 32).
+// codes (the kQ8x16 kernels use it; for kQ4x16 it may be null). nb: blocks per row (K / 32).
+// The packed layouts' sizes per block index of a tile (packed_weights.h): 64-byte groups of 4
+// codes of each of the 16 rows (4 for Q4, whose bytes hold two codes; 8 for Q8), then the rows'
+// f16 scales (and, Q4, offsets).
+template <bool kQ4>
+inline constexpr int kPackedGroups = kQ4 ? 4 : 8;
+template <bool kQ4>
+inline constexpr int64_t kPackedBlockBytes = kPackedGroups<kQ4> * 64 + (kQ4 ? 64 : 32);
+
 using PackedDotFn = void (*)(const uint8_t* tile, int64_t nb, const BlockQ8Act* x,
                              const int32_t* xsum, int64_t x_stride, int64_t m, float* y,
                              int64_t y_stride, int64_t rows);

@@ -192,8 +192,8 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
                                                       const BlockQ8Act* x, const int32_t* xsum,
                                                       int64_t xs, float* y, int64_t ys,
                                                       int64_t rows) {
-  constexpr int64_t kBlockBytes = kQ4 ? 320 : 544;
-  constexpr int kGroups = kQ4 ? 4 : 8;
+  constexpr int64_t kBlockBytes = kPackedBlockBytes<kQ4>;
+  constexpr int kGroups = kPackedGroups<kQ4>;
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -247,12 +247,14 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
 template <bool kQ4>
 void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* xsum,
                int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
+  // xsum is only read (and only guaranteed to point anywhere) for Q8 tiles.
+  auto sums = [&](int64_t i) { return kQ4 ? nullptr : xsum + i * xs; };
   int64_t i = 0;
   for (; i + 8 <= m; i += 8) {
-    PackedRows<kQ4, 8>(tile, nb, x + i * xs, xsum + i * xs, xs, y + i * ys, ys, rows);
+    PackedRows<kQ4, 8>(tile, nb, x + i * xs, sums(i), xs, y + i * ys, ys, rows);
   }
   const BlockQ8Act* xi = x + i * xs;
-  const int32_t* si = xsum + i * xs;
+  const int32_t* si = sums(i);
   float* yi = y + i * ys;
   switch (m - i) {
     case 7: PackedRows<kQ4, 7>(tile, nb, xi, si, xs, yi, ys, rows); break;

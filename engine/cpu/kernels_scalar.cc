@@ -8,7 +8,7 @@
 
 namespace tandem::cpu {
 
-void QuantizeRowQ8Act(const float* x, BlockQ8Act* out, int64_t k) {
+void QuantizeRowQ8Act(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums) {
   const int64_t nb = k / kQuantBlock;
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kQuantBlock;
@@ -27,6 +27,7 @@ void QuantizeRowQ8Act(const float* x, BlockQ8Act* out, int64_t k) {
     }
     out[b].d = d;
     out[b].s = d * static_cast<float>(sum);
+    if (sums != nullptr) sums[b] = sum;
   }
 }
 
@@ -123,8 +124,8 @@ void RowDotQ4_1(const void* w_row, const void* x, int64_t xs, int64_t m, int64_t
 template <bool kQ4>
 void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* /*xsum*/,
                int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
-  constexpr int64_t kBlockBytes = kQ4 ? 320 : 544;
-  constexpr int kGroups = kQ4 ? 4 : 8;
+  constexpr int64_t kBlockBytes = kPackedBlockBytes<kQ4>;
+  constexpr int kGroups = kPackedGroups<kQ4>;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t r = 0; r < rows; ++r) {
       float acc = 0.0f;

@@ -20,33 +20,25 @@ absl::Status Validate(const MatMulParams& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("MatMul: negative size M=", p.m, " N=", p.n, " K=", p.k));
   }
-  if (p.packed != nullptr) {
-    if (p.packed->n() != p.n || p.packed->k() != p.k) {
-      return absl::InvalidArgumentError(absl::StrCat("MatMul: packed weights are ", p.packed->n(),
-                                                     " x ", p.packed->k(), ", the product ", p.n,
-                                                     " x ", p.k));
-    }
-    if (p.m > 0 && p.n > 0 && ((p.x == nullptr && p.k > 0) || p.y == nullptr)) {
-      return absl::InvalidArgumentError("MatMul: null pointer");
-    }
-    if ((p.m > 1 && p.x_stride < p.k) || (p.m > 1 && p.y_stride < p.n)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MatMul: strides x=", p.x_stride, " y=", p.y_stride, " below K=", p.k, " / N=", p.n));
-    }
-    return absl::OkStatus();
+  if (p.packed != nullptr && (p.packed->n() != p.n || p.packed->k() != p.k)) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMul: packed weights are ", p.packed->n(),
+                                                   " x ", p.packed->k(), ", the product ", p.n,
+                                                   " x ", p.k));
   }
-  if (IsQuantized(p.w_type) && p.k % kQuantBlock != 0) {
+  // (Packed weights hold whole blocks by construction.)
+  if (p.packed == nullptr && IsQuantized(p.w_type) && p.k % kQuantBlock != 0) {
     return absl::InvalidArgumentError(absl::StrCat("MatMul: K=", p.k, " is not a multiple of ",
                                                    kQuantBlock, " for ", DTypeName(p.w_type)));
   }
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
-  if ((p.x == nullptr && p.k > 0) || p.w == nullptr || p.y == nullptr) {
+  if ((p.x == nullptr && p.k > 0) || (p.packed == nullptr && p.w == nullptr) || p.y == nullptr) {
     return absl::InvalidArgumentError("MatMul: null pointer");
   }
   if ((p.m > 1 && p.x_stride < p.k) || (p.m > 1 && p.y_stride < p.n)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MatMul: strides x=", p.x_stride, " y=", p.y_stride, " below K=", p.k, " / N=", p.n));
   }
+  if (p.packed != nullptr) return absl::OkStatus();
   const int64_t packed = *DTypeStorageBytes(p.w_type, p.k);
   if (p.w_row_bytes != 0 && p.w_row_bytes < packed) {
     return absl::InvalidArgumentError(
@@ -84,24 +76,22 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
   // any weight is quantized (once for all products).
   const int64_t nb = k / kQuantBlock;
   thread_local std::vector<BlockQ8Act> quantized;  // reused across calls on this thread
-  thread_local std::vector<int32_t> block_sums;    // Σ codes per block, for packed kernels
+  thread_local std::vector<int32_t> block_sums;    // Σ codes per block, for kQ8x16 kernels
   const bool any_quantized = std::any_of(params.begin(), params.end(), Quantized);
-  const bool any_packed = std::any_of(params.begin(), params.end(),
-                                      [](const MatMulParams& p) { return p.packed != nullptr; });
+  const bool any_q8_packed = std::any_of(params.begin(), params.end(), [](const MatMulParams& p) {
+    return p.packed != nullptr && p.packed->format() == PackedFormat::kQ8x16;
+  });
   if (any_quantized) {
     if (static_cast<int64_t>(quantized.size()) < m * nb) quantized.resize(m * nb);
-    if (any_packed && static_cast<int64_t>(block_sums.size()) < m * nb) block_sums.resize(m * nb);
+    if (any_q8_packed && static_cast<int64_t>(block_sums.size()) < m * nb) {
+      block_sums.resize(m * nb);
+    }
     BlockQ8Act* q = quantized.data();
-    int32_t* sums = block_sums.data();
+    int32_t* sums = any_q8_packed ? block_sums.data() : nullptr;
     auto quantize = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        QuantizeRowQ8Act(first.x + i * first.x_stride, q + i * nb, k);
-        if (!any_packed) continue;
-        for (int64_t b = i * nb; b < (i + 1) * nb; ++b) {
-          int32_t sum = 0;
-          for (int8_t c : q[b].qs) sum += c;
-          sums[b] = sum;
-        }
+        QuantizeRowQ8Act(first.x + i * first.x_stride, q + i * nb, k,
+                         sums != nullptr ? sums + i * nb : nullptr);
       }
     };
     if (context.pool != nullptr && m >= 16) {
