@@ -54,8 +54,8 @@ inline __m256i Bcast4(const int8_t* p) {
 template <bool kQ4, int R>
 void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
                     const int32_t* /*xsum*/, int64_t xs, float* y, int64_t ys, int64_t rows) {
-  constexpr int64_t kBlockBytes = kQ4 ? 320 : 544;
-  constexpr int kGroups = kQ4 ? 4 : 8;
+  constexpr int64_t kBlockBytes = kPackedBlockBytes<kQ4>;
+  constexpr int kGroups = kPackedGroups<kQ4>;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();

@@ -8,8 +8,11 @@
 
 namespace tandem::cpu {
 
+static_assert(kPackedBlockBytes<true> == 320 && kPackedBlockBytes<false> == 544,
+              "the layouts packed_weights.h documents");
+
 int64_t PackedBlockBytes(PackedFormat format) {
-  return format == PackedFormat::kQ4x16 ? 320 : 544;
+  return format == PackedFormat::kQ4x16 ? kPackedBlockBytes<true> : kPackedBlockBytes<false>;
 }
 
 bool PackedKernelIsNative(PackedFormat format, Isa isa) {
