@@ -4,14 +4,14 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/cpu/kernel_table.h"
+
 namespace tandem::cpu {
 
-void SiluMul(const SiluMulParams& p) {
+void SiluMul(const SiluMulParams& p, const KernelContext& context) {
+  const SiluMulFn silu_mul = KernelTableFor(context.isa.value_or(ActiveIsa())).silu_mul;
   for (int64_t r = 0; r < p.rows; ++r) {
-    const float* g = p.gate + r * p.gate_stride;
-    const float* u = p.up + r * p.up_stride;
-    float* o = p.out + r * p.out_stride;
-    for (int64_t i = 0; i < p.dim; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    silu_mul(p.gate + r * p.gate_stride, p.up + r * p.up_stride, p.out + r * p.out_stride, p.dim);
   }
 }
 

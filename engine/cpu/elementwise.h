@@ -1,9 +1,12 @@
-// Small row-wise ops of the forward pass: SwiGLU's gate, softmax, and addition.
-// Portable C++ (the compiler vectorizes the loops); all shapes are rows of contiguous floats.
+// Small row-wise ops of the forward pass: SwiGLU's gate, softmax, and addition. All shapes are rows
+// of contiguous floats. SiluMul runs the kernel table's loop (a vector exp); the others are
+// portable C++ that the compiler vectorizes.
 #ifndef TANDEM_ENGINE_CPU_ELEMENTWISE_H_
 #define TANDEM_ENGINE_CPU_ELEMENTWISE_H_
 
 #include <cstdint>
+
+#include "engine/cpu/kernel_context.h"
 
 namespace tandem::cpu {
 
@@ -18,8 +21,9 @@ struct SiluMulParams {
   int64_t dim = 0;
 };
 // out = gate * sigmoid(gate) * up (SwiGLU). A fused [rows, 2 * dim] gate|up buffer is passed as
-// gate = buf, up = buf + dim, both strides 2 * dim.
-void SiluMul(const SiluMulParams& params);
+// gate = buf, up = buf + dim, both strides 2 * dim. On the calling thread (context.pool is not
+// used), with context.isa's kernel: within a few ulp of the scalar one.
+void SiluMul(const SiluMulParams& params, const KernelContext& context = {});
 
 // In place, per row: x = exp(x - max) / Σ exp(x - max). x: [rows, cols], row stride `stride`.
 // A row of all -inf becomes all zeros.

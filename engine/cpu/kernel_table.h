@@ -75,6 +75,13 @@ using Attend64Fn = void (*)(const float* q, int64_t q_stride, int64_t heads, con
 inline constexpr int64_t kAttendChunk = 32;
 inline constexpr int64_t kAttendMaxHeads = 6;  // Attend64Fn takes 1..6 heads
 
+// QuantizeRowQ8Act's contract; every table's entry gives bit-identical blocks and sums.
+using QuantizeQ8ActFn = void (*)(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums);
+
+// out[i] = gate[i] * sigmoid(gate[i]) * up[i] for i < n (SwiGLU); out may alias gate or up.
+// Within a few ulp of the scalar entry (the SIMD ones use a vector exp).
+using SiluMulFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
+
 struct KernelTable {
   Isa isa;
   // Indexed by static_cast<int>(DType).
@@ -95,6 +102,9 @@ struct KernelTable {
   // Attention for head_dim 64, or nullptr (PagedAttention then runs its generic loop on
   // dot_f32 / axpy_f32 / scale_f32).
   Attend64Fn attend64;
+  // Never nullptr.
+  QuantizeQ8ActFn quantize_q8_act;
+  SiluMulFn silu_mul;
 };
 
 // Whether `table` has its own kernel for packed format `format` (an int PackedFormat).

@@ -1,6 +1,8 @@
 #include "engine/cpu/kernel_table.h"
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -40,6 +42,48 @@ TEST(KernelTableTest, QuantizeRowQ8ActErrorIsHalfAStep) {
     EXPECT_FLOAT_EQ(q[b].s, q[b].d * static_cast<float>(sum));
   }
   EXPECT_EQ(q[2].d, 0.0f);
+}
+
+// Every table quantizes activations exactly as the scalar reference does (codes, scales, sums):
+// the integer dot products of the SIMD kernels are tested against the scalar ones on the same
+// blocks, so any difference here would change results by ISA. Rows mix scales from 1e-30 to 1e30,
+// zero blocks, codes that fall exactly half-way between integers (round to even), a NaN and an
+// infinity.
+TEST(KernelTableTest, QuantizeQ8ActIsBitIdenticalOnEveryIsa) {
+  std::mt19937 rng(10);
+  const int64_t nb = 24, k = nb * kQuantBlock;
+  std::vector<float> x = testing::RandomFloats(rng, k, -1.0f, 1.0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float scale = std::pow(10.0f, static_cast<float>(b % 13) * 5.0f - 30.0f);
+    for (int i = 0; i < kQuantBlock; ++i) x[b * kQuantBlock + i] *= scale;
+  }
+  for (int i = 0; i < kQuantBlock; ++i) x[3 * kQuantBlock + i] = 0.0f;
+  // Block 4: max 127 makes d = 1, so x·(1/d) = x exactly: half-way codes round to even.
+  for (int i = 0; i < kQuantBlock; ++i) x[4 * kQuantBlock + i] = -15.5f + static_cast<float>(i);
+  x[4 * kQuantBlock] = 127.0f;
+  x[5 * kQuantBlock + 7] = std::numeric_limits<float>::quiet_NaN();
+  x[6 * kQuantBlock + 9] = -std::numeric_limits<float>::infinity();
+  std::vector<BlockQ8Act> want(nb);
+  std::vector<int32_t> want_sums(nb);
+  ScalarKernelTable().quantize_q8_act(x.data(), want.data(), k, want_sums.data());
+  EXPECT_EQ(want[4].qs[1], -14);  // -14.5 -> -14
+  EXPECT_EQ(want[4].qs[2], -14);  // -13.5 -> -14
+  for (Isa isa : kAllIsas) {
+    if (!IsaSupported(isa, HostCpuFeatures())) continue;
+    SCOPED_TRACE(IsaName(isa));
+    std::vector<BlockQ8Act> got(nb);
+    std::vector<int32_t> got_sums(nb, -1);
+    KernelTableFor(isa).quantize_q8_act(x.data(), got.data(), k, got_sums.data());
+    for (int64_t b = 0; b < nb; ++b) {
+      SCOPED_TRACE(::testing::Message() << "block " << b);
+      EXPECT_EQ(std::memcmp(&got[b], &want[b], sizeof(BlockQ8Act)), 0);
+      EXPECT_EQ(got_sums[b], want_sums[b]);
+    }
+    // Without sums, the blocks are the same.
+    std::vector<BlockQ8Act> plain(nb);
+    KernelTableFor(isa).quantize_q8_act(x.data(), plain.data(), k, nullptr);
+    EXPECT_EQ(std::memcmp(plain.data(), want.data(), nb * sizeof(BlockQ8Act)), 0);
+  }
 }
 
 // The attention helpers of every ISA against the scalar ones, with SIMD tails (odd n).

@@ -146,6 +146,8 @@ const KernelTable kTable = {
     nullptr,
     kPackedDot,
     nullptr,
+    QuantizeQ8Act,
+    SiluMulRow,
 };
 
 float VF::Hsum(T v) { return Hsum8(v); }

@@ -430,6 +430,8 @@ const KernelTable kTable = {
     kRowDot2,
     kPackedDot,
     Attend64,
+    QuantizeQ8Act,
+    SiluMulRow,
 };
 
 }  // namespace

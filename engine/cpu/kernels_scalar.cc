@@ -171,10 +171,21 @@ void ScaleF32(float a, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= a;
 }
 
+void SiluMulRow(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
 const KernelTable kScalarTable = {
-    Isa::kScalar, {RowDotF32, RowDotF16, RowDotBF16, RowDotQ8_0, RowDotQ4_0, RowDotQ4_1},
-    DotF32,       AxpyF32,
-    ScaleF32,     nullptr,      kPackedDot, nullptr,
+    Isa::kScalar,
+    {RowDotF32, RowDotF16, RowDotBF16, RowDotQ8_0, RowDotQ4_0, RowDotQ4_1},
+    DotF32,
+    AxpyF32,
+    ScaleF32,
+    nullptr,
+    kPackedDot,
+    nullptr,
+    QuantizeRowQ8Act,
+    SiluMulRow,
 };
 
 }  // namespace

@@ -90,8 +90,8 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
     int32_t* sums = any_q8_packed ? block_sums.data() : nullptr;
     auto quantize = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        QuantizeRowQ8Act(first.x + i * first.x_stride, q + i * nb, k,
-                         sums != nullptr ? sums + i * nb : nullptr);
+        table.quantize_q8_act(first.x + i * first.x_stride, q + i * nb, k,
+                              sums != nullptr ? sums + i * nb : nullptr);
       }
     };
     if (context.pool != nullptr && m >= 16) {

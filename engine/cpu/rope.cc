@@ -4,17 +4,39 @@
 
 namespace tandem::cpu {
 
+namespace {
+
+inline void CosSin(int32_t position, float inv_freq, float* cs) {
+  const double theta = static_cast<double>(position) * static_cast<double>(inv_freq);
+  cs[0] = static_cast<float>(std::cos(theta));
+  cs[1] = static_cast<float>(std::sin(theta));
+}
+
+}  // namespace
+
+void RopeCosSin(const int32_t* positions, int64_t num_tokens, const float* inv_freq,
+                int64_t rotary_dim, float* cos_sin) {
+  const int64_t half = rotary_dim / 2;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t i = 0; i < half; ++i) CosSin(positions[t], inv_freq[i], cos_sin + (t * half + i) * 2);
+  }
+}
+
 void Rope(const RopeParams& p) {
   const int64_t half = p.rotary_dim / 2;
   // Pair i is (lo + i * lo_step, lo + i * lo_step + partner).
   const int64_t step = p.style == RopeStyle::kInterleaved ? 2 : 1;
   const int64_t partner = p.style == RopeStyle::kInterleaved ? 1 : half;
   for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const double pos = static_cast<double>(p.positions[t]);
     for (int64_t i = 0; i < half; ++i) {
-      const double theta = pos * static_cast<double>(p.inv_freq[i]);
-      const float c = static_cast<float>(std::cos(theta));
-      const float s = static_cast<float>(std::sin(theta));
+      float own[2];
+      const float* cs = own;
+      if (p.cos_sin != nullptr) {
+        cs = p.cos_sin + (t * half + i) * 2;
+      } else {
+        CosSin(p.positions[t], p.inv_freq[i], own);
+      }
+      const float c = cs[0], s = cs[1];
       for (int64_t h = 0; h < p.num_heads; ++h) {
         float* head = p.x + t * p.token_stride + h * p.head_stride;
         const float a = head[i * step];

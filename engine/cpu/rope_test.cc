@@ -61,6 +61,31 @@ TEST(RopeTest, MatchesDoubleRotation) {
   }
 }
 
+// Angles computed once (RopeCosSin) rotate exactly as Rope's own, for both pairings.
+TEST(RopeTest, PrecomputedAnglesGiveTheSameBits) {
+  std::mt19937 rng(6);
+  const int64_t head_dim = 64, rotary_dim = 64, num_tokens = 4, num_heads = 2;
+  std::vector<float> inv_freq(rotary_dim / 2);
+  RopeInvFreq(10000.0, rotary_dim, inv_freq.data());
+  const std::vector<int32_t> positions = {0, 1, 4095, 100000};
+  std::vector<float> cos_sin(num_tokens * rotary_dim);
+  RopeCosSin(positions.data(), num_tokens, inv_freq.data(), rotary_dim, cos_sin.data());
+  for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kNeox}) {
+    const std::vector<float> x = testing::RandomFloats(rng, num_tokens * num_heads * head_dim);
+    std::vector<float> own = x, shared = x;
+    RopeParams p{.x = own.data(), .token_stride = num_heads * head_dim, .head_stride = head_dim,
+                 .num_tokens = num_tokens, .num_heads = num_heads, .head_dim = head_dim,
+                 .rotary_dim = rotary_dim, .positions = positions.data(),
+                 .inv_freq = inv_freq.data(), .style = style};
+    Rope(p);
+    p.x = shared.data();
+    p.cos_sin = cos_sin.data();
+    Rope(p);
+    EXPECT_EQ(own, shared);
+    EXPECT_NE(own, x);
+  }
+}
+
 // The NeoX pairing is the interleaved one on a permuted head: (i, i + d/2) <-> (2i, 2i + 1).
 TEST(RopeTest, NeoxIsInterleavedOnPermutedDims) {
   std::mt19937 rng(6);

@@ -287,12 +287,15 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
                                     .out_stride = H, .rows = rows, .dim = H,
                                     .eps = c.rms_norm_eps});
   };
+  // The rotation angles depend only on the positions: once for Q and K of every layer.
+  std::vector<float> rope_cos_sin(static_cast<size_t>(T * c.head_dim));
+  cpu::RopeCosSin(token_pos.data(), T, inv_freq_.data(), c.head_dim, rope_cos_sin.data());
   auto rope = [&](std::vector<float>& y, int64_t heads) {
     cpu::Rope(cpu::RopeParams{.x = y.data(), .token_stride = heads * c.head_dim,
                               .head_stride = c.head_dim, .num_tokens = T, .num_heads = heads,
                               .head_dim = c.head_dim, .rotary_dim = c.head_dim,
                               .positions = token_pos.data(), .inv_freq = inv_freq_.data(),
-                              .style = rope_style_});
+                              .style = rope_style_, .cos_sin = rope_cos_sin.data()});
   };
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -357,7 +360,8 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
         linear_shared(h.data(), T, {{lw.ffn_gate, gate.data()}, {lw.ffn_up, up.data()}}));
     cpu::SiluMul(cpu::SiluMulParams{.gate = gate.data(), .up = up.data(), .out = gate.data(),
                                     .gate_stride = F, .up_stride = F, .out_stride = F,
-                                    .rows = T, .dim = F});
+                                    .rows = T, .dim = F},
+                 cpu::KernelContext{.pool = nullptr, .isa = options_.isa});
     RETURN_IF_ERROR(Linear(gate.data(), T, *lw.ffn_down, proj.data()));
     emit("ffn_out" + suffix, proj.data(), T, H);
     cpu::Add(x.data(), proj.data(), x.data(), T * H);
