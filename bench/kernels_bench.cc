@@ -4,13 +4,17 @@
 //
 //   MatMul/<isa>/<dtype>/M<m>/K<k>/N<n>   bytes_per_second = weight bytes streamed; FLOPS = 2·M·N·K
 //   MatMulPacked/...                      the same weights repacked (packed_weights.h)
-//   PagedAttentionDecode/<isa>/ctx<c>     4 sequences × 1 token, 9 heads / 3 KV heads × 64;
-//                                         bytes_per_second = K and V bytes read
+//   PagedAttentionDecode/<isa>/<kv>/ctx<c>/seqs<s>
+//                                         s sequences × 1 token, 9 heads / 3 KV heads × 64, an
+//                                         F32 or F16 cache (4 sequences stay in cache memory,
+//                                         32 at ctx 512 do not: 50 MiB in F32, as a decode step
+//                                         of a batch reads); bytes_per_second = K and V bytes read
 #include <cstdint>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -76,8 +80,9 @@ void BM_MatMul(benchmark::State& state, Isa isa, DType type, int64_t m, int64_t 
       benchmark::Counter::kIsRate);
 }
 
-void BM_PagedAttentionDecode(benchmark::State& state, Isa isa, int64_t context) {
-  const int64_t num_seqs = 4, num_heads = 9, num_kv_heads = 3, head_dim = 64, block_size = 16;
+void BM_PagedAttentionDecode(benchmark::State& state, Isa isa, DType kv_type, int64_t context,
+                             int64_t num_seqs) {
+  const int64_t num_heads = 9, num_kv_heads = 3, head_dim = 64, block_size = 16;
   const int64_t blocks_per_seq = (context + block_size - 1) / block_size;
   const int64_t token_stride = num_kv_heads * head_dim;
   const int64_t block_stride = block_size * token_stride;
@@ -91,14 +96,30 @@ void BM_PagedAttentionDecode(benchmark::State& state, Isa isa, int64_t context) 
   for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
   std::vector<int32_t> seq(num_seqs), pos(num_seqs, static_cast<int32_t>(context - 1));
   for (int32_t s = 0; s < num_seqs; ++s) seq[s] = s;
+  std::vector<uint16_t> k_half(k_cache.size()), v_half(v_cache.size());
+  for (size_t i = 0; i < k_cache.size(); ++i) {
+    k_half[i] = FloatToHalf(k_cache[i]);
+    v_half[i] = FloatToHalf(v_cache[i]);
+  }
+  const bool f16 = kv_type == DType::kF16;
+  if (f16) {  // only the cache being read stays resident
+    k_cache = {};
+    v_cache = {};
+  } else {
+    k_half = {};
+    v_half = {};
+  }
   std::vector<float> q(static_cast<size_t>(num_seqs * num_heads * head_dim), 0.1f);
   std::vector<float> out(q.size());
   const PagedAttentionParams p{.q = q.data(),
                                .q_token_stride = num_heads * head_dim,
                                .out = out.data(),
                                .out_token_stride = num_heads * head_dim,
-                               .k_cache = k_cache.data(),
-                               .v_cache = v_cache.data(),
+                               .k_cache = f16 ? static_cast<const void*>(k_half.data())
+                                              : k_cache.data(),
+                               .v_cache = f16 ? static_cast<const void*>(v_half.data())
+                                              : v_cache.data(),
+                               .kv_type = kv_type,
                                .block_stride = block_stride,
                                .token_stride = token_stride,
                                .kv_head_stride = head_dim,
@@ -119,7 +140,7 @@ void BM_PagedAttentionDecode(benchmark::State& state, Isa isa, int64_t context) 
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(state.iterations() * 2 * num_seqs * context * token_stride *
-                          static_cast<int64_t>(sizeof(float)));
+                          (f16 ? 2 : 4));
 }
 
 void RegisterAll() {
@@ -151,11 +172,15 @@ void RegisterAll() {
         }
       }
     }
-    for (int64_t context : {512, 2048}) {
-      const std::string name =
-          "PagedAttentionDecode/" + isa_name + "/ctx" + std::to_string(context);
-      benchmark::RegisterBenchmark(name.c_str(), BM_PagedAttentionDecode, isa, context)
-          ->Unit(benchmark::kMicrosecond);
+    for (DType kv_type : {DType::kF32, DType::kF16}) {
+      for (auto [context, seqs] : {std::pair<int64_t, int64_t>{512, 4}, {2048, 4}, {512, 32}}) {
+        const std::string name = "PagedAttentionDecode/" + isa_name + "/" +
+                                 std::string(DTypeName(kv_type)) + "/ctx" +
+                                 std::to_string(context) + "/seqs" + std::to_string(seqs);
+        benchmark::RegisterBenchmark(name.c_str(), BM_PagedAttentionDecode, isa, kv_type, context,
+                                     seqs)
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   }
   // The decode output layer on every core, best ISA.

@@ -18,6 +18,7 @@ ABSL_FLAG(std::string, prompt, "", "Prompt text (generate)");
 ABSL_FLAG(bool, chat, false, "Treat --prompt as a user message and apply the model's chat template");
 ABSL_FLAG(std::string, system, "", "System message with --chat (default: the template's)");
 ABSL_FLAG(int64_t, max_tokens, 128, "Most tokens to generate");
+ABSL_FLAG(std::string, kv_dtype, "f16", "KV cache element type (generate): f16 or f32");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 is greedy");
 ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass in (0, 1]");
 ABSL_FLAG(int32_t, top_k, 0, "Sample among the k most likely tokens; 0 is off");
@@ -142,6 +143,9 @@ int RunGenerate(const std::string& model_path) {
   if (!absl::GetFlag(FLAGS_url).empty()) return RunRemoteGenerate(absl::GetFlag(FLAGS_url));
   LocalEngine::Options options;
   options.forward.num_threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<DType> kv_dtype = ParseKvDType(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) return ExitCode(kv_dtype.status());
+  options.forward.kv_dtype = *kv_dtype;
   auto engine = LocalEngine::Open(model_path, options);
   if (!engine.ok()) return ExitCode(engine.status());
 

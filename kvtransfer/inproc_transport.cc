@@ -132,10 +132,11 @@ class InProcessConnection : public Connection,
     absl::MutexLock lock(&owner_->mu);
     if (owner_->pool == nullptr) return absl::UnavailableError("the peer went away");
     const KvLayout& l = local_->layout();
-    const size_t bytes = static_cast<size_t>(l.layer_stride()) * sizeof(float);
+    const size_t bytes = static_cast<size_t>(l.block_bytes());
     for (const BlockPair& p : op.blocks) {
       for (int32_t layer = op.first_layer; layer < op.first_layer + op.num_layers; ++layer) {
-        std::memcpy(owner_->pool->KeyBlock(p.dst, layer), local_->KeyBlock(p.src, layer), bytes);
+        std::memcpy(owner_->pool->KeyBlock<std::byte>(p.dst, layer),
+                    local_->KeyBlock<std::byte>(p.src, layer), bytes);
       }
     }
     return absl::OkStatus();
@@ -212,8 +213,8 @@ class InProcessTransport : public KvTransport {
     return PoolDescriptor{
         .transport = "inproc",
         .address = name_,
-        .regions = {{.base_address = reinterpret_cast<uint64_t>(pool->data()),
-                     .length = static_cast<uint64_t>(l.total_floats()) * sizeof(float),
+        .regions = {{.base_address = reinterpret_cast<uint64_t>(pool->data<std::byte>()),
+                     .length = static_cast<uint64_t>(l.total_bytes()),
                      .remote_key = "",
                      .kind = MemoryKind::kHost,
                      .device_index = 0}},
@@ -245,7 +246,7 @@ class InProcessTransport : public KvTransport {
     {
       absl::MutexLock lock(&owner->mu);
       if (owner->pool == nullptr || owner->epoch != remote.pool_epoch ||
-          reinterpret_cast<uint64_t>(owner->pool->data()) != remote.regions[0].base_address) {
+          reinterpret_cast<uint64_t>(owner->pool->data<std::byte>()) != remote.regions[0].base_address) {
         return absl::FailedPreconditionError(
             absl::StrCat("the descriptor of '", remote.address, "' is stale"));
       }

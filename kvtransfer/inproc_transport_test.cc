@@ -207,7 +207,7 @@ TEST(InProcessTransportTest, ConnectRefusesWhatItCannotUse) {
   cases.push_back({"no address", d, absl::StatusCode::kInvalidArgument, "no address"});
   d = owner.descriptor;
   d.layout.num_layers = 5;
-  d.regions[0].length = static_cast<uint64_t>(d.layout.total_floats()) * sizeof(float);
+  d.regions[0].length = static_cast<uint64_t>(d.layout.total_bytes());
   cases.push_back({"layout", d, absl::StatusCode::kInvalidArgument, "KV layouts differ"});
   d = owner.descriptor;
   d.address = "inproc-nobody";

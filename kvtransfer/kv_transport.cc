@@ -6,9 +6,8 @@
 namespace tandem::kvtransfer {
 namespace {
 
-constexpr int64_t kFloatBytes = 4;
-
-int64_t BlockBytes(const KvLayout& l) { return l.layer_stride() * kFloatBytes; }
+// The wire's names for the KV element types Tandem's pools use (KvLayout::Validate).
+v1::DType ToProtoDType(DType t) { return t == DType::kF16 ? v1::DTYPE_F16 : v1::DTYPE_F32; }
 
 }  // namespace
 
@@ -19,12 +18,15 @@ KvAllocator KvTransport::PoolAllocator() {
 
 absl::Status CheckCompatibleLayouts(const KvLayout& local, const KvLayout& remote) {
   if (local.num_layers != remote.num_layers || local.block_size != remote.block_size ||
-      local.num_kv_heads != remote.num_kv_heads || local.head_dim != remote.head_dim) {
+      local.num_kv_heads != remote.num_kv_heads || local.head_dim != remote.head_dim ||
+      local.dtype != remote.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV layouts differ: here layers=", local.num_layers, " block_size=", local.block_size,
-        " kv_heads=", local.num_kv_heads, " head_dim=", local.head_dim, "; peer layers=",
-        remote.num_layers, " block_size=", remote.block_size, " kv_heads=", remote.num_kv_heads,
-        " head_dim=", remote.head_dim));
+        " kv_heads=", local.num_kv_heads, " head_dim=", local.head_dim,
+        " dtype=", DTypeName(local.dtype), "; peer layers=", remote.num_layers,
+        " block_size=", remote.block_size, " kv_heads=", remote.num_kv_heads,
+        " head_dim=", remote.head_dim, " dtype=", DTypeName(remote.dtype),
+        " (prefill and decode workers need the same --kv_dtype)"));
   }
   return absl::OkStatus();
 }
@@ -39,7 +41,7 @@ absl::Status ValidateDescriptor(const PoolDescriptor& d) {
         absl::StrCat("a KV pool is one region; the descriptor has ", d.regions.size()));
   }
   const PoolDescriptor::Region& r = d.regions[0];
-  const uint64_t pool_bytes = static_cast<uint64_t>(d.layout.total_floats() * kFloatBytes);
+  const uint64_t pool_bytes = static_cast<uint64_t>(d.layout.total_bytes());
   if (r.length != pool_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("the region holds ", r.length,
                                                    " bytes; the layout needs ", pool_bytes));
@@ -68,9 +70,9 @@ void ToProto(const PoolDescriptor& d, v1::KvPoolDescriptor* proto) {
   layout->set_num_kv_heads(static_cast<uint32_t>(d.layout.num_kv_heads));
   layout->set_head_dim(static_cast<uint32_t>(d.layout.head_dim));
   layout->set_block_size(static_cast<uint32_t>(d.layout.block_size));
-  layout->set_dtype(v1::DTYPE_F32);
-  layout->set_block_bytes(static_cast<uint64_t>(BlockBytes(d.layout)));
-  layout->set_layer_stride_bytes(static_cast<uint64_t>(BlockBytes(d.layout)));
+  layout->set_dtype(ToProtoDType(d.layout.dtype));
+  layout->set_block_bytes(static_cast<uint64_t>(d.layout.block_bytes()));
+  layout->set_layer_stride_bytes(static_cast<uint64_t>(d.layout.block_bytes()));
   proto->set_pool_epoch(d.pool_epoch);
 }
 
@@ -80,9 +82,9 @@ absl::StatusOr<PoolDescriptor> FromProto(const v1::KvPoolDescriptor& proto) {
   d.address = proto.transport_address();
   d.pool_epoch = proto.pool_epoch();
   const v1::KvLayout& l = proto.layout();
-  if (l.dtype() != v1::DTYPE_F32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV dtype ", v1::DType_Name(l.dtype()), " is not supported (F32 only)"));
+  if (l.dtype() != v1::DTYPE_F32 && l.dtype() != v1::DTYPE_F16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV dtype ", v1::DType_Name(l.dtype()), " is not supported (F32 or F16)"));
   }
   // Bounded before any product of them is formed (they come from a peer).
   constexpr uint32_t kMaxDim = 1 << 16;
@@ -93,12 +95,13 @@ absl::StatusOr<PoolDescriptor> FromProto(const v1::KvPoolDescriptor& proto) {
         l.block_size(), " kv_heads=", l.num_kv_heads(), " head_dim=", l.head_dim()));
   }
   d.layout = KvLayout{.num_blocks = 0, .num_layers = l.num_layers(), .block_size = l.block_size(),
-                      .num_kv_heads = l.num_kv_heads(), .head_dim = l.head_dim()};
-  if (l.block_bytes() != static_cast<uint64_t>(BlockBytes(d.layout)) ||
+                      .num_kv_heads = l.num_kv_heads(), .head_dim = l.head_dim(),
+                      .dtype = l.dtype() == v1::DTYPE_F16 ? DType::kF16 : DType::kF32};
+  if (l.block_bytes() != static_cast<uint64_t>(d.layout.block_bytes()) ||
       l.layer_stride_bytes() != l.block_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block_bytes ", l.block_bytes(), " / layer_stride_bytes ", l.layer_stride_bytes(),
-        " do not match the layout (", BlockBytes(d.layout), ", docs/kv_layout.md)"));
+        " do not match the layout (", d.layout.block_bytes(), ", docs/kv_layout.md)"));
   }
   for (const v1::MemoryRegion& r : proto.regions()) {
     if (r.memory_type() != v1::MEMORY_TYPE_HOST && r.memory_type() != v1::MEMORY_TYPE_CUDA) {
@@ -110,7 +113,7 @@ absl::StatusOr<PoolDescriptor> FromProto(const v1::KvPoolDescriptor& proto) {
                          .kind = static_cast<MemoryKind>(r.memory_type()),
                          .device_index = r.device_index()});
   }
-  const int64_t block_stride_bytes = d.layout.block_stride() * kFloatBytes;
+  const int64_t block_stride_bytes = d.layout.block_stride_bytes();
   if (!d.regions.empty() && block_stride_bytes > 0) {
     d.layout.num_blocks = static_cast<int64_t>(d.regions[0].length) / block_stride_bytes;
   }

@@ -111,8 +111,10 @@ TEST(DescriptorCodecTest, RefusesBadDescriptors) {
     const char* message;
   };
   const Case cases[] = {
-      {"f16", [](auto* p) { p->mutable_layout()->set_dtype(v1::DTYPE_F16); },
-       "KV dtype DTYPE_F16 is not supported (F32 only)"},
+      {"bf16", [](auto* p) { p->mutable_layout()->set_dtype(v1::DTYPE_BF16); },
+       "KV dtype DTYPE_BF16 is not supported (F32 or F16)"},
+      {"f16 with f32 sizes", [](auto* p) { p->mutable_layout()->set_dtype(v1::DTYPE_F16); },
+       "do not match the layout"},
       {"bf16", [](auto* p) { p->mutable_layout()->set_dtype(v1::DTYPE_BF16); },
        "KV dtype DTYPE_BF16 is not supported"},
       {"no dtype", [](auto* p) { p->mutable_layout()->clear_dtype(); },
@@ -222,7 +224,8 @@ TEST(CheckCompatibleLayoutsTest, OnlyTheBlockCountMayDiffer) {
   EXPECT_TRUE(CheckCompatibleLayouts(Layout(10), Layout(1000)).ok());
   const std::vector<std::function<void(KvLayout*)>> changes = {
       [](KvLayout* l) { l->num_layers += 1; }, [](KvLayout* l) { l->block_size = 16; },
-      [](KvLayout* l) { l->num_kv_heads = 1; }, [](KvLayout* l) { l->head_dim = 16; }};
+      [](KvLayout* l) { l->num_kv_heads = 1; }, [](KvLayout* l) { l->head_dim = 16; },
+      [](KvLayout* l) { l->dtype = DType::kF16; }};
   for (size_t i = 0; i < changes.size(); ++i) {
     KvLayout other = Layout(10);
     changes[i](&other);
@@ -235,8 +238,9 @@ TEST(CheckCompatibleLayoutsTest, OnlyTheBlockCountMayDiffer) {
   KvLayout other = Layout(10);
   other.head_dim = 16;
   EXPECT_EQ(CheckCompatibleLayouts(Layout(10), other).message(),
-            "KV layouts differ: here layers=4 block_size=4 kv_heads=2 head_dim=8; peer layers=4 "
-            "block_size=4 kv_heads=2 head_dim=16");
+            "KV layouts differ: here layers=4 block_size=4 kv_heads=2 head_dim=8 dtype=F32; peer "
+            "layers=4 block_size=4 kv_heads=2 head_dim=16 dtype=F32 (prefill and decode workers "
+            "need the same --kv_dtype)");
 }
 
 TEST(ValidateWriteTest, AcceptsBlocksAndLayersOfBothPools) {

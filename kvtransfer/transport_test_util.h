@@ -20,7 +20,7 @@ inline std::unique_ptr<KvStorage> RandomPool(const KvLayout& layout, uint32_t se
   auto pool = *KvStorage::Create(layout);
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(-1, 1);
-  for (int64_t i = 0; i < layout.total_floats(); ++i) pool->data()[i] = dist(rng);
+  for (int64_t i = 0; i < layout.total_elements(); ++i) pool->data()[i] = dist(rng);
   return pool;
 }
 

@@ -581,16 +581,16 @@ absl::StatusOr<PoolDescriptor> UcxTransport::RegisterPool(KvStorage* pool) {
         absl::StrCat(options_.name, ": a KV pool is registered already"));
   }
   const KvLayout& l = pool->layout();
-  const size_t bytes = static_cast<size_t>(l.total_floats()) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(l.total_bytes());
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                   UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-  mp.address = pool->data();
+  mp.address = pool->data<std::byte>();
   mp.length = bytes;
   mp.memory_type = options_.memory_kind == MemoryKind::kCuda ? UCS_MEMORY_TYPE_CUDA
                                                              : UCS_MEMORY_TYPE_HOST;
   // ucp_mem_map and ucp_rkey_pack are context-level calls, safe beside the worker's thread.
-  if (pool->data() == allocated_) {
+  if (pool->data<std::byte>() == allocated_) {
     memh_ = allocated_memh_;  // mapped when UCX allocated it
   } else if (ucs_status_t s = ucp_mem_map(context_, &mp, &memh_); s != UCS_OK) {
     return absl::UnavailableError(absl::StrCat("registering the KV pool (", bytes >> 20,
@@ -610,7 +610,7 @@ absl::StatusOr<PoolDescriptor> UcxTransport::RegisterPool(KvStorage* pool) {
   return PoolDescriptor{
       .transport = "ucx",
       .address = address_,
-      .regions = {{.base_address = reinterpret_cast<uint64_t>(pool->data()),
+      .regions = {{.base_address = reinterpret_cast<uint64_t>(pool->data<std::byte>()),
                    .length = bytes,
                    .remote_key = std::move(packed),
                    .kind = options_.memory_kind,
@@ -730,10 +730,10 @@ void UcxTransport::IssueWrite(ConnState* conn, const WriteOp& op, uint64_t op_id
     pool = pool_;
   }
   const KvLayout& l = pool->layout();
-  const uint64_t block_bytes = static_cast<uint64_t>(l.layer_stride()) * sizeof(float);
-  const uint64_t block_stride = static_cast<uint64_t>(l.block_stride()) * sizeof(float);
+  const uint64_t block_bytes = static_cast<uint64_t>(l.block_bytes());
+  const uint64_t block_stride = static_cast<uint64_t>(l.block_stride_bytes());
   const size_t length = static_cast<size_t>(op.num_layers) * block_bytes;
-  const char* local = reinterpret_cast<const char*>(pool->data());
+  const char* local = reinterpret_cast<const char*>(pool->data<std::byte>());
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
   p.memh = memh_;
@@ -933,7 +933,7 @@ void UcxTransport::OnHello(const char* data, size_t length, ucp_ep_h reply_ep) {
   {
     absl::MutexLock lock(&pool_mu_);
     if (pool_ != nullptr) {
-      base = reinterpret_cast<uint64_t>(pool_->data());
+      base = reinterpret_cast<uint64_t>(pool_->data<std::byte>());
       blocks = static_cast<uint64_t>(pool_->layout().num_blocks);
       epoch = epoch_;
     }

@@ -333,7 +333,7 @@ TEST_P(UcxTransportTest, ConnectRefusesBadDescriptorsAtOnce) {
   cases.push_back({"zero address", d, absl::StatusCode::kInvalidArgument, "no address"});
   d = owner.descriptor;
   d.layout.block_size = 8;
-  d.regions[0].length = static_cast<uint64_t>(d.layout.total_floats()) * sizeof(float);
+  d.regions[0].length = static_cast<uint64_t>(d.layout.total_bytes());
   cases.push_back({"other layout", d, absl::StatusCode::kInvalidArgument, "KV layouts differ"});
   for (const Case& c : cases) {
     absl::StatusOr<std::shared_ptr<Connection>> conn =

@@ -135,7 +135,7 @@ grpc::Status PrefillService::Serve(grpc::ServerContext* context, const v1::Prefi
                            request->destination().block_ids().end());
   auto transfer = std::make_shared<Transfer>();
   const int64_t num_layers = loop_->kv_layout().num_layers;
-  const uint64_t block_bytes = static_cast<uint64_t>(loop_->kv_layout().layer_stride()) * 4;
+  const uint64_t block_bytes = static_cast<uint64_t>(loop_->kv_layout().block_bytes());
   std::shared_ptr<kvtransfer::Connection> connection = *conn;
 
   // Writes layers [first, first + count) of logical blocks [from, to) on the engine thread; the

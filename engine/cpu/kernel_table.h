@@ -72,6 +72,10 @@ using PackedDotFn = void (*)(const uint8_t* tile, int64_t nb, const BlockQ8Act* 
 using Attend64Fn = void (*)(const float* q, int64_t q_stride, int64_t heads, const float* const* k,
                             const float* const* v, int64_t ctx, float scale, float* out,
                             int64_t out_stride);
+// The same over an F16 cache: k[j] / v[j] point at 64 IEEE halves, widened as they are loaded.
+using Attend64F16Fn = void (*)(const float* q, int64_t q_stride, int64_t heads,
+                               const uint16_t* const* k, const uint16_t* const* v, int64_t ctx,
+                               float scale, float* out, int64_t out_stride);
 inline constexpr int64_t kAttendChunk = 32;
 inline constexpr int64_t kAttendMaxHeads = 6;  // Attend64Fn takes 1..6 heads
 
@@ -81,6 +85,12 @@ using QuantizeQ8ActFn = void (*)(const float* x, BlockQ8Act* out, int64_t k, int
 // out[i] = gate[i] * sigmoid(gate[i]) * up[i] for i < n (SwiGLU); out may alias gate or up.
 // Within a few ulp of the scalar entry (the SIMD ones use a vector exp).
 using SiluMulFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
+
+// n IEEE halves to floats and back (the KV cache's F16 rows). Every table's entries equal
+// HalfToFloat / FloatToHalf (round to nearest even, overflow to Inf) bit for bit; a NaN stays a
+// NaN but its payload bits may differ.
+using F16ToF32Fn = void (*)(const uint16_t* src, float* dst, int64_t n);
+using F32ToF16Fn = void (*)(const float* src, uint16_t* dst, int64_t n);
 
 struct KernelTable {
   Isa isa;
@@ -105,6 +115,10 @@ struct KernelTable {
   // Never nullptr.
   QuantizeQ8ActFn quantize_q8_act;
   SiluMulFn silu_mul;
+  F16ToF32Fn f16_to_f32;
+  F32ToF16Fn f32_to_f16;
+  // Attend64Fn over an F16 cache, or nullptr (the generic loop then widens each row first).
+  Attend64F16Fn attend64_f16;
 };
 
 // Whether `table` has its own kernel for packed format `format` (an int PackedFormat).

@@ -86,6 +86,55 @@ TEST(KernelTableTest, QuantizeQ8ActIsBitIdenticalOnEveryIsa) {
   }
 }
 
+// The F16 row conversions of every table equal the scalar HalfToFloat / FloatToHalf bit for bit:
+// every one of the 65536 halves widened, and floats that probe each rounding case narrowed (ties
+// to even, subnormal results, the overflow threshold, signed zeros, infinities).
+TEST(KernelTableTest, F16RowsMatchTheScalarConversions) {
+  std::vector<uint16_t> halves(65536);
+  for (uint32_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i);
+  std::vector<float> floats;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<uint32_t> bits(0, 0xFFFFFFFFu);
+  for (int i = 0; i < 20000; ++i) {
+    const uint32_t b = bits(rng);
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    if (!std::isnan(f)) floats.push_back(f);
+  }
+  for (uint32_t h = 0; h < 0x7C00; h += 7) {  // exact halves and the midpoints next to them
+    const float f = HalfToFloat(static_cast<uint16_t>(h));
+    const float next = HalfToFloat(static_cast<uint16_t>(h + 1));
+    floats.insert(floats.end(), {f, -f, (f + next) / 2, -(f + next) / 2});
+  }
+  floats.insert(floats.end(), {65519.0f, 65520.0f, 1e-8f, 2.9802322e-8f, 5.9604645e-8f, 0.0f,
+                               -0.0f, std::numeric_limits<float>::infinity(), 1e30f, -1e30f});
+  const int64_t nf = static_cast<int64_t>(floats.size());
+  std::vector<float> want_f(halves.size());
+  std::vector<uint16_t> want_h(floats.size());
+  ScalarKernelTable().f16_to_f32(halves.data(), want_f.data(), 65536);
+  ScalarKernelTable().f32_to_f16(floats.data(), want_h.data(), nf);
+  for (Isa isa : kAllIsas) {
+    if (!IsaSupported(isa, HostCpuFeatures())) continue;
+    SCOPED_TRACE(IsaName(isa));
+    const KernelTable& kt = KernelTableFor(isa);
+    std::vector<float> got_f(halves.size());
+    kt.f16_to_f32(halves.data(), got_f.data(), 65536 - 3);  // a tail
+    kt.f16_to_f32(halves.data() + 65533, got_f.data() + 65533, 3);
+    for (size_t i = 0; i < halves.size(); ++i) {
+      if (std::isnan(want_f[i])) {
+        EXPECT_TRUE(std::isnan(got_f[i])) << "half " << i;
+      } else {
+        EXPECT_EQ(std::memcmp(&got_f[i], &want_f[i], sizeof(float)), 0) << "half " << i;
+      }
+    }
+    std::vector<uint16_t> got_h(floats.size());
+    kt.f32_to_f16(floats.data(), got_h.data(), nf);
+    for (int64_t i = 0; i < nf; ++i) {
+      ASSERT_EQ(got_h[i], want_h[i]) << "float " << floats[i];
+    }
+  }
+}
+
 // The attention helpers of every ISA against the scalar ones, with SIMD tails (odd n).
 TEST(KernelTableTest, DotAxpyScaleMatchScalar) {
   std::mt19937 rng(9);

@@ -148,6 +148,9 @@ const KernelTable kTable = {
     nullptr,
     QuantizeQ8Act,
     SiluMulRow,
+    F16ToF32,
+    F32ToF16,
+    nullptr,
 };
 
 float VF::Hsum(T v) { return Hsum8(v); }

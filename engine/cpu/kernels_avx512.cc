@@ -302,16 +302,24 @@ inline float HmaxF32(__m512 v) {
   return _mm_cvtss_f32(m4);
 }
 
+// 16 cache elements as floats: F32 as they are, F16 widened (exact).
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // q · k for head_dim 64 as 16 partial sums (lane i: dimensions i, i + 16, i + 32, i + 48).
-inline __m512 Dot64(const __m512* q, const float* k) {
-  __m512 p = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
-  p = _mm512_fmadd_ps(q[1], _mm512_loadu_ps(k + 16), p);
-  p = _mm512_fmadd_ps(q[2], _mm512_loadu_ps(k + 32), p);
-  return _mm512_fmadd_ps(q[3], _mm512_loadu_ps(k + 48), p);
+template <typename E>
+inline __m512 Dot64(const __m512* q, const E* k) {
+  __m512 p = _mm512_mul_ps(q[0], Load16(k));
+  p = _mm512_fmadd_ps(q[1], Load16(k + 16), p);
+  p = _mm512_fmadd_ps(q[2], Load16(k + 32), p);
+  return _mm512_fmadd_ps(q[3], Load16(k + 48), p);
 }
 
 // q · k[j] for j < 16, lane j.
-inline __m512 Scores16(const __m512* q, const float* const* k) {
+template <typename E>
+inline __m512 Scores16(const __m512* q, const E* const* k) {
   // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] for keys a = 2i, b = 2i + 1 (each pair folded
   // as soon as it is computed, so that 16 partial products are never live at once).
   __m512 r1[8];
@@ -338,8 +346,8 @@ inline __m512 Scores16(const __m512* q, const float* const* k) {
                        _mm512_shuffle_f32x4(r3[0], r3[1], 0xDD));
 }
 
-template <int G>
-void Attend64Heads(const float* q, int64_t q_stride, const float* const* k, const float* const* v,
+template <int G, typename E>
+void Attend64Heads(const float* q, int64_t q_stride, const E* const* k, const E* const* v,
                    int64_t ctx, float scale, float* out, int64_t out_stride) {
   __m512 acc[G][4];
   float running_max[G], running_sum[G];
@@ -385,9 +393,9 @@ void Attend64Heads(const float* q, int64_t q_stride, const float* const* k, cons
       running_max[h] = new_max;
     }
     for (int64_t j = 0; j < count; ++j) {
-      const float* vj = v[start + j];
-      const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
-      const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
+      const E* vj = v[start + j];
+      const __m512 v0 = Load16(vj), v1 = Load16(vj + 16);
+      const __m512 v2 = Load16(vj + 32), v3 = Load16(vj + 48);
 #pragma GCC unroll 8
       for (int h = 0; h < G; ++h) {
         const __m512 w = _mm512_set1_ps(weights[h][j]);
@@ -407,8 +415,9 @@ void Attend64Heads(const float* q, int64_t q_stride, const float* const* k, cons
   }
 }
 
-void Attend64(const float* q, int64_t q_stride, int64_t heads, const float* const* k,
-              const float* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
+template <typename E>
+void Attend64Any(const float* q, int64_t q_stride, int64_t heads, const E* const* k,
+                 const E* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
   switch (heads) {
     case 1: Attend64Heads<1>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
     case 2: Attend64Heads<2>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
@@ -418,6 +427,16 @@ void Attend64(const float* q, int64_t q_stride, int64_t heads, const float* cons
     case 6: Attend64Heads<6>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
     default: break;
   }
+}
+
+void Attend64(const float* q, int64_t q_stride, int64_t heads, const float* const* k,
+              const float* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
+  Attend64Any(q, q_stride, heads, k, v, ctx, scale, out, out_stride);
+}
+void Attend64F16(const float* q, int64_t q_stride, int64_t heads, const uint16_t* const* k,
+                 const uint16_t* const* v, int64_t ctx, float scale, float* out,
+                 int64_t out_stride) {
+  Attend64Any(q, q_stride, heads, k, v, ctx, scale, out, out_stride);
 }
 
 const KernelTable kTable = {
@@ -432,6 +451,9 @@ const KernelTable kTable = {
     Attend64,
     QuantizeQ8Act,
     SiluMulRow,
+    F16ToF32,
+    F32ToF16,
+    Attend64F16,
 };
 
 }  // namespace

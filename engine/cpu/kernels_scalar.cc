@@ -175,6 +175,13 @@ void SiluMulRow(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+void F16ToF32(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(src[i]);
+}
+void F32ToF16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToHalf(src[i]);
+}
+
 const KernelTable kScalarTable = {
     Isa::kScalar,
     {RowDotF32, RowDotF16, RowDotBF16, RowDotQ8_0, RowDotQ4_0, RowDotQ4_1},
@@ -186,6 +193,9 @@ const KernelTable kScalarTable = {
     nullptr,
     QuantizeRowQ8Act,
     SiluMulRow,
+    F16ToF32,
+    F32ToF16,
+    nullptr,
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/cpu/kernel_table.h"
 
 namespace tandem::cpu {
@@ -22,6 +23,10 @@ absl::Status Validate(const PagedAttentionParams& p) {
        p.block_tables == nullptr || p.token_seq == nullptr || p.token_pos == nullptr)) {
     return absl::InvalidArgumentError("PagedAttention: null pointer");
   }
+  if (p.kv_type != DType::kF32 && p.kv_type != DType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: KV dtype ",
+                                                   DTypeName(p.kv_type), " (F32 or F16)"));
+  }
   return absl::OkStatus();
 }
 
@@ -33,6 +38,26 @@ float Scale(const PagedAttentionParams& p) {
 int64_t CacheOffset(const PagedAttentionParams& p, int64_t seq, int64_t pos, int64_t g) {
   const int64_t block = p.block_tables[seq * p.max_blocks_per_seq + pos / p.block_size];
   return block * p.block_stride + (pos % p.block_size) * p.token_stride + g * p.kv_head_stride;
+}
+
+// Element `offset` of a cache as T (float for F32 caches, uint16_t for F16 ones).
+template <typename T>
+const T* At(const void* cache, int64_t offset) {
+  return static_cast<const T*>(cache) + offset;
+}
+
+// Cache row `offset` (head_dim elements) as floats: in place for F32, widened into `buf` for F16.
+const float* RowF32(const PagedAttentionParams& p, const KernelTable& kt, const void* cache,
+                    int64_t offset, float* buf) {
+  if (p.kv_type == DType::kF32) return At<float>(cache, offset);
+  kt.f16_to_f32(At<uint16_t>(cache, offset), buf, p.head_dim);
+  return buf;
+}
+
+// The reference's read of element i of a cache row.
+double ElementAt(const PagedAttentionParams& p, const void* cache, int64_t offset) {
+  return p.kv_type == DType::kF32 ? *At<float>(cache, offset)
+                                  : HalfToFloat(*At<uint16_t>(cache, offset));
 }
 
 // work(begin, end) over [0, items), on the pool when there is one.
@@ -54,11 +79,14 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
   const float scale = Scale(p);
   const int64_t d = p.head_dim;
 
-  if (kt.attend64 != nullptr && d == 64 && group <= kAttendMaxHeads) {
+  const bool f16 = p.kv_type == DType::kF16;
+  if ((f16 ? kt.attend64_f16 != nullptr : kt.attend64 != nullptr) && d == 64 &&
+      group <= kAttendMaxHeads) {
     // One item per (token, KV head): its query heads share every key and value load.
     static constexpr float kZeros[64] = {};
+    static constexpr uint16_t kZeroHalves[64] = {};
     auto work = [&](int64_t begin, int64_t end) {
-      thread_local std::vector<const float*> keys, values;
+      thread_local std::vector<const void*> keys, values;
       for (int64_t item = begin; item < end; ++item) {
         const int64_t t = item / p.num_kv_heads;
         const int64_t g = item % p.num_kv_heads;
@@ -67,15 +95,25 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
         const int64_t padded = (ctx + kAttendChunk - 1) / kAttendChunk * kAttendChunk;
         keys.resize(static_cast<size_t>(padded));
         values.resize(static_cast<size_t>(padded));
+        const int64_t bytes = f16 ? 2 : 4;
         for (int64_t pos = 0; pos < ctx; ++pos) {
-          const int64_t offset = CacheOffset(p, seq, pos, g);
-          keys[pos] = p.k_cache + offset;
-          values[pos] = p.v_cache + offset;
+          const int64_t offset = CacheOffset(p, seq, pos, g) * bytes;
+          keys[pos] = static_cast<const char*>(p.k_cache) + offset;
+          values[pos] = static_cast<const char*>(p.v_cache) + offset;
         }
-        std::fill(keys.begin() + ctx, keys.end(), kZeros);
-        std::fill(values.begin() + ctx, values.end(), kZeros);
-        kt.attend64(p.q + t * p.q_token_stride + g * group * d, d, group, keys.data(),
-                    values.data(), ctx, scale, p.out + t * p.out_token_stride + g * group * d, d);
+        const void* zeros = f16 ? static_cast<const void*>(kZeroHalves) : kZeros;
+        std::fill(keys.begin() + ctx, keys.end(), zeros);
+        std::fill(values.begin() + ctx, values.end(), zeros);
+        const float* q = p.q + t * p.q_token_stride + g * group * d;
+        float* out = p.out + t * p.out_token_stride + g * group * d;
+        if (f16) {
+          kt.attend64_f16(q, d, group, reinterpret_cast<const uint16_t* const*>(keys.data()),
+                          reinterpret_cast<const uint16_t* const*>(values.data()), ctx, scale,
+                          out, d);
+        } else {
+          kt.attend64(q, d, group, reinterpret_cast<const float* const*>(keys.data()),
+                      reinterpret_cast<const float* const*>(values.data()), ctx, scale, out, d);
+        }
       }
     };
     RunItems(context, p.num_tokens * p.num_kv_heads, work);
@@ -88,7 +126,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
   auto work = [&](int64_t begin, int64_t end) {
     float scores[kChunk];
     int64_t offsets[kChunk];
-    std::vector<float> acc(static_cast<size_t>(d));
+    std::vector<float> acc(static_cast<size_t>(d)), row(static_cast<size_t>(d));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / p.num_heads;
       const int64_t h = item % p.num_heads;
@@ -104,7 +142,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
         float chunk_max = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < count; ++j) {
           offsets[j] = CacheOffset(p, seq, start + j, g);
-          scores[j] = kt.dot_f32(q, p.k_cache + offsets[j], d) * scale;
+          scores[j] = kt.dot_f32(q, RowF32(p, kt, p.k_cache, offsets[j], row.data()), d) * scale;
           chunk_max = std::max(chunk_max, scores[j]);
         }
         const float new_max = std::max(running_max, chunk_max);
@@ -116,7 +154,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
         for (int64_t j = 0; j < count; ++j) {
           const float e = std::exp(scores[j] - new_max);
           running_sum += e;
-          kt.axpy_f32(e, p.v_cache + offsets[j], acc.data(), d);
+          kt.axpy_f32(e, RowF32(p, kt, p.v_cache, offsets[j], row.data()), acc.data(), d);
         }
         running_max = new_max;
       }
@@ -143,9 +181,9 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
       std::vector<double> s(static_cast<size_t>(ctx));
       double max = -std::numeric_limits<double>::infinity();
       for (int64_t pos = 0; pos < ctx; ++pos) {
-        const float* k = p.k_cache + CacheOffset(p, seq, pos, g);
+        const int64_t k = CacheOffset(p, seq, pos, g);
         double dot = 0.0;
-        for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * k[i];
+        for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * ElementAt(p, p.k_cache, k + i);
         s[pos] = dot * scale;
         max = std::max(max, s[pos]);
       }
@@ -156,8 +194,8 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
       }
       std::vector<double> o(static_cast<size_t>(d), 0.0);
       for (int64_t pos = 0; pos < ctx; ++pos) {
-        const float* v = p.v_cache + CacheOffset(p, seq, pos, g);
-        for (int64_t i = 0; i < d; ++i) o[i] += s[pos] / sum * v[i];
+        const int64_t v = CacheOffset(p, seq, pos, g);
+        for (int64_t i = 0; i < d; ++i) o[i] += s[pos] / sum * ElementAt(p, p.v_cache, v + i);
       }
       float* out = p.out + t * p.out_token_stride + h * d;
       for (int64_t i = 0; i < d; ++i) out[i] = static_cast<float>(o[i]);

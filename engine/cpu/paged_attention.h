@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "engine/core/dtype.h"
 #include "engine/cpu/kernel_context.h"
 
 namespace tandem::cpu {
@@ -30,12 +31,14 @@ struct PagedAttentionParams {
   int64_t out_token_stride = 0;
 
   // K and V caches with the same layout: element d of kv-head g at slot j of physical block b is
-  //   cache[b * block_stride + j * token_stride + g * kv_head_stride + d]   (head_dim contiguous).
-  const float* k_cache = nullptr;
-  const float* v_cache = nullptr;
-  int64_t block_stride = 0;    // floats
-  int64_t token_stride = 0;    // floats
-  int64_t kv_head_stride = 0;  // floats
+  //   cache[b * block_stride + j * token_stride + g * kv_head_stride + d]   (head_dim contiguous)
+  // in elements of kv_type: F32 (float) or F16 (IEEE half bits, widened to float as they are read).
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  DType kv_type = DType::kF32;
+  int64_t block_stride = 0;    // elements
+  int64_t token_stride = 0;    // elements
+  int64_t kv_head_stride = 0;  // elements
   int64_t block_size = 0;      // tokens per block
 
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq] physical block ids
@@ -51,7 +54,7 @@ struct PagedAttentionParams {
 };
 
 // INVALID_ARGUMENT for inconsistent sizes (non-positive head_dim / block_size, num_heads not a
-// multiple of num_kv_heads, null pointers with tokens present). Positions and block ids are the
+// multiple of num_kv_heads, null pointers with tokens present) or a kv_type other than F32 / F16. Positions and block ids are the
 // caller's contract (checked one layer up) and are not validated per token.
 [[nodiscard]] absl::Status PagedAttention(const PagedAttentionParams& params,
                                           const KernelContext& context = {});

@@ -22,8 +22,26 @@ using testing::RandomFloats;
 struct Batch {
   int64_t block_size = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
   std::vector<float> q = {}, k_cache = {}, v_cache = {}, out = {};
+  std::vector<uint16_t> k_half = {}, v_half = {};  // the caches in F16 (Params(DType::kF16))
   std::vector<int32_t> block_tables = {}, token_seq = {}, token_pos = {};
   int64_t max_blocks = 0;
+
+  // The same batch over an F16 cache: the float caches rounded to half (NaN stays NaN).
+  PagedAttentionParams Params(DType kv_type) {
+    PagedAttentionParams p = Params();
+    if (kv_type == DType::kF16) {
+      k_half.resize(k_cache.size());
+      v_half.resize(v_cache.size());
+      for (size_t i = 0; i < k_cache.size(); ++i) {
+        k_half[i] = FloatToHalf(k_cache[i]);
+        v_half[i] = FloatToHalf(v_cache[i]);
+      }
+      p.k_cache = k_half.data();
+      p.v_cache = v_half.data();
+      p.kv_type = DType::kF16;
+    }
+    return p;
+  }
 
   PagedAttentionParams Params() {
     const int64_t token_stride = num_kv_heads * head_dim + 5;  // padded slots
@@ -117,21 +135,24 @@ TEST(PagedAttentionLongTest, MatchesTheReferenceOverManyChunks) {
     for (float key_scale : {0.5f, 6.0f}) {
       std::mt19937 rng(static_cast<uint32_t>(group * 7 + key_scale));
       Batch batch = MakeBatch(16, group, 64, rng, lens, tokens, key_scale);
-      PagedAttentionParams p = batch.Params();
-      std::vector<float> expected(batch.out.size());
-      p.out = expected.data();
-      ASSERT_TRUE(PagedAttentionReference(p).ok());
-      for (Isa isa : kAllIsas) {
-        if (!IsaSupported(isa, HostCpuFeatures())) continue;
-        std::vector<float> got(batch.out.size(), std::numeric_limits<float>::quiet_NaN());
-        p.out = got.data();
-        ASSERT_TRUE(PagedAttention(p, {.isa = isa}).ok());
-        for (size_t i = 0; i < got.size(); ++i) {
-          // A convex combination of |v| <= 1 over <= 301 positions: 1e-5 covers the rounding of
-          // the float sums and of a ~2-ulp exp.
-          ASSERT_NEAR(got[i], expected[i], 1e-5f)
-              << IsaName(isa) << " group " << group << " key_scale " << key_scale << " element "
-              << i << " (token " << i / p.out_token_stride << ")";
+      for (DType kv_type : {DType::kF32, DType::kF16}) {
+        PagedAttentionParams p = batch.Params(kv_type);
+        std::vector<float> expected(batch.out.size());
+        p.out = expected.data();
+        ASSERT_TRUE(PagedAttentionReference(p).ok());
+        for (Isa isa : kAllIsas) {
+          if (!IsaSupported(isa, HostCpuFeatures())) continue;
+          std::vector<float> got(batch.out.size(), std::numeric_limits<float>::quiet_NaN());
+          p.out = got.data();
+          ASSERT_TRUE(PagedAttention(p, {.isa = isa}).ok());
+          for (size_t i = 0; i < got.size(); ++i) {
+            // A convex combination of |v| <= 1 over <= 301 positions: 1e-5 covers the rounding
+            // of the float sums and of a ~2-ulp exp (the reference reads the same halves).
+            ASSERT_NEAR(got[i], expected[i], 1e-5f)
+                << IsaName(isa) << " " << DTypeName(kv_type) << " group " << group
+                << " key_scale " << key_scale << " element " << i << " (token "
+                << i / p.out_token_stride << ")";
+          }
         }
       }
     }
@@ -143,20 +164,22 @@ TEST_P(PagedAttentionTest, MatchesNaiveSoftmaxReference) {
   if (!IsaSupported(isa, HostCpuFeatures())) GTEST_SKIP() << IsaName(isa) << " not on this CPU";
   std::mt19937 rng(static_cast<uint32_t>(block_size * 100 + group * 10 + head_dim));
   Batch batch = MakeBatch(block_size, group, head_dim, rng);
-  PagedAttentionParams p = batch.Params();
-  std::vector<float> expected(batch.out.size());
-  p.out = expected.data();
-  ASSERT_TRUE(PagedAttentionReference(p).ok());
   ThreadPool pool({.num_threads = 3});
-  for (ThreadPool* pool_or_null : {static_cast<ThreadPool*>(nullptr), &pool}) {
-    std::vector<float> got(batch.out.size(), std::numeric_limits<float>::quiet_NaN());
-    p.out = got.data();
-    ASSERT_TRUE(PagedAttention(p, {.pool = pool_or_null, .isa = isa}).ok());
-    // The output is a convex combination of V rows (|v| <= 1): float rounding of the online
-    // softmax over <= 40 positions stays far below 2e-5 absolute.
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_NEAR(got[i], expected[i], 2e-5f)
-          << "element " << i << " (token " << i / p.out_token_stride << ")";
+  for (DType kv_type : {DType::kF32, DType::kF16}) {
+    PagedAttentionParams p = batch.Params(kv_type);
+    std::vector<float> expected(batch.out.size());
+    p.out = expected.data();
+    ASSERT_TRUE(PagedAttentionReference(p).ok());
+    for (ThreadPool* pool_or_null : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      std::vector<float> got(batch.out.size(), std::numeric_limits<float>::quiet_NaN());
+      p.out = got.data();
+      ASSERT_TRUE(PagedAttention(p, {.pool = pool_or_null, .isa = isa}).ok());
+      // The output is a convex combination of V rows (|v| <= 1): float rounding of the online
+      // softmax over <= 40 positions stays far below 2e-5 absolute.
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], expected[i], 2e-5f) << DTypeName(kv_type) << " element " << i
+                                                << " (token " << i / p.out_token_stride << ")";
+      }
     }
   }
 }

@@ -3,7 +3,8 @@
 // a sequence's positions onto blocks (position p lives in slot p % block_size of block
 // table[p / block_size]).
 //
-// Layout (floats, row-major), the contract for the attention kernels and for transfers:
+// Layout (elements of the pool's dtype, F32 or F16; row-major), the contract for the attention
+// kernels and for transfers:
 //
 //   [num_blocks][num_layers][2 (K, V)][block_size][num_kv_heads][head_dim]
 //
@@ -13,11 +14,15 @@
 #ifndef TANDEM_ENGINE_KV_KV_STORAGE_H_
 #define TANDEM_ENGINE_KV_KV_STORAGE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <type_traits>
 
 #include "absl/status/statusor.h"
+#include "common/logging.h"
+#include "engine/core/dtype.h"
 
 namespace tandem {
 
@@ -27,18 +32,41 @@ struct KvLayout {
   int64_t block_size = 16;  // tokens per block
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
+  // Element type: F32, or F16 (half the memory and the bytes a transfer moves; what engines
+  // configure with --kv_dtype, default f16).
+  DType dtype = DType::kF32;
 
-  // Strides in floats.
+  // Strides in elements.
   int64_t token_stride() const { return num_kv_heads * head_dim; }
   int64_t kv_head_stride() const { return head_dim; }
   int64_t kv_stride() const { return block_size * token_stride(); }  // K -> V of one layer
   int64_t layer_stride() const { return 2 * kv_stride(); }
   int64_t block_stride() const { return num_layers * layer_stride(); }
-  int64_t total_floats() const { return num_blocks * block_stride(); }
+  int64_t total_elements() const { return num_blocks * block_stride(); }
 
-  // INVALID_ARGUMENT when a size is not positive or the pool would exceed 2^40 floats.
+  int64_t element_bytes() const { return dtype == DType::kF16 ? 2 : 4; }
+  // Bytes of K then V of one block for one layer (docs/kv_layout.md's block_bytes: the unit of a
+  // layer-by-layer transfer), and of one block for every layer.
+  int64_t block_bytes() const { return layer_stride() * element_bytes(); }
+  int64_t block_stride_bytes() const { return block_stride() * element_bytes(); }
+  int64_t total_bytes() const { return total_elements() * element_bytes(); }
+
+  // INVALID_ARGUMENT when a size is not positive, the dtype is neither F32 nor F16, or the pool
+  // would exceed 2^40 elements.
   absl::Status Validate() const;
 };
+
+// The KV element type named by a flag: "f16" or "f32" (any case). INVALID_ARGUMENT otherwise.
+absl::StatusOr<DType> ParseKvDType(absl::string_view name);
+
+// Whether T is the element type of `dtype` (float: F32, uint16_t: F16); std::byte fits any.
+template <typename T>
+bool KvElementFits(DType dtype) {
+  if constexpr (std::is_same_v<T, std::byte>) return true;
+  if constexpr (std::is_same_v<T, float>) return dtype == DType::kF32;
+  if constexpr (std::is_same_v<T, uint16_t>) return dtype == DType::kF16;
+  return false;
+}
 
 // Where a pool's memory comes from when not from the heap: e.g. a transport that exposes memory it
 // allocated itself best (UCX: shared memory that a peer on the host maps, so a remote write is a
@@ -57,29 +85,43 @@ class KvStorage {
                                                            const KvAllocator& allocator = {});
 
   const KvLayout& layout() const { return layout_; }
-  float* data() { return data_.get(); }
-  const float* data() const { return data_.get(); }
-
-  // K of `layer` in `block`: [block_size][num_kv_heads][head_dim]; V follows at + kv_stride().
-  float* KeyBlock(int64_t block, int64_t layer) {
-    return data_.get() + block * layout_.block_stride() + layer * layout_.layer_stride();
+  // The region's start as T: float for an F32 pool, uint16_t (f16 bits) for an F16 one, std::byte
+  // for either. Element offsets (the layout's strides) apply to the typed pointer.
+  template <typename T = float>
+  T* data() const {
+    CheckElement<T>();
+    return reinterpret_cast<T*>(data_.get());
+  }
+  // K of `layer` in `block`: [block_size][num_kv_heads][head_dim]; V follows at + kv_stride()
+  // elements.
+  template <typename T = float>
+  T* KeyBlock(int64_t block, int64_t layer) const {
+    CheckElement<T>();
+    const int64_t element = block * layout_.block_stride() + layer * layout_.layer_stride();
+    return reinterpret_cast<T*>(data_.get() + element * layout_.element_bytes());
   }
   // K of block 0 for `layer`: with block_stride() it addresses that layer's K in every block.
-  float* LayerKeys(int64_t layer) { return KeyBlock(0, layer); }
-  float* LayerValues(int64_t layer) { return KeyBlock(0, layer) + layout_.kv_stride(); }
-
+  const void* LayerKeys(int64_t layer) const { return KeyBlock<std::byte>(0, layer); }
+  const void* LayerValues(int64_t layer) const {
+    return KeyBlock<std::byte>(0, layer) + layout_.kv_stride() * layout_.element_bytes();
+  }
   // Copies all of block `src` (every layer, K and V) onto block `dst`.
   void CopyBlock(int32_t src, int32_t dst);
 
  private:
+  template <typename T>
+  void CheckElement() const {
+    CHECK(KvElementFits<T>(layout_.dtype))
+        << "KV pool of " << DTypeName(layout_.dtype) << " addressed with the wrong element type";
+  }
   struct FreeDeleter {
     std::function<void(void*)> release;  // empty: std::free
-    void operator()(float* p) const;
+    void operator()(std::byte* p) const;
   };
-  KvStorage(const KvLayout& layout, float* data, std::function<void(void*)> release);
+  KvStorage(const KvLayout& layout, std::byte* data, std::function<void(void*)> release);
 
   KvLayout layout_;
-  std::unique_ptr<float, FreeDeleter> data_;
+  std::unique_ptr<std::byte, FreeDeleter> data_;
 };
 
 }  // namespace tandem

@@ -18,7 +18,7 @@ TEST(KvStorageTest, LayoutStridesTileTheRegionExactly) {
   EXPECT_EQ(l.kv_stride(), 40);
   EXPECT_EQ(l.layer_stride(), 80);
   EXPECT_EQ(l.block_stride(), 240);
-  EXPECT_EQ(l.total_floats(), 1920);
+  EXPECT_EQ(l.total_elements(), 1920);
   auto storage = KvStorage::Create(l);
   ASSERT_TRUE(storage.ok());
   // Every (block, layer, K|V, slot, head, d) maps to a distinct float inside the region.
@@ -30,14 +30,44 @@ TEST(KvStorageTest, LayoutStridesTileTheRegionExactly) {
         for (int64_t i = 0; i < l.kv_stride(); ++i) {
           const float* p = base + i;
           ASSERT_GE(p, (*storage)->data());
-          ASSERT_LT(p, (*storage)->data() + l.total_floats());
+          ASSERT_LT(p, (*storage)->data() + l.total_elements());
           ASSERT_TRUE(seen.insert(p).second);
         }
       }
     }
   }
-  EXPECT_EQ(static_cast<int64_t>(seen.size()), l.total_floats());
-  EXPECT_EQ((*storage)->LayerValues(2) - (*storage)->LayerKeys(2), l.kv_stride());
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), l.total_elements());
+  EXPECT_EQ(static_cast<const char*>((*storage)->LayerValues(2)) -
+                static_cast<const char*>((*storage)->LayerKeys(2)),
+            l.kv_stride() * 4);
+  EXPECT_EQ(l.total_bytes(), 1920 * 4);
+  EXPECT_EQ(l.block_bytes(), 80 * 4);
+  EXPECT_EQ(l.block_stride_bytes(), 240 * 4);
+}
+
+// An F16 pool: the same strides in elements, half the bytes, addressed as uint16_t; reading it as
+// float is a programming error.
+TEST(KvStorageTest, F16PoolHalvesTheBytes) {
+  KvLayout l = SmallLayout();
+  l.dtype = DType::kF16;
+  EXPECT_EQ(l.total_bytes(), 1920 * 2);
+  EXPECT_EQ(l.block_bytes(), 80 * 2);
+  EXPECT_EQ(l.block_stride_bytes(), 240 * 2);
+  auto storage = *KvStorage::Create(l);
+  uint16_t* k = storage->KeyBlock<uint16_t>(5, 2);
+  EXPECT_EQ(k - storage->data<uint16_t>(), 5 * l.block_stride() + 2 * l.layer_stride());
+  EXPECT_EQ(static_cast<const char*>(storage->LayerValues(1)) -
+                static_cast<const char*>(storage->LayerKeys(1)),
+            l.kv_stride() * 2);
+  for (int64_t i = 0; i < l.block_stride(); ++i) {
+    storage->data<uint16_t>()[2 * l.block_stride() + i] = static_cast<uint16_t>(i + 1);
+  }
+  storage->CopyBlock(2, 7);
+  for (int64_t i = 0; i < l.block_stride(); ++i) {
+    ASSERT_EQ(storage->data<uint16_t>()[7 * l.block_stride() + i], i + 1);
+  }
+  EXPECT_EQ(storage->data<uint16_t>()[6 * l.block_stride()], 0);
+  EXPECT_DEATH(storage->KeyBlock<float>(0, 0), "wrong element type");
 }
 
 TEST(KvStorageTest, CopyBlockCopiesEveryLayer) {
@@ -54,11 +84,23 @@ TEST(KvStorageTest, CopyBlockCopiesEveryLayer) {
   EXPECT_DEATH(storage->CopyBlock(0, 8), "outside the pool");
 }
 
+TEST(KvStorageTest, ParsesKvDTypeFlags) {
+  EXPECT_EQ(*ParseKvDType("f16"), DType::kF16);
+  EXPECT_EQ(*ParseKvDType("F32"), DType::kF32);
+  for (const char* bad : {"", "bf16", "fp16", "q8_0"}) {
+    const absl::StatusOr<DType> d = ParseKvDType(bad);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ParseKvDType("half").status().message(), "KV dtype 'half' is not one of f16, f32");
+}
+
 TEST(KvStorageTest, BadLayouts) {
   for (KvLayout l : {KvLayout{}, KvLayout{.num_blocks = -1, .num_layers = 1, .block_size = 1,
                                           .num_kv_heads = 1, .head_dim = 1},
                      KvLayout{.num_blocks = int64_t{1} << 30, .num_layers = 32, .block_size = 16,
-                              .num_kv_heads = 8, .head_dim = 128}}) {
+                              .num_kv_heads = 8, .head_dim = 128},
+                     KvLayout{.num_blocks = 1, .num_layers = 1, .block_size = 1,
+                              .num_kv_heads = 1, .head_dim = 1, .dtype = DType::kBF16}}) {
     EXPECT_EQ(KvStorage::Create(l).status().code(), absl::StatusCode::kInvalidArgument);
   }
 }

@@ -284,7 +284,7 @@ class Disaggregated {
     const int64_t bs = decode_->kv_pool().block_size();
     KvStorage& src = prefill_->kv_pool().storage();
     KvStorage& dst = decode_->kv_pool().storage();
-    const size_t slice = static_cast<size_t>(src.layout().layer_stride()) * sizeof(float);
+    const size_t slice = static_cast<size_t>(src.layout().block_bytes());
     std::set<int64_t> sent;  // logical blocks that reached the decode pool
     bool first = true;
     GenerationRequest p = r;
@@ -295,8 +295,8 @@ class Disaggregated {
       auto copy = [&](int64_t k, int64_t first_layer, int64_t layers) {
         if ((k + 1) * bs <= plan->cached_tokens) return;  // the decode side has it cached
         for (int64_t l = first_layer; l < first_layer + layers; ++l) {
-          std::memcpy(dst.KeyBlock(plan->blocks[static_cast<size_t>(k)], l),
-                      src.KeyBlock(done.block_table[static_cast<size_t>(k)], l), slice);
+          std::memcpy(dst.KeyBlock<std::byte>(plan->blocks[static_cast<size_t>(k)], l),
+                      src.KeyBlock<std::byte>(done.block_table[static_cast<size_t>(k)], l), slice);
         }
         sent.insert(k);
       };

@@ -144,7 +144,8 @@ KvLayout CpuForward::KvLayoutFor(int64_t num_blocks) const {
                   .num_layers = c.num_layers,
                   .block_size = options_.block_size,
                   .num_kv_heads = c.num_kv_heads,
-                  .head_dim = c.head_dim};
+                  .head_dim = c.head_dim,
+                  .dtype = options_.kv_dtype};
 }
 
 absl::Status CpuForward::Validate(const StepBatch& batch, const KvStorage& kv) const {
@@ -287,6 +288,7 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
                                     .out_stride = H, .rows = rows, .dim = H,
                                     .eps = c.rms_norm_eps});
   };
+  const cpu::KernelContext serial{.pool = nullptr, .isa = options_.isa};
   // The rotation angles depend only on the positions: once for Q and K of every layer.
   std::vector<float> rope_cos_sin(static_cast<size_t>(T * c.head_dim));
   cpu::RopeCosSin(token_pos.data(), T, inv_freq_.data(), c.head_dim, rope_cos_sin.data());
@@ -316,14 +318,22 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
     emit("Kcur" + suffix, k.data(), T, Dkv);
     emit("Vcur" + suffix, v.data(), T, Dkv);
 
-    // This step's K/V go into the cache before attention reads it.
+    // This step's K/V go into the cache before attention reads it (rounded to half in an F16
+    // cache).
     for (int64_t t = 0; t < T; ++t) {
       const int64_t pos = token_pos[t];
       const int32_t block = tables[token_seq[t] * max_blocks + pos / layout.block_size];
-      float* kdst = kv->KeyBlock(block, l) + (pos % layout.block_size) * layout.token_stride();
-      std::memcpy(kdst, k.data() + t * Dkv, static_cast<size_t>(Dkv) * sizeof(float));
-      std::memcpy(kdst + layout.kv_stride(), v.data() + t * Dkv,
-                  static_cast<size_t>(Dkv) * sizeof(float));
+      const int64_t slot = (pos % layout.block_size) * layout.token_stride();
+      if (layout.dtype == DType::kF16) {
+        uint16_t* kdst = kv->KeyBlock<uint16_t>(block, l) + slot;
+        cpu::FloatsToHalves(k.data() + t * Dkv, kdst, Dkv, serial);
+        cpu::FloatsToHalves(v.data() + t * Dkv, kdst + layout.kv_stride(), Dkv, serial);
+      } else {
+        float* kdst = kv->KeyBlock<float>(block, l) + slot;
+        std::memcpy(kdst, k.data() + t * Dkv, static_cast<size_t>(Dkv) * sizeof(float));
+        std::memcpy(kdst + layout.kv_stride(), v.data() + t * Dkv,
+                    static_cast<size_t>(Dkv) * sizeof(float));
+      }
     }
     // This layer of the cache is final for the step: a transfer may take it now.
     if (batch.on_layer_done) batch.on_layer_done(l);
@@ -334,6 +344,7 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
     ap.out_token_stride = Dq;
     ap.k_cache = kv->LayerKeys(l);
     ap.v_cache = kv->LayerValues(l);
+    ap.kv_type = layout.dtype;
     ap.block_stride = layout.block_stride();
     ap.token_stride = layout.token_stride();
     ap.kv_head_stride = layout.kv_head_stride();
@@ -361,7 +372,7 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
     cpu::SiluMul(cpu::SiluMulParams{.gate = gate.data(), .up = up.data(), .out = gate.data(),
                                     .gate_stride = F, .up_stride = F, .out_stride = F,
                                     .rows = T, .dim = F},
-                 cpu::KernelContext{.pool = nullptr, .isa = options_.isa});
+                 serial);
     RETURN_IF_ERROR(Linear(gate.data(), T, *lw.ffn_down, proj.data()));
     emit("ffn_out" + suffix, proj.data(), T, H);
     cpu::Add(x.data(), proj.data(), x.data(), T * H);

@@ -34,6 +34,9 @@ class CpuForward {
     int num_threads = 0;
     // Tokens per KV block for KvLayoutFor().
     int64_t block_size = 16;
+    // KV element type for KvLayoutFor(): F16 (half the memory and transfer bytes; attention
+    // widens as it reads) or F32. Step() takes a pool of either.
+    DType kv_dtype = DType::kF16;
     // Kernel instruction set; empty: the best the CPU has (or TANDEM_CPU_ISA).
     std::optional<cpu::Isa> isa = std::nullopt;
     // Repack quantized matrices at start-up for the packed kernels (engine/cpu/packed_weights.h),

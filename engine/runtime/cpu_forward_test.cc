@@ -225,19 +225,23 @@ namespace {
 TEST(CpuForwardTest, LayerDoneComesAsEachLayerIsInTheCache) {
   Harness h = MakeHarness(16, 8);
   const KvLayout& l = h.kv->layout();
-  std::memset(h.kv->data(), 0, static_cast<size_t>(l.total_floats()) * sizeof(float));
+  std::memset(h.kv->data<std::byte>(), 0, static_cast<size_t>(l.total_bytes()));
   const std::vector<int32_t> blocks = Blocks(0, 2);
   std::vector<int64_t> reported;
-  std::vector<std::vector<float>> at_report;  // block 0's slice of each layer when reported
+  // Block 0's slice of each layer (K then V, in the pool's dtype) when reported.
+  auto slice = [&](int64_t layer) {
+    const auto* k = reinterpret_cast<const unsigned char*>(h.kv->KeyBlock<std::byte>(0, layer));
+    return std::vector<unsigned char>(k, k + l.block_bytes());
+  };
+  std::vector<std::vector<unsigned char>> at_report;
   StepBatch batch;
   batch.sequences.push_back({.tokens = kPromptA, .start_position = 0, .block_table = blocks});
   batch.on_layer_done = [&](int64_t layer) {
     reported.push_back(layer);
-    const float* k = h.kv->KeyBlock(0, layer);
-    at_report.emplace_back(k, k + l.layer_stride());
+    at_report.push_back(slice(layer));
     if (layer + 1 < l.num_layers) {
-      const float* next = h.kv->KeyBlock(0, layer + 1);
-      EXPECT_TRUE(std::all_of(next, next + l.layer_stride(), [](float f) { return f == 0.0f; }))
+      const std::vector<unsigned char> next = slice(layer + 1);
+      EXPECT_TRUE(std::all_of(next.begin(), next.end(), [](unsigned char b) { return b == 0; }))
           << "layer " << layer + 1 << " was written before layer " << layer << " was reported";
     }
   };
@@ -246,8 +250,7 @@ TEST(CpuForwardTest, LayerDoneComesAsEachLayerIsInTheCache) {
   ASSERT_EQ(static_cast<int64_t>(reported.size()), l.num_layers);
   for (int64_t layer = 0; layer < l.num_layers; ++layer) {
     EXPECT_EQ(reported[static_cast<size_t>(layer)], layer);
-    const float* k = h.kv->KeyBlock(0, layer);
-    EXPECT_EQ(at_report[static_cast<size_t>(layer)], std::vector<float>(k, k + l.layer_stride()))
+    EXPECT_EQ(at_report[static_cast<size_t>(layer)], slice(layer))
         << "layer " << layer << " changed after it was reported";
   }
 }

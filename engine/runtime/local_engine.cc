@@ -68,8 +68,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(const std::string
   ASSIGN_OR_RETURN(engine->forward_, CpuForward::Create(&engine->model_, options.forward));
   int64_t blocks = options.kv_blocks;
   if (blocks == 0) {
-    const int64_t block_bytes =
-        engine->forward_->KvLayoutFor(1).block_stride() * static_cast<int64_t>(sizeof(float));
+    const int64_t block_bytes = engine->forward_->KvLayoutFor(1).block_stride_bytes();
     blocks = options.kv_cache_bytes / block_bytes;
     if (blocks == 0) {
       return absl::InvalidArgumentError(absl::StrCat("kv_cache_bytes ", options.kv_cache_bytes,
@@ -96,7 +95,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(const std::string
 }
 
 int64_t LocalEngine::kv_pool_bytes() const {
-  return pool_->layout().total_floats() * static_cast<int64_t>(sizeof(float));
+  return pool_->layout().total_bytes();
 }
 
 std::vector<int32_t> LocalEngine::EncodePrompt(absl::string_view text) const {

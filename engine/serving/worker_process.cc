@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, worker_id, "",
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports for KV transfers (as UCX_TLS); empty: UCX_TLS");
 ABSL_FLAG(int32_t, threads, 0, "Kernel threads; 0: all cores");
 ABSL_FLAG(int64_t, kv_cache_mb, 512, "Memory for the KV cache, MiB");
+ABSL_FLAG(std::string, kv_dtype, "f16",
+          "KV cache element type: f16 (half the memory and transfer bytes) or f32; prefill and "
+          "decode workers that share KV must agree");
 ABSL_FLAG(int64_t, max_running, 64, "Most sequences in one batch");
 ABSL_FLAG(int64_t, max_tokens_per_step, 512, "Token budget of one engine step (prefill chunks + decode)");
 ABSL_FLAG(int64_t, max_requests, 1024, "Requests held at once (running, waiting); more are refused");
@@ -61,6 +64,7 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   EngineLoop::Options& o = f.loop;
   o.engine.forward.num_threads = absl::GetFlag(FLAGS_threads);
   o.engine.kv_cache_bytes = kv_mb << 20;
+  ASSIGN_OR_RETURN(o.engine.forward.kv_dtype, ParseKvDType(absl::GetFlag(FLAGS_kv_dtype)));
   o.engine.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
   o.engine.scheduler.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
   o.engine.enable_prefix_caching = absl::GetFlag(FLAGS_prefix_caching);

@@ -1,9 +1,10 @@
 // Test tool: runs Tandem's CPU forward pass on a token sequence and writes what a reference
 // implementation is compared against.
 //
-//   logits_tool MODEL TOKENS OUT [GREEDY_STEPS] [BLOCK_SIZE]
+//   logits_tool MODEL TOKENS OUT [GREEDY_STEPS] [BLOCK_SIZE] [KV_DTYPE]
 //
 // MODEL is a GGUF file or a Hugging Face model directory (config.json and *.safetensors).
+// KV_DTYPE is the cache's element type, f16 (the engine's default) or f32.
 //
 // TOKENS is a comma-separated list of token ids. Writes OUT as float32 [len(TOKENS), vocab]: the
 // logits after every position (teacher forcing: the tokens are fed one step each, through the
@@ -25,7 +26,10 @@ namespace tandem {
 namespace {
 
 absl::Status Run(int argc, char** argv) {
-  if (argc < 4) return absl::InvalidArgumentError("usage: logits_tool MODEL TOKENS OUT [GREEDY] [BLOCK]");
+  if (argc < 4) {
+    return absl::InvalidArgumentError(
+        "usage: logits_tool MODEL TOKENS OUT [GREEDY] [BLOCK] [KV_DTYPE]");
+  }
   std::vector<int32_t> tokens;
   for (absl::string_view part : absl::StrSplit(argv[2], ',', absl::SkipEmpty())) {
     int32_t id;
@@ -36,9 +40,11 @@ absl::Status Run(int argc, char** argv) {
   if (argc > 4 && !absl::SimpleAtoi(argv[4], &greedy)) return absl::InvalidArgumentError("GREEDY");
   if (argc > 5 && !absl::SimpleAtoi(argv[5], &block_size)) return absl::InvalidArgumentError("BLOCK");
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens");
+  ASSIGN_OR_RETURN(const DType kv_dtype, ParseKvDType(argc > 6 ? argv[6] : "f16"));
 
   ASSIGN_OR_RETURN(LoadedModel model, LoadModel(argv[1]));
-  ASSIGN_OR_RETURN(auto forward, CpuForward::Create(&model, {.block_size = block_size}));
+  ASSIGN_OR_RETURN(auto forward,
+                   CpuForward::Create(&model, {.block_size = block_size, .kv_dtype = kv_dtype}));
   const int64_t total = static_cast<int64_t>(tokens.size()) + greedy;
   ASSIGN_OR_RETURN(auto kv, KvStorage::Create(forward->KvLayoutFor(total / block_size + 1)));
   std::vector<int32_t> blocks(static_cast<size_t>(total / block_size + 1));

@@ -21,6 +21,10 @@ largest magnitude of 35-110):
   - F16 matrices: llama.cpp rounds the activations to F16 before every F16 product (Tandem keeps
     them in float32): max |dlogit| 3e-2..4.5e-2, at most 8.3e-4 of the largest |logit|. Required:
     max |dlogit| <= 5e-3 * (1 + max |logit|) and the same top-1 wherever the margin is >= 0.1.
+  - F32 matrices with an F16 KV cache on both sides (Tandem's default cache): llama.cpp also
+    rounds Q and the softmax weights to F16 for its F16 products (Tandem widens the cache and keeps
+    them in float32): max |dlogit| 2.0e-2..3.2e-2, at most 7.0e-4 of the largest |logit|; the F16
+    requirement.
   - Safetensors F32 / BF16 (Tandem) against the F32 GGUF of the same values (llama.cpp): as F32,
     max |dlogit| 2.4e-5..5.5e-5, at most 1.0e-6 of the largest |logit|; same requirement. (With
     the Q/K permutation left out of the GGUF, i.e. the wrong RoPE pairing, max |dlogit| is ~60.)
@@ -41,7 +45,8 @@ import gguf
 import numpy as np
 import pytest
 
-from reference_common import DEFAULT_MODEL, GGML_TYPE_F32, compare, reference, tandem
+from reference_common import (DEFAULT_MODEL, GGML_TYPE_F16, GGML_TYPE_F32, compare, reference,
+                              tandem)
 
 NUM_TOKENS = 64
 
@@ -222,6 +227,7 @@ TOLERANCES = {
     "Q8_0": (None, 0.5, 0.99, 0.25),
     "Q4_1": (None, 0.5, 0.99, 0.25),
     "BF16": (1e-5, 1e-3, 1.0, None),  # safetensors BF16 against the same values as F32 GGUF
+    "F16 KV": (5e-3, 0.1, 1.0, None),  # F32 matrices, both engines with an F16 KV cache
 }
 
 
@@ -287,10 +293,14 @@ def write_hf_model(directory, shape, weights, type_name, vocab):
                       {n: weights[n] for n in names[half:]}, type_name, header_align=1)
 
 
-def compare_with_llama_cpp(shape, type_name, ours_path, ref_gguf, vocab, tmp_path):
+def compare_with_llama_cpp(shape, type_name, ours_path, ref_gguf, vocab, tmp_path,
+                           kv_dtype="f32"):
+    """Both engines with a KV cache of `kv_dtype` ("f32", so that only the matrices' arithmetic
+    differs, or "f16"); `type_name` picks the tolerance."""
     tokens = np.random.default_rng(100 + SHAPES.index(shape)).integers(0, vocab, NUM_TOKENS)
-    ref, _ = reference(ref_gguf, tokens.tolist(), 0, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
-    ours, _ = tandem(ours_path, tokens.tolist(), 0, tmp_path)
+    ggml_kv = GGML_TYPE_F32 if kv_dtype == "f32" else GGML_TYPE_F16
+    ref, _ = reference(ref_gguf, tokens.tolist(), 0, type_k=ggml_kv, type_v=ggml_kv)
+    ours, _ = tandem(ours_path, tokens.tolist(), 0, tmp_path, kv_dtype=kv_dtype)
     print(f"\n{shape.name} {type_name}: {check_logits(ours, ref, type_name)}")
 
 
@@ -302,6 +312,17 @@ def test_random_gguf_matches_llama_cpp(shape, type_name, tokenizer_metadata, tmp
     path = tmp_path / f"{shape.name}.{type_name}.gguf"
     write_gguf(path, shape, weights, type_name, tokenizer_metadata)
     compare_with_llama_cpp(shape, type_name, path, path, vocab, tmp_path)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)
+def test_random_gguf_with_f16_kv_cache_matches_llama_cpp(shape, tokenizer_metadata, tmp_path):
+    """The F16 KV cache (the engine's default) against llama.cpp's, on F32 matrices so that the
+    cache's rounding is what differs from the F32 comparison."""
+    vocab = vocab_size(tokenizer_metadata)
+    weights = random_weights(shape, vocab, SHAPES.index(shape))
+    path = tmp_path / f"{shape.name}.F32.gguf"
+    write_gguf(path, shape, weights, "F32", tokenizer_metadata)
+    compare_with_llama_cpp(shape, "F16 KV", path, path, vocab, tmp_path, kv_dtype="f16")
 
 
 @pytest.mark.parametrize("type_name", ["F32", "BF16"])

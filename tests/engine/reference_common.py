@@ -23,6 +23,7 @@ NEAR_TIE = 0.5
 
 # llama.cpp's ggml type ids, for Llama(type_k=..., type_v=...).
 GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
 
 
 def reference(model_path, tokens, greedy_steps, **llama_options):
@@ -44,13 +45,13 @@ def reference(model_path, tokens, greedy_steps, **llama_options):
     return logits, generated
 
 
-def tandem(model_path, tokens, greedy_steps, tmp_path, block_size=16):
-    """Tandem's logits [len(tokens), vocab] (one token per step through the paged KV cache) and its
-    greedy continuation, from logits_tool. `model_path` is a GGUF file or a Hugging Face model
-    directory."""
+def tandem(model_path, tokens, greedy_steps, tmp_path, block_size=16, kv_dtype="f16"):
+    """Tandem's logits [len(tokens), vocab] (one token per step through the paged KV cache, whose
+    elements are `kv_dtype`: "f16", the engine's default, or "f32") and its greedy continuation,
+    from logits_tool. `model_path` is a GGUF file or a Hugging Face model directory."""
     out = tmp_path / "logits.bin"
     p = subprocess.run([str(BIN / "logits_tool"), str(model_path), ",".join(map(str, tokens)),
-                        str(out), str(greedy_steps), str(block_size)],
+                        str(out), str(greedy_steps), str(block_size), kv_dtype],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     info = json.loads(p.stdout)
