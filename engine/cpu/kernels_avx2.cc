@@ -136,6 +136,128 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
 
 const PackedDotFn kPackedDot[2] = {PackedDot<true>, PackedDot<false>};
 
+// ---- attention, head_dim 64 ---------------------------------------------------------------------
+// The AVX-512 kernel's plan on 256-bit registers: scores for 8 positions at a time (8 partial
+// product vectors summed horizontally by one hadd tree), a vector exp for the softmax weights, and
+// value rows accumulated per query head. With 16 registers, each query head keeps its 8
+// accumulators in memory between chunks and re-reads the chunk's value rows from L1.
+
+inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// q · k for head_dim 64 as 8 partial sums (lane i: dimensions i, i + 8, ..., i + 56).
+template <typename E>
+inline __m256 Dot64x8(const __m256* q, const E* k) {
+  __m256 p0 = _mm256_mul_ps(q[0], Load8(k));
+  __m256 p1 = _mm256_mul_ps(q[1], Load8(k + 8));
+  p0 = _mm256_fmadd_ps(q[2], Load8(k + 16), p0);
+  p1 = _mm256_fmadd_ps(q[3], Load8(k + 24), p1);
+  p0 = _mm256_fmadd_ps(q[4], Load8(k + 32), p0);
+  p1 = _mm256_fmadd_ps(q[5], Load8(k + 40), p1);
+  p0 = _mm256_fmadd_ps(q[6], Load8(k + 48), p0);
+  p1 = _mm256_fmadd_ps(q[7], Load8(k + 56), p1);
+  return _mm256_add_ps(p0, p1);
+}
+
+// q · k[j] for j < 8, lane j.
+template <typename E>
+inline __m256 Scores8(const __m256* q, const E* const* k) {
+  // hadd(a, b) per 128-bit half: [a0+a1, a2+a3, b0+b1, b2+b3]; two levels leave, per half, one
+  // partial sum of each of 4 keys; the halves are then added across.
+  const __m256 t0 = _mm256_hadd_ps(Dot64x8(q, k[0]), Dot64x8(q, k[1]));
+  const __m256 t1 = _mm256_hadd_ps(Dot64x8(q, k[2]), Dot64x8(q, k[3]));
+  const __m256 t2 = _mm256_hadd_ps(Dot64x8(q, k[4]), Dot64x8(q, k[5]));
+  const __m256 t3 = _mm256_hadd_ps(Dot64x8(q, k[6]), Dot64x8(q, k[7]));
+  const __m256 u0 = _mm256_hadd_ps(t0, t1);  // [k0 k1 k2 k3 | k0 k1 k2 k3] (low | high halves)
+  const __m256 u1 = _mm256_hadd_ps(t2, t3);  // [k4 .. k7 | k4 .. k7]
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+inline float Hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+template <typename E>
+void Attend64Avx2(const float* q, int64_t q_stride, int64_t heads, const E* const* k,
+                  const E* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
+  alignas(32) float acc[kAttendMaxHeads][64] = {};
+  alignas(32) float weights[kAttendChunk];
+  float running_max[kAttendMaxHeads], running_sum[kAttendMaxHeads];
+  for (int64_t h = 0; h < heads; ++h) {
+    running_max[h] = -__builtin_inff();
+    running_sum[h] = 0.0f;
+  }
+  const __m256 scale_v = _mm256_set1_ps(scale);
+  const __m256 neg_inf = _mm256_set1_ps(-__builtin_inff());
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t start = 0; start < ctx; start += kAttendChunk) {
+    const int64_t count = ctx - start < kAttendChunk ? ctx - start : kAttendChunk;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* qh = q + h * q_stride;
+      __m256 qv[8];
+      for (int i = 0; i < 8; ++i) qv[i] = _mm256_loadu_ps(qh + 8 * i);
+      __m256 s[kAttendChunk / 8];
+      __m256 m = neg_inf;
+      for (int g = 0; g < kAttendChunk / 8; ++g) {
+        const int64_t live = count - 8 * g;  // positions of this group inside the context
+        if (live <= 0) {
+          s[g] = neg_inf;
+          continue;
+        }
+        const __m256 mask = _mm256_castsi256_ps(
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(live)), lane));
+        s[g] = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(Scores8(qv, k + start + 8 * g), scale_v),
+                                mask);
+        m = _mm256_max_ps(m, s[g]);
+      }
+      const float chunk_max = Hmax8(m);
+      const float new_max = running_max[h] > chunk_max ? running_max[h] : chunk_max;
+      const float correction = __builtin_expf(running_max[h] - new_max);  // 0 on the first chunk
+      const __m256 mv = _mm256_set1_ps(new_max);
+      __m256 sum = _mm256_setzero_ps();
+      for (int g = 0; g < kAttendChunk / 8; ++g) {
+        // exp(-inf - max) must be 0, not ExpNonPositive8's floor.
+        const __m256 live = _mm256_cmp_ps(s[g], neg_inf, _CMP_NEQ_OQ);
+        const __m256 e = _mm256_and_ps(live, ExpNonPositive8(_mm256_sub_ps(s[g], mv)));
+        _mm256_store_ps(weights + 8 * g, e);
+        sum = _mm256_add_ps(sum, e);
+      }
+      running_sum[h] = running_sum[h] * correction + Hsum8(sum);
+      running_max[h] = new_max;
+      __m256 a[8];
+      const __m256 c = _mm256_set1_ps(correction);
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_mul_ps(_mm256_load_ps(acc[h] + 8 * i), c);
+      for (int64_t j = 0; j < count; ++j) {
+        const E* vj = v[start + j];
+        const __m256 w = _mm256_set1_ps(weights[j]);
+        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(w, Load8(vj + 8 * i), a[i]);
+      }
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(acc[h] + 8 * i, a[i]);
+    }
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    const __m256 inv = _mm256_set1_ps(running_sum[h] > 0.0f ? 1.0f / running_sum[h] : 0.0f);
+    for (int i = 0; i < 8; ++i) {
+      _mm256_storeu_ps(out + h * out_stride + 8 * i, _mm256_mul_ps(_mm256_load_ps(acc[h] + 8 * i), inv));
+    }
+  }
+}
+
+void Attend64(const float* q, int64_t q_stride, int64_t heads, const float* const* k,
+              const float* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
+  Attend64Avx2(q, q_stride, heads, k, v, ctx, scale, out, out_stride);
+}
+void Attend64F16(const float* q, int64_t q_stride, int64_t heads, const uint16_t* const* k,
+                 const uint16_t* const* v, int64_t ctx, float scale, float* out,
+                 int64_t out_stride) {
+  Attend64Avx2(q, q_stride, heads, k, v, ctx, scale, out, out_stride);
+}
+
 const KernelTable kTable = {
     kTableIsa,
     {RowDotFloat<0>, RowDotFloat<1>, RowDotFloat<2>, RowDotQuant<0>, RowDotQuant<1>,
@@ -145,12 +267,12 @@ const KernelTable kTable = {
     ScaleF32,
     nullptr,
     kPackedDot,
-    nullptr,
+    Attend64,
     QuantizeQ8Act,
     SiluMulRow,
     F16ToF32,
     F32ToF16,
-    nullptr,
+    Attend64F16,
 };
 
 float VF::Hsum(T v) { return Hsum8(v); }

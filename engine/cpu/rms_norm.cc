@@ -14,11 +14,19 @@ void RmsNorm(const RmsNormParams& p) {
       for (int64_t i = 0; i < p.dim; ++i) res[i] += x[i];
       src = res;
     }
-    double sum_sq = 0.0;
-    for (int64_t i = 0; i < p.dim; ++i) sum_sq += static_cast<double>(src[i]) * src[i];
+    // Eight independent double sums (then added in a fixed order): the same result for a row
+    // whatever the batch, without one long dependent chain of additions.
+    double part[8] = {};
+    int64_t i = 0;
+    for (; i + 8 <= p.dim; i += 8) {
+      for (int j = 0; j < 8; ++j) part[j] += static_cast<double>(src[i + j]) * src[i + j];
+    }
+    for (; i < p.dim; ++i) part[0] += static_cast<double>(src[i]) * src[i];
+    const double sum_sq =
+        ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
     const float inv = static_cast<float>(
         1.0 / std::sqrt(sum_sq / static_cast<double>(p.dim) + static_cast<double>(p.eps)));
-    for (int64_t i = 0; i < p.dim; ++i) out[i] = src[i] * inv * p.weight[i];
+    for (int64_t d = 0; d < p.dim; ++d) out[d] = src[d] * inv * p.weight[d];
   }
 }
 
