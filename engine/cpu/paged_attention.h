@@ -9,8 +9,9 @@
 // One pass per (token, head): online softmax (running max and sum, as in FlashAttention) over the
 // cache in fixed chunks of 32 positions, whatever the block size, so paging does not change the
 // result; the q·k and p·v inner loops run on the active ISA. Threaded over (token, head) pairs.
-// With AVX-512 and head_dim 64 (up to 6 query heads per KV head), one pass per (token, KV head)
-// serves all its query heads at once, 16 positions per step (kernel_table.h's Attend64Fn).
+// With AVX2 or AVX-512 and head_dim 64 (up to 6 query heads per KV head), one pass per (token,
+// KV head) serves all its query heads at once, 8 or 16 positions per step (kernel_table.h's
+// Attend64Fn). The cache may hold F32 or F16 elements (kv_type); F16 is widened as it is read.
 #ifndef TANDEM_ENGINE_CPU_PAGED_ATTENTION_H_
 #define TANDEM_ENGINE_CPU_PAGED_ATTENTION_H_
 
