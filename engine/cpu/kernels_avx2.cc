@@ -142,22 +142,17 @@ const PackedDotFn kPackedDot[2] = {PackedDot<true>, PackedDot<false>};
 // value rows accumulated per query head. With 16 registers, each query head keeps its 8
 // accumulators in memory between chunks and re-reads the chunk's value rows from L1.
 
-inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 Load8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
 // q · k for head_dim 64 as 8 partial sums (lane i: dimensions i, i + 8, ..., i + 56).
 template <typename E>
 inline __m256 Dot64x8(const __m256* q, const E* k) {
-  __m256 p0 = _mm256_mul_ps(q[0], Load8(k));
-  __m256 p1 = _mm256_mul_ps(q[1], Load8(k + 8));
-  p0 = _mm256_fmadd_ps(q[2], Load8(k + 16), p0);
-  p1 = _mm256_fmadd_ps(q[3], Load8(k + 24), p1);
-  p0 = _mm256_fmadd_ps(q[4], Load8(k + 32), p0);
-  p1 = _mm256_fmadd_ps(q[5], Load8(k + 40), p1);
-  p0 = _mm256_fmadd_ps(q[6], Load8(k + 48), p0);
-  p1 = _mm256_fmadd_ps(q[7], Load8(k + 56), p1);
+  __m256 p0 = _mm256_mul_ps(q[0], LoadKv(k));
+  __m256 p1 = _mm256_mul_ps(q[1], LoadKv(k + 8));
+  p0 = _mm256_fmadd_ps(q[2], LoadKv(k + 16), p0);
+  p1 = _mm256_fmadd_ps(q[3], LoadKv(k + 24), p1);
+  p0 = _mm256_fmadd_ps(q[4], LoadKv(k + 32), p0);
+  p1 = _mm256_fmadd_ps(q[5], LoadKv(k + 40), p1);
+  p0 = _mm256_fmadd_ps(q[6], LoadKv(k + 48), p0);
+  p1 = _mm256_fmadd_ps(q[7], LoadKv(k + 56), p1);
   return _mm256_add_ps(p0, p1);
 }
 
@@ -175,15 +170,8 @@ inline __m256 Scores8(const __m256* q, const E* const* k) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-inline float Hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
 template <typename E>
-void Attend64Avx2(const float* q, int64_t q_stride, int64_t heads, const E* const* k,
+void Attend64Impl(const float* q, int64_t q_stride, int64_t heads, const E* const* k,
                   const E* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
   alignas(32) float acc[kAttendMaxHeads][64] = {};
   alignas(32) float weights[kAttendChunk];
@@ -235,7 +223,7 @@ void Attend64Avx2(const float* q, int64_t q_stride, int64_t heads, const E* cons
       for (int64_t j = 0; j < count; ++j) {
         const E* vj = v[start + j];
         const __m256 w = _mm256_set1_ps(weights[j]);
-        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(w, Load8(vj + 8 * i), a[i]);
+        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(w, LoadKv(vj + 8 * i), a[i]);
       }
       for (int i = 0; i < 8; ++i) _mm256_store_ps(acc[h] + 8 * i, a[i]);
     }
@@ -246,16 +234,6 @@ void Attend64Avx2(const float* q, int64_t q_stride, int64_t heads, const E* cons
       _mm256_storeu_ps(out + h * out_stride + 8 * i, _mm256_mul_ps(_mm256_load_ps(acc[h] + 8 * i), inv));
     }
   }
-}
-
-void Attend64(const float* q, int64_t q_stride, int64_t heads, const float* const* k,
-              const float* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
-  Attend64Avx2(q, q_stride, heads, k, v, ctx, scale, out, out_stride);
-}
-void Attend64F16(const float* q, int64_t q_stride, int64_t heads, const uint16_t* const* k,
-                 const uint16_t* const* v, int64_t ctx, float scale, float* out,
-                 int64_t out_stride) {
-  Attend64Avx2(q, q_stride, heads, k, v, ctx, scale, out, out_stride);
 }
 
 const KernelTable kTable = {

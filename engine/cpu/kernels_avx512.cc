@@ -295,26 +295,16 @@ inline __m512 ExpNonPositive(__m512 x) {
 }
 
 inline float HmaxF32(__m512 v) {
-  const __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xFF, v, 1));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  return _mm_cvtss_f32(m4);
-}
-
-// 16 cache elements as floats: F32 as they are, F16 widened (exact).
-inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 Load16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return Hmax8(_mm256_max_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xFF, v, 1)));
 }
 
 // q · k for head_dim 64 as 16 partial sums (lane i: dimensions i, i + 16, i + 32, i + 48).
 template <typename E>
 inline __m512 Dot64(const __m512* q, const E* k) {
-  __m512 p = _mm512_mul_ps(q[0], Load16(k));
-  p = _mm512_fmadd_ps(q[1], Load16(k + 16), p);
-  p = _mm512_fmadd_ps(q[2], Load16(k + 32), p);
-  return _mm512_fmadd_ps(q[3], Load16(k + 48), p);
+  __m512 p = _mm512_mul_ps(q[0], LoadKv(k));
+  p = _mm512_fmadd_ps(q[1], LoadKv(k + 16), p);
+  p = _mm512_fmadd_ps(q[2], LoadKv(k + 32), p);
+  return _mm512_fmadd_ps(q[3], LoadKv(k + 48), p);
 }
 
 // q · k[j] for j < 16, lane j.
@@ -394,8 +384,8 @@ void Attend64Heads(const float* q, int64_t q_stride, const E* const* k, const E*
     }
     for (int64_t j = 0; j < count; ++j) {
       const E* vj = v[start + j];
-      const __m512 v0 = Load16(vj), v1 = Load16(vj + 16);
-      const __m512 v2 = Load16(vj + 32), v3 = Load16(vj + 48);
+      const __m512 v0 = LoadKv(vj), v1 = LoadKv(vj + 16);
+      const __m512 v2 = LoadKv(vj + 32), v3 = LoadKv(vj + 48);
 #pragma GCC unroll 8
       for (int h = 0; h < G; ++h) {
         const __m512 w = _mm512_set1_ps(weights[h][j]);
@@ -416,8 +406,8 @@ void Attend64Heads(const float* q, int64_t q_stride, const E* const* k, const E*
 }
 
 template <typename E>
-void Attend64Any(const float* q, int64_t q_stride, int64_t heads, const E* const* k,
-                 const E* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
+void Attend64Impl(const float* q, int64_t q_stride, int64_t heads, const E* const* k,
+                  const E* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
   switch (heads) {
     case 1: Attend64Heads<1>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
     case 2: Attend64Heads<2>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
@@ -427,16 +417,6 @@ void Attend64Any(const float* q, int64_t q_stride, int64_t heads, const E* const
     case 6: Attend64Heads<6>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
     default: break;
   }
-}
-
-void Attend64(const float* q, int64_t q_stride, int64_t heads, const float* const* k,
-              const float* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
-  Attend64Any(q, q_stride, heads, k, v, ctx, scale, out, out_stride);
-}
-void Attend64F16(const float* q, int64_t q_stride, int64_t heads, const uint16_t* const* k,
-                 const uint16_t* const* v, int64_t ctx, float scale, float* out,
-                 int64_t out_stride) {
-  Attend64Any(q, q_stride, heads, k, v, ctx, scale, out, out_stride);
 }
 
 const KernelTable kTable = {
