@@ -241,3 +241,20 @@ def test_router_finds_workers_through_dns(pb, cluster):
         assert answer["usage"]["completion_tokens"] == 4
     finally:
         router.kill()
+
+
+def test_kv_dtype_mismatch_falls_back_to_local_prefill(pb, cluster):
+    """A prefill worker whose KV cache has another element type (--kv_dtype=f32 against the
+    decode worker's default f16) must not write into the decode worker's pool: the transfer is
+    refused, the decode worker prefills locally, and the request gets the same tokens."""
+    decode, _ = cluster
+    prefill32 = Process("tandem-prefill", *FLAGS, "--kv_dtype=f32", "--worker_id=p32", env=UCX)
+    try:
+        local, _ = generate(pb, decode, PROMPTS[0])
+        tokens, last = generate(pb, decode, PROMPTS[0], targets=[("p32", prefill32.address)])
+        assert tokens == local
+        assert not last.timings.remote_prefill
+        wait_until(lambda: any("--kv_dtype" in line for line in decode.log + prefill32.log),
+                   what="a log line that names the mismatched --kv_dtype")
+    finally:
+        prefill32.kill()
