@@ -10,10 +10,11 @@
 // Two processes, like a prefill worker and a decode worker: this program (the writer) starts a
 // copy of itself with --role=owner, which registers a KV pool and hands its descriptor back over a
 // pipe (tandem.v1.KvPoolDescriptor, serialized). The pools have the default model's KV shape
-// (SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64, 16-token blocks; docs/kv_layout.md), so one
-// block's slice of one layer is 24 KiB and one block is 720 KiB. A transfer of S bytes is
-// round(S / 720 KiB) blocks, written as a prefill worker writes them: one Write per layer
-// covering every block (num_layers = 1, i.e. one 24 KiB put per block), then one Notify.
+// (SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64, 16-token blocks; docs/kv_layout.md) in
+// --kv_dtype (f16, the workers' default: one block's slice of one layer is 12 KiB and one block
+// 360 KiB; f32: 24 and 720 KiB). A transfer of S bytes is round(S / block) blocks, written as a
+// prefill worker writes them: one Write per layer covering every block (num_layers = 1, i.e. one
+// slice-sized put per block), then one Notify.
 //
 // Columns, per UCX transport list (--tls; each with its own owner process, which has exited
 // before ucx_perftest runs):
@@ -23,11 +24,11 @@
 //                 Destination blocks are a random choice in a pool twice as large. After the
 //                 timed ones, one transfer of fresh data is checked byte for byte (a hash
 //                 computed by the owner over its destination blocks).
-//   ucx_perftest  `ucx_perftest -t ucp_put_bw -s 24576 -n <puts> -w <puts>` (server and client on
+//   ucx_perftest  `ucx_perftest -t ucp_put_bw -s <slice> -n <puts> -w <puts>` (server and client on
 //                 loopback, UCX_TLS = the same transports): the same message size as our puts and
 //                 as many of them as the transfer issues. Its "overall" bandwidth, --repetitions
 //                 runs; ratio = Tandem / ucx_perftest (medians). Target: >= 80% from 4 MiB up.
-//                 ucx_perftest puts the same 24 KiB buffer again and again (cache-resident) into
+//                 ucx_perftest puts the same slice-sized buffer again and again (cache-resident) into
 //                 memory UCX allocated itself; hence the next two columns.
 //   perftest 1 put  ucx_perftest with one message of the whole transfer size (-n 2 -w 1): the
 //                 same tool and transports with as many bytes in flight as the transfer touches.
@@ -107,6 +108,8 @@ ABSL_FLAG(std::string, ucx_perftest, "/usr/bin/ucx_perftest",
           "ucx_perftest binary (package ucx-utils); none: no peer figures");
 ABSL_FLAG(int32_t, timeout_s, 60, "Deadline of every wait (a transfer, a child process)");
 ABSL_FLAG(int64_t, pool_blocks, 0, "owner role: blocks in the owner's pool");
+ABSL_FLAG(std::string, kv_dtype, "f16",
+          "KV element type of both pools: f16 (the workers' default; 12 KiB slices) or f32");
 ABSL_FLAG(bool, verbose, false, "Log at INFO (the transport's connection messages)");
 
 namespace tandem {
@@ -132,16 +135,20 @@ constexpr absl::Duration kTransportGrace = absl::Seconds(2);
 // ucx_perftest's iterations when one put carries the whole transfer (after one warm-up put).
 constexpr int64_t kWholeIterations = 2;
 
+// --kv_dtype, checked in main().
+DType KvDTypeFlag() { return ParseKvDType(absl::GetFlag(FLAGS_kv_dtype)).value_or(DType::kF16); }
+
 KvLayout ModelLayout(int64_t num_blocks) {
   return KvLayout{.num_blocks = num_blocks,
                   .num_layers = kLayers,
                   .block_size = kBlockSize,
                   .num_kv_heads = kKvHeads,
-                  .head_dim = kHeadDim};
+                  .head_dim = kHeadDim,
+                  .dtype = KvDTypeFlag()};
 }
 
 // Bytes of one block's slice of one layer (K then V): the unit of a layer-by-layer write.
-int64_t SliceBytes() { return ModelLayout(1).layer_stride() * static_cast<int64_t>(sizeof(float)); }
+int64_t SliceBytes() { return ModelLayout(1).block_bytes(); }
 int64_t BlockBytes() { return SliceBytes() * kLayers; }
 
 double Median(std::vector<double> v) {
@@ -186,11 +193,10 @@ class RunHash {
 uint64_t HashSlices(const KvStorage& pool, const std::vector<int32_t>& blocks, int64_t layers) {
   RunHash hash;
   const KvLayout& l = pool.layout();
-  const char* base = reinterpret_cast<const char*>(pool.data());
+  const char* base = reinterpret_cast<const char*>(pool.data<std::byte>());
   for (int64_t layer = 0; layer < layers; ++layer) {
     for (int32_t b : blocks) {
-      const int64_t offset = (b * l.block_stride() + layer * l.layer_stride()) *
-                             static_cast<int64_t>(sizeof(float));
+      const int64_t offset = (b * l.block_stride() + layer * l.layer_stride()) * l.element_bytes();
       hash.Add(base + offset, static_cast<size_t>(SliceBytes()));
     }
   }
@@ -591,6 +597,7 @@ absl::StatusOr<std::unique_ptr<Link>> StartLink(const std::string& tls, int64_t 
                    Child::Start({.argv = {"/proc/self/exe", "--role=owner",
                                           absl::StrCat("--tls=", tls),
                                           absl::StrCat("--pool_blocks=", link->owner_blocks),
+                                          absl::StrCat("--kv_dtype=", absl::GetFlag(FLAGS_kv_dtype)),
                                           absl::StrCat("--verbose=", absl::GetFlag(FLAGS_verbose))},
                                  .env = {},
                                  .capture_stderr = false,
@@ -618,7 +625,7 @@ absl::StatusOr<std::unique_ptr<Link>> StartLink(const std::string& tls, int64_t 
 // Fills the writer's blocks [0, n) with pseudo-random bytes derived from `seed`.
 void FillBlocks(KvStorage& pool, int64_t n, uint64_t seed) {
   const int64_t words = n * BlockBytes() / 8;
-  auto* p = reinterpret_cast<uint64_t*>(pool.data());
+  auto* p = reinterpret_cast<uint64_t*>(pool.data<std::byte>());
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   for (int64_t i = 0; i < words; ++i) {
     // splitmix64
@@ -646,9 +653,9 @@ TransferPlan MakePlan(int64_t n, int64_t owner_blocks, std::mt19937& rng, std::s
 // thread from `src` into `dst` (a pool as large as the owner's). Seconds.
 double LocalCopySeconds(const KvStorage& src, KvStorage& dst, const TransferPlan& plan) {
   const KvLayout& l = src.layout();
-  const int64_t f = static_cast<int64_t>(sizeof(float));
-  const char* from = reinterpret_cast<const char*>(src.data());
-  char* to = reinterpret_cast<char*>(dst.data());
+  const int64_t f = l.element_bytes();
+  const char* from = reinterpret_cast<const char*>(src.data<std::byte>());
+  char* to = reinterpret_cast<char*>(dst.data<std::byte>());
   const Clock::time_point start = Clock::now();
   for (int64_t layer = 0; layer < kLayers; ++layer) {
     for (const BlockPair& b : plan.blocks) {
@@ -965,11 +972,12 @@ absl::Status Main() {
   }
 
   std::printf("\nkv_transfer_bench: KV shape of SmolLM2-135M (%lld layers, %lld KV heads, "
-              "head_dim %lld, %lld-token blocks, f32): %lld KiB per block and layer, %lld KiB "
+              "head_dim %lld, %lld-token blocks, %s): %lld KiB per block and layer, %lld KiB "
               "per block\nrepetitions=%d after one warm-up (medians; min..max in brackets); "
               "latency = first Write issued -> Notify acknowledged\npeer: %s\n",
               static_cast<long long>(kLayers), static_cast<long long>(kKvHeads),
               static_cast<long long>(kHeadDim), static_cast<long long>(kBlockSize),
+              std::string(DTypeName(KvDTypeFlag())).c_str(),
               static_cast<long long>(SliceBytes() / 1024),
               static_cast<long long>(BlockBytes() / 1024), reps,
               perftest == "none"
@@ -1042,6 +1050,10 @@ int main(int argc, char** argv) {
   const bool owner = absl::GetFlag(FLAGS_role) == "owner";
   if (!owner && absl::GetFlag(FLAGS_role) != "writer") {
     std::fprintf(stderr, "kv_transfer_bench: --role must be writer or owner\n");
+    return 2;
+  }
+  if (const auto kv = tandem::ParseKvDType(absl::GetFlag(FLAGS_kv_dtype)); !kv.ok()) {
+    std::fprintf(stderr, "kv_transfer_bench: %s\n", std::string(kv.status().message()).c_str());
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
