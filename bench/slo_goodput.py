@@ -1,7 +1,7 @@
 """slo_goodput: the goodput of every placement policy on a mixed workload (issue 8's benchmark).
 
   .venv/bin/python bench/slo_goodput.py [--bin build/release/bin] [--rates 0.5,1,1.5,2]
-      [--num-requests 40] [--policies round_robin,least_loaded,kv_aware,slo] [--out DIR]
+      [--num-requests 40] [--seeds 1] [--policies round_robin,least_loaded,kv_aware,slo] [--out DIR]
 
 For each policy it starts a local cluster with `tandem up` (1 prefill + 2 decode workers, one
 thread each, the policy given) and sweeps the offered rate with `tandem bench` over gRPC, on the
@@ -12,6 +12,12 @@ goodput -- the highest rate whose attainment stays >= 90% (DistServe), interpola
 rates -- then slo's goodput over the best of the others (target >= 1.3x) and, for slo, the median
 relative error of its TTFT and TPOT predictions, absolute and signed (target <= 20%). Results and
 plots go to --out.
+
+--seeds N repeats every policy's sweep with N arrival seeds (1..N; a fresh cluster each) and
+pools them: a rate's attainment is the mean over the seeds, the goodput is interpolated from those
+means, and the prediction errors are taken over all the seeds' requests. One seed's Poisson
+arrivals decide much of a rate's attainment near the knee; several seeds make the comparison of
+policies less a comparison of luck.
 """
 import argparse
 import json
@@ -26,6 +32,7 @@ import numpy
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from tandem_bench import workload  # noqa: E402
+from tandem_bench.metrics import distserve_goodput  # noqa: E402
 
 CLASSES = ["name=chat,weight=3,ttft_ms=1000,tpot_ms=150,priority=1",
            "name=long,weight=1,ttft_ms=6000,tpot_ms=300,priority=0"]
@@ -45,18 +52,35 @@ def write_dataset(path, count, seed):
             f.write(json.dumps(record) + "\n")
 
 
-def run_policy(args, policy, dataset, out):
-    result = out / f"{policy}.json"
+def run_policy(args, policy, dataset, out, seed=1):
+    result = out / f"{policy}.seed{seed}.json"
     command = [str(pathlib.Path(args.bin) / "tandem"), "bench",
                "--up", f"prefill_workers=1 decode_workers=2 policy={policy}",
                "--protocol", "grpc", "--dataset", str(dataset),
                *[x for c in CLASSES for x in ("--slo-class", c)],
                "--rates", args.rates, "--num-requests", str(args.num_requests),
-               "--seed", "1", "--warmup", "4", "--result-json", str(result),
-               "--plot-dir", str(out / policy), "--label", policy, "--no-progress"]
+               "--seed", str(seed), "--warmup", "4", "--result-json", str(result),
+               "--plot-dir", str(out / f"{policy}.seed{seed}"), "--label", policy,
+               "--no-progress"]
     print(f"\n== {policy}: {' '.join(command[1:])}", flush=True)
     subprocess.run(command, check=True, env={**os.environ, "TANDEM_BIN_DIR": args.bin})
     return json.loads(result.read_text())
+
+
+def pooled(runs):
+    """One run's shape from several seeds' runs of one policy: per rate, the mean attainment and
+    every seed's requests; the goodput interpolated from the mean attainments."""
+    if len(runs) == 1:
+        return runs[0]
+    rates = []
+    for points in zip(*(r["rates"] for r in runs)):
+        attainments = [p["summary"].get("slo_attainment") for p in points]
+        mean = (None if any(a is None for a in attainments)
+                else sum(attainments) / len(attainments))
+        rates.append({"rate": points[0]["rate"], "summary": {"slo_attainment": mean},
+                      "requests": [q for p in points for q in p["requests"]]})
+    return {"rates": rates, "distserve_goodput": distserve_goodput(
+        [r["rate"] for r in rates], [r["summary"]["slo_attainment"] for r in rates])}
 
 
 def prediction_errors(run):
@@ -115,6 +139,8 @@ def main():
     ap.add_argument("--bin", default=str(ROOT / "build" / "release" / "bin"))
     ap.add_argument("--rates", default="0.5,1,1.5,2")
     ap.add_argument("--num-requests", type=int, default=40)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="arrival seeds per policy (1..N), pooled; a fresh cluster for each")
     ap.add_argument("--policies", default="round_robin,least_loaded,kv_aware,slo")
     ap.add_argument("--out", default="/tmp/slo_goodput")
     args = ap.parse_args()
@@ -122,10 +148,15 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     dataset = out / "mixed.jsonl"
     write_dataset(dataset, 200, seed=7)
-    runs = {p: run_policy(args, p, dataset, out)["runs"][0] for p in args.policies.split(",")}
+    if args.seeds < 1:
+        ap.error("--seeds must be >= 1")
+    runs = {p: pooled([run_policy(args, p, dataset, out, seed)["runs"][0]
+                       for seed in range(1, args.seeds + 1)])
+            for p in args.policies.split(",")}
 
     rates = [r["rate"] for r in next(iter(runs.values()))["rates"]]
-    print("\nslo_goodput: SLO attainment (both objectives) by offered rate, and DistServe goodput")
+    print("\nslo_goodput: SLO attainment (both objectives) by offered rate, and DistServe goodput"
+          + (f" (means over {args.seeds} arrival seeds)" if args.seeds > 1 else ""))
     print(f"{'policy':<14}" + "".join(f"{r:>9.2f}/s" for r in rates) + "   goodput (>= 90%)")
     goodput = {}
     for policy, run in runs.items():
