@@ -231,7 +231,8 @@ void Attend64Impl(const float* q, int64_t q_stride, int64_t heads, const E* cons
   for (int64_t h = 0; h < heads; ++h) {
     const __m256 inv = _mm256_set1_ps(running_sum[h] > 0.0f ? 1.0f / running_sum[h] : 0.0f);
     for (int i = 0; i < 8; ++i) {
-      _mm256_storeu_ps(out + h * out_stride + 8 * i, _mm256_mul_ps(_mm256_load_ps(acc[h] + 8 * i), inv));
+      _mm256_storeu_ps(out + h * out_stride + 8 * i,
+                       _mm256_mul_ps(_mm256_load_ps(acc[h] + 8 * i), inv));
     }
   }
 }

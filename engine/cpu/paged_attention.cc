@@ -54,7 +54,7 @@ const float* RowF32(const PagedAttentionParams& p, const KernelTable& kt, const 
   return buf;
 }
 
-// The reference's read of element i of a cache row.
+// The reference's read of one cache element, exactly widened.
 double ElementAt(const PagedAttentionParams& p, const void* cache, int64_t offset) {
   return p.kv_type == DType::kF32 ? *At<float>(cache, offset)
                                   : HalfToFloat(*At<uint16_t>(cache, offset));
@@ -183,7 +183,9 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
       for (int64_t pos = 0; pos < ctx; ++pos) {
         const int64_t k = CacheOffset(p, seq, pos, g);
         double dot = 0.0;
-        for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * ElementAt(p, p.k_cache, k + i);
+        for (int64_t i = 0; i < d; ++i) {
+          dot += static_cast<double>(q[i]) * ElementAt(p, p.k_cache, k + i);
+        }
         s[pos] = dot * scale;
         max = std::max(max, s[pos]);
       }

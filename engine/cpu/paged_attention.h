@@ -55,8 +55,9 @@ struct PagedAttentionParams {
 };
 
 // INVALID_ARGUMENT for inconsistent sizes (non-positive head_dim / block_size, num_heads not a
-// multiple of num_kv_heads, null pointers with tokens present) or a kv_type other than F32 / F16. Positions and block ids are the
-// caller's contract (checked one layer up) and are not validated per token.
+// multiple of num_kv_heads, null pointers with tokens present) or a kv_type other than F32 / F16.
+// Positions and block ids are the caller's contract (checked one layer up) and are not validated
+// per token.
 [[nodiscard]] absl::Status PagedAttention(const PagedAttentionParams& params,
                                           const KernelContext& context = {});
 

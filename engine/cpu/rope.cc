@@ -18,7 +18,9 @@ void RopeCosSin(const int32_t* positions, int64_t num_tokens, const float* inv_f
                 int64_t rotary_dim, float* cos_sin) {
   const int64_t half = rotary_dim / 2;
   for (int64_t t = 0; t < num_tokens; ++t) {
-    for (int64_t i = 0; i < half; ++i) CosSin(positions[t], inv_freq[i], cos_sin + (t * half + i) * 2);
+    for (int64_t i = 0; i < half; ++i) {
+      CosSin(positions[t], inv_freq[i], cos_sin + (t * half + i) * 2);
+    }
   }
 }
 

@@ -32,8 +32,8 @@ struct KvLayout {
   int64_t block_size = 16;  // tokens per block
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  // Element type: F32, or F16 (half the memory and the bytes a transfer moves; what engines
-  // configure with --kv_dtype, default f16).
+  // Element type: F32, or F16 (half the memory and the bytes a transfer moves). Engines pick it
+  // with --kv_dtype (CpuForward::Options::kv_dtype), default F16; a bare layout is F32.
   DType dtype = DType::kF32;
 
   // Strides in elements.
