@@ -53,14 +53,15 @@ def write_dataset(path, count, seed):
 
 
 def run_policy(args, policy, dataset, out, seed=1):
-    result = out / f"{policy}.seed{seed}.json"
+    name = policy if seed == 1 else f"{policy}.seed{seed}"  # POLICY.json, POLICY.seed2.json, ...
+    result = out / f"{name}.json"
     command = [str(pathlib.Path(args.bin) / "tandem"), "bench",
                "--up", f"prefill_workers=1 decode_workers=2 policy={policy}",
                "--protocol", "grpc", "--dataset", str(dataset),
                *[x for c in CLASSES for x in ("--slo-class", c)],
                "--rates", args.rates, "--num-requests", str(args.num_requests),
                "--seed", str(seed), "--warmup", "4", "--result-json", str(result),
-               "--plot-dir", str(out / f"{policy}.seed{seed}"), "--label", policy,
+               "--plot-dir", str(out / name), "--label", policy,
                "--no-progress"]
     print(f"\n== {policy}: {' '.join(command[1:])}", flush=True)
     subprocess.run(command, check=True, env={**os.environ, "TANDEM_BIN_DIR": args.bin})

@@ -38,14 +38,15 @@ def test_tpot_prediction_refuses_bad_arguments():
 
 
 def test_slo_goodput_sweeps_two_policies_and_compares_them(tmp_path):
-    """bench/slo_goodput.py at one low rate with two policies: each gets its own `tandem up` and
-    the same workload; the table, the ratio line and slo's prediction errors are printed, and
-    each policy's result JSON holds every request."""
+    """bench/slo_goodput.py at one low rate with two policies and two arrival seeds: each sweep
+    gets its own `tandem up` and the same workload; the pooled table, the ratio line and slo's
+    prediction errors are printed, and each sweep's result JSON holds every request."""
     bin_dir = os.environ.get("TANDEM_BIN_DIR")
     assert bin_dir, "TANDEM_BIN_DIR must name the folder with tandem and its workers"
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "slo_goodput.py"), "--bin", bin_dir, "--rates", "2",
-         "--num-requests", "6", "--policies", "round_robin,slo", "--out", str(tmp_path)],
+         "--num-requests", "6", "--seeds", "2", "--policies", "round_robin,slo",
+         "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=500)
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     out = result.stdout
@@ -53,8 +54,12 @@ def test_slo_goodput_sweeps_two_policies_and_compares_them(tmp_path):
     assert re.search(r"^round_robin\s+\d+%", table, re.MULTILINE), table
     assert re.search(r"^slo\s+\d+%", table, re.MULTILINE), table
     assert "slo / best other:" in table, table
-    assert re.search(r"slo prediction error over \d+ requests, median \|error\|: TTFT \d+%", table), table
-    for policy in ("round_robin", "slo"):
+    assert "(means over 2 arrival seeds)" in table, table
+    # slo's prediction errors pool both seeds' requests.
+    assert re.search(r"slo prediction error over (\d+) requests, median \|error\|: TTFT \d+%",
+                     table), table
+    assert int(re.search(r"slo prediction error over (\d+) requests", table).group(1)) > 6, table
+    for policy in ("round_robin", "slo", "round_robin.seed2", "slo.seed2"):
         data = json.loads((tmp_path / f"{policy}.json").read_text())
         requests = data["runs"][0]["rates"][0]["requests"]
         assert len(requests) == 6, requests
