@@ -15,10 +15,6 @@ void SiluMul(const SiluMulParams& p, const KernelContext& context) {
   }
 }
 
-void HalvesToFloats(const uint16_t* src, float* dst, int64_t n, const KernelContext& context) {
-  KernelTableFor(context.isa.value_or(ActiveIsa())).f16_to_f32(src, dst, n);
-}
-
 void FloatsToHalves(const float* src, uint16_t* dst, int64_t n, const KernelContext& context) {
   KernelTableFor(context.isa.value_or(ActiveIsa())).f32_to_f16(src, dst, n);
 }

@@ -1,5 +1,5 @@
 // Small row-wise ops of the forward pass: SwiGLU's gate, softmax, addition, and the F16 KV cache's
-// conversions. All shapes are rows of contiguous elements. SiluMul and the conversions run the
+// conversion. All shapes are rows of contiguous elements. SiluMul and the conversion run the
 // kernel table's loops; the others are portable C++ that the compiler vectorizes.
 #ifndef TANDEM_ENGINE_CPU_ELEMENTWISE_H_
 #define TANDEM_ENGINE_CPU_ELEMENTWISE_H_
@@ -29,9 +29,8 @@ void SiluMul(const SiluMulParams& params, const KernelContext& context = {});
 // A row of all -inf becomes all zeros.
 void Softmax(float* x, int64_t rows, int64_t cols, int64_t stride);
 
-// IEEE half <-> float for n elements, with context.isa's kernel (F16C where the CPU has it); equal
-// to engine/core's HalfToFloat / FloatToHalf bit for bit (round to nearest even).
-void HalvesToFloats(const uint16_t* src, float* dst, int64_t n, const KernelContext& context = {});
+// float -> IEEE half for n elements (the F16 KV cache's writes), with context.isa's kernel (F16C
+// where the CPU has it); equal to engine/core's FloatToHalf bit for bit (round to nearest even).
 void FloatsToHalves(const float* src, uint16_t* dst, int64_t n, const KernelContext& context = {});
 
 // out[i] = a[i] + b[i] for i < n; out may alias a or b.
