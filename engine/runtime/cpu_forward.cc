@@ -228,8 +228,16 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
   // Flatten the batch: token t belongs to sequence token_seq[t] at position token_pos[t].
   const int64_t num_seqs = static_cast<int64_t>(batch.sequences.size());
   int64_t max_blocks = 0;
-  std::vector<int32_t> token_ids, token_seq, token_pos;
-  std::vector<int64_t> logit_rows;  // token rows whose logits are returned
+  // The step's buffers live in scratch_ and keep their capacity from step to step: a decode step
+  // allocates (and page-faults) nothing.
+  Scratch& sc = scratch_;
+  std::vector<int32_t>&token_ids = sc.token_ids, &token_seq = sc.token_seq,
+                     &token_pos = sc.token_pos;
+  std::vector<int64_t>& logit_rows = sc.logit_rows;  // token rows whose logits are returned
+  token_ids.clear();
+  token_seq.clear();
+  token_pos.clear();
+  logit_rows.clear();
   for (int64_t s = 0; s < num_seqs; ++s) {
     const StepSequence& seq = batch.sequences[static_cast<size_t>(s)];
     max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(seq.block_table.size()));
@@ -241,7 +249,8 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
     if (seq.compute_logits) logit_rows.push_back(static_cast<int64_t>(token_ids.size()) - 1);
   }
   const int64_t T = static_cast<int64_t>(token_ids.size());
-  std::vector<int32_t> tables(static_cast<size_t>(num_seqs * max_blocks), 0);
+  std::vector<int32_t>& tables = sc.tables;
+  tables.assign(static_cast<size_t>(num_seqs * max_blocks), 0);
   for (int64_t s = 0; s < num_seqs; ++s) {
     const auto& table = batch.sequences[static_cast<size_t>(s)].block_table;
     std::copy(table.begin(), table.end(), tables.begin() + s * max_blocks);
@@ -264,7 +273,12 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
   };
 
   // Embeddings: row id of token_embd ({H, V}) dequantized.
-  std::vector<float> x(static_cast<size_t>(T * H));
+  // Every element of these is written before it is read.
+  auto sized = [](std::vector<float>& v, int64_t n) -> std::vector<float>& {
+    v.resize(static_cast<size_t>(n));
+    return v;
+  };
+  std::vector<float>& x = sized(sc.x, T * H);
   const int64_t embd_row_bytes = *DTypeStorageBytes(w.token_embd->type, H);
   for (int64_t t = 0; t < T; ++t) {
     DequantizeReference(w.token_embd->type,
@@ -272,10 +286,10 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
                         x.data() + t * H, H);
   }
 
-  std::vector<float> h(static_cast<size_t>(T * H)), q(static_cast<size_t>(T * Dq)),
-      k(static_cast<size_t>(T * Dkv)), v(static_cast<size_t>(T * Dkv)),
-      attn(static_cast<size_t>(T * Dq)), gate(static_cast<size_t>(T * F)),
-      up(static_cast<size_t>(T * F)), proj(static_cast<size_t>(T * H));
+  std::vector<float>&h = sized(sc.h, T * H), &q = sized(sc.q, T * Dq), &k = sized(sc.k, T * Dkv),
+                     &v = sized(sc.v, T * Dkv), &attn = sized(sc.attn, T * Dq),
+                     &gate = sized(sc.gate, T * F), &up = sized(sc.up, T * F),
+                     &proj = sized(sc.proj, T * H);
   auto add_bias = [](std::vector<float>& y, const std::vector<float>& bias, int64_t rows) {
     if (bias.empty()) return;
     for (int64_t r = 0; r < rows; ++r) cpu::Add(y.data() + r * static_cast<int64_t>(bias.size()),
@@ -290,7 +304,7 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
   };
   const cpu::KernelContext serial{.pool = nullptr, .isa = options_.isa};
   // The rotation angles depend only on the positions: once for Q and K of every layer.
-  std::vector<float> rope_cos_sin(static_cast<size_t>(T * c.head_dim));
+  std::vector<float>& rope_cos_sin = sized(sc.rope_cos_sin, T * c.head_dim);
   cpu::RopeCosSin(token_pos.data(), T, inv_freq_.data(), c.head_dim, rope_cos_sin.data());
   auto rope = [&](std::vector<float>& y, int64_t heads) {
     cpu::Rope(cpu::RopeParams{.x = y.data(), .token_stride = heads * c.head_dim,
@@ -382,9 +396,11 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
   // Logits only for the rows that asked for them.
   const int64_t R = static_cast<int64_t>(logit_rows.size());
   out->vocab_size = c.vocab_size;
-  out->logits.assign(static_cast<size_t>(R * c.vocab_size), 0.0f);
+  // Resized, not refilled: the output product writes every element (and a caller that reuses
+  // `out` keeps its capacity).
+  out->logits.resize(static_cast<size_t>(R * c.vocab_size));
   if (R == 0) return absl::OkStatus();
-  std::vector<float> last(static_cast<size_t>(R * H));
+  std::vector<float>& last = sized(sc.last, R * H);
   for (int64_t r = 0; r < R; ++r) {
     std::memcpy(last.data() + r * H, x.data() + logit_rows[static_cast<size_t>(r)] * H,
                 static_cast<size_t>(H) * sizeof(float));

@@ -82,6 +82,13 @@ class CpuForward {
   std::vector<float> output_norm_;
   std::vector<SmallLayer> layers_;
   std::unordered_map<const GgufTensor*, cpu::PackedWeights> packed_;
+  // Step()'s working buffers, kept between steps (their capacity follows the largest step so far).
+  struct Scratch {
+    std::vector<int32_t> token_ids, token_seq, token_pos, tables;
+    std::vector<int64_t> logit_rows;
+    std::vector<float> x, h, q, k, v, attn, gate, up, proj, rope_cos_sin, last;
+  };
+  Scratch scratch_;
 };
 
 }  // namespace tandem

@@ -334,7 +334,7 @@ absl::Status LocalEngine::Step(StepInfo* info) {
       }
     };
   }
-  StepOutput out;
+  StepOutput& out = step_out_;
   const auto forward_start = Clock::now();
   const absl::Status forward = forward_->Step(batch, &pool_->storage(), &out);
   in.forward_seconds = SecondsSince(forward_start);

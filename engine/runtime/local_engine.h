@@ -199,6 +199,7 @@ class LocalEngine {
   std::unique_ptr<Scheduler> scheduler_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::vector<int32_t> eos_ids_;
+  StepOutput step_out_;  // reused by every step (a batch's logits are megabytes)
 };
 
 }  // namespace tandem
