@@ -30,6 +30,20 @@ SloPrediction PredictionOf(const Decision& decision) {
           .ttft_slo_seconds = decision.ttft_slo_seconds};
 }
 
+SloPrediction AfterWaiting(SloPrediction prediction, absl::Duration waited) {
+  const double seconds = std::max(absl::ToDoubleSeconds(waited), 0.0);
+  if (!prediction.predicted || seconds == 0) return prediction;
+  prediction.ttft_seconds += seconds;
+  prediction.wait_seconds += seconds;
+  if (prediction.ttft_slo_seconds > 0) {
+    prediction.headroom = std::min(prediction.headroom,
+                                   (prediction.ttft_slo_seconds - prediction.ttft_seconds) /
+                                       prediction.ttft_slo_seconds);
+  }
+  prediction.meets_slo = prediction.headroom >= 0;
+  return prediction;
+}
+
 std::vector<PriorityClass> DefaultPriorityClasses() {
   return {
       {.min_priority = -1, .admit_headroom = 0.2, .max_queued = 32},
@@ -145,6 +159,13 @@ bool Admission::Admits(int32_t priority, const SloPrediction& prediction) const 
   return prediction.headroom >= options_.classes[ClassOf(priority)].admit_headroom;
 }
 
+bool Admission::AdmitsQueued(const QueuedRequest& queued, const SloPrediction& prediction,
+                             absl::Time now) const {
+  const absl::Duration waited =
+      queued.arrival == absl::InfinitePast() ? absl::ZeroDuration() : now - queued.arrival;
+  return Admits(queued.priority, AfterWaiting(prediction, waited));
+}
+
 absl::Duration Admission::RetryAfter(const SloPrediction& prediction) const {
   // The backlog ahead drains in about the predicted wait; a request over its objective needs the
   // overshoot drained as well.
@@ -203,7 +224,7 @@ absl::StatusOr<Verdict> Admission::Offer(const QueuedRequest& request, absl::Tim
   }
 
   Verdict verdict;
-  if (Admits(request.priority, p)) {
+  if (AdmitsQueued(request, p, now)) {  // what it waited before the offer counts too
     ++counters_.admitted;
     verdict.outcome = Outcome::kAdmit;
     return verdict;

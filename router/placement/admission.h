@@ -72,6 +72,11 @@ struct SloPrediction {
 // The prediction of a decision.
 SloPrediction PredictionOf(const Decision& decision);
 
+// `prediction` for a request that has already waited `waited` since its arrival: TTFT and wait
+// longer by that much, headroom at most the TTFT objective's with it, meets_slo again
+// headroom >= 0. A negative `waited` counts as 0.
+SloPrediction AfterWaiting(SloPrediction prediction, absl::Duration waited);
+
 // A band of priorities treated alike.
 struct PriorityClass {
   // The class of a request is the one with the highest min_priority <= its priority; the first
@@ -191,8 +196,15 @@ class Admission {
   absl::StatusOr<Verdict> Offer(const QueuedRequest& request, absl::Time now);
 
   // Whether a request of `priority` with `prediction` is admitted at once (the first rule of
-  // Offer). For the NextReady callback.
+  // Offer, for a request that has not waited).
   bool Admits(int32_t priority, const SloPrediction& prediction) const;
+
+  // For the NextReady callback: whether `queued` is admitted with `prediction`, a fresh placement
+  // of it at `now`. Its TTFT objective runs from its arrival, so the time it has waited since is
+  // added to the predicted TTFT first (AfterWaiting); a prediction that ignored it would start a
+  // request that waited 4 s of a 6 s objective on a predicted 5 s.
+  bool AdmitsQueued(const QueuedRequest& queued, const SloPrediction& prediction,
+                    absl::Time now) const;
 
   // Calls `try_start` on the queued requests whose deadline is after `now`, highest priority
   // first, then earliest arrival; removes and returns those for which it returned true (they

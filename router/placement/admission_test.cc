@@ -201,6 +201,42 @@ TEST(AdmissionTest, QueuedUntilItCouldNoLongerMakeItsTtft) {
   EXPECT_EQ(admission.NextDeadline(), kNow + absl::Milliseconds(300));
 }
 
+TEST(AdmissionTest, TheTimeAQueuedRequestWaitedCountsAgainstItsObjective) {
+  Admission admission = Make();
+  // 1 s objective, 1.5 s predicted of which 1 s is waiting: queued until 0.5 s after arrival.
+  ASSERT_EQ(OfferOrDie(admission, Req(1, 0, Predicted(-0.5, 1.5, 1.0, 1.0))).outcome,
+            Outcome::kQueue);
+  // 300 ms later a fresh placement predicts 0.6 s (headroom 0.4 on its own): with the 0.3 s it
+  // waited, 0.9 s, headroom 0.1: admitted. 0.8 s would make 1.1 s: not, though 0.2 on its own.
+  const absl::Time later = kNow + absl::Milliseconds(300);
+  const QueuedRequest queued = Req(1, 0, Predicted(-0.5, 1.5, 1.0, 1.0), kNow);
+  EXPECT_TRUE(admission.AdmitsQueued(queued, Predicted(0.4, 0.6, 0.0, 1.0), later));
+  EXPECT_FALSE(admission.AdmitsQueued(queued, Predicted(0.2, 0.8, 0.0, 1.0), later));
+  EXPECT_TRUE(admission.Admits(0, Predicted(0.2, 0.8, 0.0, 1.0)));
+  // A lower headroom from another objective (TPOT) stays.
+  EXPECT_FALSE(admission.AdmitsQueued(queued, Predicted(-0.1, 0.6, 0.0, 1.0), later));
+  // The high class takes up to 25% over: 0.8 + 0.3 = 1.1 s is -0.1, admitted.
+  EXPECT_TRUE(admission.AdmitsQueued(Req(2, 1, Predicted(-0.5, 1.5, 1.0, 1.0), kNow),
+                                     Predicted(0.2, 0.8, 0.0, 1.0), later));
+  // An arrival that waited before the offer: the same rule at once (0.8 s predicted, 0.3 of it
+  // waiting, 0.3 s waited before: queued; with no waiting in the 0.8 s it cannot make it).
+  EXPECT_EQ(OfferOrDie(admission,
+                       Req(3, 0, Predicted(0.2, 0.8, 0.3, 1.0), kNow - absl::Milliseconds(300)))
+                .outcome,
+            Outcome::kQueue);
+  EXPECT_EQ(OfferOrDie(admission,
+                       Req(4, 0, Predicted(0.2, 0.8, 0.0, 1.0), kNow - absl::Milliseconds(300)))
+                .reason,
+            RejectReason::kSloUnreachable);
+
+  const SloPrediction aged = AfterWaiting(Predicted(0.2, 0.8, 0.1, 1.0), absl::Milliseconds(300));
+  EXPECT_DOUBLE_EQ(aged.ttft_seconds, 1.1);
+  EXPECT_DOUBLE_EQ(aged.wait_seconds, 0.4);
+  EXPECT_NEAR(aged.headroom, -0.1, 1e-12);
+  EXPECT_FALSE(aged.meets_slo);
+  EXPECT_DOUBLE_EQ(AfterWaiting(Predicted(0.2, 0.8), -absl::Seconds(1)).ttft_seconds, 0.8);
+}
+
 TEST(AdmissionTest, RefusesWhatCannotMakeItsTtftEvenAfterWaiting) {
   Admission admission = Make();
   // 3 s predicted, 1.8 s of it waiting: 1.2 s of its own work > the 1 s objective. Retry after

@@ -96,6 +96,10 @@ struct Request {
   // Most tokens it may generate (tandem.v1.SamplingParams.max_tokens); 0: not set. The router
   // keeps the mean over a worker's running requests (WorkerCandidate::mean_running_output_tokens).
   int64_t max_tokens = 0;
+  // True when the router places the request again (from its admission queue, or to move it off a
+  // failed decode worker): slo counts a request's class in the recent traffic once, at its first
+  // placement, so a request re-placed many times does not crowd the others out.
+  bool placed_before = false;
 };
 
 // Requests decoding on a worker that share a TPOT objective, a max_tokens and their progress
@@ -292,7 +296,9 @@ struct PolicyOptions {
   // does better there. Disaggregation is the default: a local prefill stalls the streams decoding
   // there and delays every request that reaches the worker after it (a 400-token prompt is one
   // 1.7 s step on one CPU thread). A local prefill longer than half of default_ttft_ms also needs
-  // another decode worker with no prompt queued, where the next arrivals can go. In [0, 1).
+  // another decode worker with no prompt queued, where the next arrivals can go; after
+  // higher-priority requests, one longer than half of their tightest TTFT objective is not taken
+  // at all (docs/slo.md). In [0, 1).
   double remote_prefill_headroom = 0.5;
 };
 

@@ -3,8 +3,10 @@
 // decode worker's running streams within their TPOT objective. docs/slo.md has the formulas.
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -38,6 +40,7 @@ class SloPolicy final : public PolicyBase {
                                                     : options().default_tpot_ms) /
         1000.0;
 
+    const Hold hold = HoldFor(request.priority);
     // What each worker would take to prefill the prompt (as the prefilling worker), once.
     std::vector<PrefillPrediction> prefill(ctx.cluster().workers.size());
     for (int w : ctx.decode_workers()) prefill[w] = PredictPrefill(ctx, w);
@@ -54,7 +57,7 @@ class SloPolicy final : public PolicyBase {
     for (int d : decode) {
       const bool another_unqueued =
           decode.size() == 1 || unqueued - (PrefillQueue(ctx.worker(d)) == 0 ? 1 : 0) > 0;
-      candidates.push_back(Evaluate(ctx, d, prefill, ttft_slo, tpot_slo, another_unqueued));
+      candidates.push_back(Evaluate(ctx, d, prefill, ttft_slo, tpot_slo, another_unqueued, hold));
       headrooms.push_back(candidates.back().headroom);
     }
     const int d = ArgMaxRandomTie(decode, headrooms);
@@ -90,6 +93,10 @@ class SloPolicy final : public PolicyBase {
         ctx.worker(best.prefill_worker >= 0 ? best.prefill_worker : d).ttft_correction;
     decision.tpot_correction = ctx.worker(d).tpot_correction;
     decision.meets_slo = best.headroom >= 0;
+    if (!request.placed_before) {
+      recent_.emplace_back(request.priority, ttft_slo);
+      if (recent_.size() > kRecentRequests) recent_.pop_front();
+    }
     return decision;
   }
 
@@ -122,10 +129,29 @@ class SloPolicy final : public PolicyBase {
                                      : options().default_max_tokens_per_step;
   }
 
-  // A local prefill longer than this holds the worker's steps long enough that the requests
-  // reaching it meanwhile miss a typical TTFT objective (half the default one): allowed only
-  // while another decode worker has no prompt queued, where they can go instead.
-  double HoldLimit() const { return static_cast<double>(options().default_ttft_ms) / 2000.0; }
+  // How long a local prefill may hold a decode worker's steps.
+  struct Hold {
+    // Longer than this, the requests reaching the worker meanwhile miss their TTFT objectives
+    // (half of the default one, or of the tightest among recent higher-priority requests): it is
+    // then allowed only while another decode worker has no prompt queued, where they can go
+    // instead.
+    double limit = 0;
+    // Higher-priority requests were among the recent ones: the limit is on what one of them
+    // arriving next would wait for (the prompts queued on the worker and this one), with no
+    // exception. Their arrivals would all crowd onto the other decode workers, and a lower class
+    // must not cost a higher one its objectives (admission serves higher classes first; so must
+    // placement).
+    bool protects_higher = false;
+  };
+  Hold HoldFor(int32_t priority) const {
+    Hold hold{.limit = static_cast<double>(options().default_ttft_ms) / 2000.0};
+    for (const auto& [p, ttft] : recent_) {
+      if (p <= priority) continue;
+      hold.protects_higher = true;
+      hold.limit = std::min(hold.limit, ttft / 2);
+    }
+    return hold;
+  }
 
   static int64_t BatchSlots(const WorkerCandidate& w) {
     return std::max<int64_t>(w.max_running, 1);
@@ -217,11 +243,13 @@ class SloPolicy final : public PolicyBase {
     const double arrival = StepRemaining(decode) + on_p.queue_wait + on_p.compute + transfer;
     const double boundary = decode_queue_wait > arrival ? ChunkStepSeconds(decode) / 2 : 0.0;
     const double ttft = arrival + boundary;
-    return {.ttft = ttft, .wait = ttft - on_p.compute - transfer, .worker = p};
+    // (Clamped: the subtraction may round a wait of 0 to a tiny negative number.)
+    return {.ttft = ttft, .wait = std::max(ttft - on_p.compute - transfer, 0.0), .worker = p};
   }
 
   Candidate Evaluate(PlacementContext& ctx, int d, const std::vector<PrefillPrediction>& prefill,
-                     double ttft_slo, double tpot_slo, bool another_unqueued) const {
+                     double ttft_slo, double tpot_slo, bool another_unqueued,
+                     const Hold& hold) const {
     const WorkerCandidate& w = ctx.worker(d);
     const int64_t slots = BatchSlots(w);
     const int64_t budget = BudgetOf(w);
@@ -298,7 +326,8 @@ class SloPolicy final : public PolicyBase {
     if (pool.empty()) {
       c.reason = PrefillReason::kNoPrefillWorker;
     } else if (!remote_keeps_ttft && local_headroom >= 0 && local_ttft <= best_remote.ttft &&
-               (another_unqueued || local.compute <= HoldLimit())) {
+               (hold.protects_higher ? local_ttft <= hold.limit
+                                     : another_unqueued || local.compute <= hold.limit)) {
       c.reason = PrefillReason::kPredictedLocal;
     } else {
       c.reason = PrefillReason::kRemote;
@@ -315,6 +344,12 @@ class SloPolicy final : public PolicyBase {
                            c.reason == PrefillReason::kRemote ? grown_headroom : local_headroom});
     return c;
   }
+
+  // Priority and TTFT objective (seconds) of the last kRecentRequests requests placed for the
+  // first time (Request::placed_before false), oldest first: the traffic a long local prefill
+  // would delay.
+  static constexpr size_t kRecentRequests = 64;
+  std::deque<std::pair<int32_t, double>> recent_;
 };
 
 }  // namespace

@@ -299,6 +299,60 @@ TEST(SloPolicyTest, ALongLocalPrefillLeavesADecodeWorkerFreeForTheNextArrivals) 
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.1, kTol);
 }
 
+TEST(SloPolicyTest, AfterHigherPriorityRequestsALongLowerPriorityPrefillStaysOffDecodeWorkers) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  // The cluster of the test above: 5000 tokens take 0.6 s locally on d0, 0.68 s on d1; remote
+  // on d0 3.05 s (p0's queue 2.4 + 0.6 + 0.05 of transfer).
+  const ClusterView view = {.workers = {Worker("d0", Role::kDecode),
+                                        Worker("d1", Role::kDecode).Queue(600),
+                                        Worker("p0", Role::kPrefill).Queue(20000)}};
+  Request low = WithSlo(Prompt(5000), 6000, 50);
+  low.priority = 0;
+  // Alone, it may hold d1 for 0.68 s (longer than half the default 1 s objective) because d0
+  // stays free for the next arrivals.
+  Decision d = PlaceOrDie(*policy, low, view);
+  EXPECT_EQ(d.decode_worker, "d1");
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  // After a priority-1 chat whose TTFT objective is 0.8 s, no decode worker may be held longer
+  // than 0.4 s for a priority-0 prompt: remote on d0, 3.05 s, within its own 6 s objective.
+  Request chat = WithSlo(Prompt(40), 800, 50);
+  chat.priority = 1;
+  PlaceOrDie(*policy, chat, view);
+  d = PlaceOrDie(*policy, low, view);
+  EXPECT_EQ(d.decode_worker, "d0");
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 3.05, kTol);
+  EXPECT_TRUE(d.meets_slo);
+  // 3000 tokens (6 steps, 0.06 + 0.3 = 0.36 s) are still short enough to take locally (with an
+  // objective that p0, at 2.4 + 0.36 + 0.03 s, keeps with less than half of it to spare).
+  d = PlaceOrDie(*policy, WithSlo(Prompt(3000), 5000, 50), view);
+  EXPECT_EQ(d.decode_worker, "d0");
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  // Not behind d1's queued prompts: a chat arriving next would wait 0.08 + 0.36 s there.
+  const ClusterView queued = {.workers = {Worker("d0", Role::kDecode).Queue(600),
+                                          Worker("d1", Role::kDecode).Queue(600),
+                                          Worker("p0", Role::kPrefill).Queue(20000)}};
+  d = PlaceOrDie(*policy, WithSlo(Prompt(3000), 5000, 50), queued);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  // Placing a queued request again does not count as new traffic: 64 re-placements of a
+  // priority-0 request leave the chat in the recent window.
+  Request again = low;
+  again.placed_before = true;
+  for (int i = 0; i < 64; ++i) PlaceOrDie(*policy, again, queued);
+  d = PlaceOrDie(*policy, low, view);
+  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  // The same long prompt at priority 1 has no higher class to yield to.
+  Request high = low;
+  high.priority = 1;
+  d = PlaceOrDie(*policy, high, view);
+  EXPECT_EQ(d.decode_worker, "d1");
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+  // Once the priority-1 requests are 64 placements back, the priority-0 prompt is local again.
+  for (int i = 0; i < 64; ++i) PlaceOrDie(*policy, Prompt(40), view);
+  d = PlaceOrDie(*policy, low, view);
+  EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+}
+
 TEST(SloPolicyTest, LocalWhenTheRemoteMissesAndTheDecodeWorkersQueueIsShorterThanTheTransfer) {
   PolicyOptions options = Options();
   options.default_ttft_ms = 2500;

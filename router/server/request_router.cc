@@ -28,7 +28,8 @@ struct RouterMetrics {
       .Register(ProcessMetrics());
   prometheus::Family<prometheus::Counter>& placements = prometheus::BuildCounter()
       .Name("tandem_router_placements_total")
-      .Help("Placement decisions by policy and prefill location (local on the decode worker or remote)")
+      .Help("Placement decisions by policy, prefill location (local on the decode worker or remote) "
+            "and the reason for it")
       .Register(ProcessMetrics());
   prometheus::Family<prometheus::Counter>& admissions = prometheus::BuildCounter()
       .Name("tandem_router_admissions_total")
@@ -299,6 +300,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
                                                       " failed and the deadline has passed"));
     }
     avoid_.insert(failed);
+    placement_.placed_before = true;
     v1::Decode::Stub* stub;
     absl::StatusOr<Route> route = router_->PlaceForRelay(placement_, avoid_, &stub);
     if (!route.ok()) {
@@ -362,7 +364,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
   RequestRouter* const router_;
   const v1::DecodeRequest request_;
   ResponseSink* const sink_;
-  const placement::Request placement_;
+  placement::Request placement_;  // placed_before is set when it moves
   const absl::Time deadline_;
   const int max_migrations_;
   const absl::Time start_;       // arrival at the router
@@ -703,9 +705,11 @@ void RequestRouter::AdmissionLoop() {
           auto it = queued_.find(q.id);
           if (it == queued_.end()) return false;
           v1::Decode::Stub* stub;
-          absl::StatusOr<Route> route = PlaceLocked(it->second->request(), {}, &stub);
+          placement::Request again = it->second->request();
+          again.placed_before = true;
+          absl::StatusOr<Route> route = PlaceLocked(again, {}, &stub);
           if (!route.ok()) return false;
-          if (!admission_->Admits(q.priority, placement::PredictionOf(route->decision))) {
+          if (!admission_->AdmitsQueued(q, placement::PredictionOf(route->decision), now)) {
             registry_->Release(*route);
             return false;
           }
@@ -745,7 +749,8 @@ absl::StatusOr<Route> RequestRouter::PlaceLocked(const placement::Request& reque
   Metrics()
       .placements
       .Add({{"policy", std::string(policy_->name())},
-            {"prefill", route->decision.local_prefill ? "local" : "remote"}})
+            {"prefill", route->decision.local_prefill ? "local" : "remote"},
+            {"reason", std::string(placement::PrefillReasonName(route->decision.reason))}})
       .Increment();
   auto& slot = stubs_[route->decode_address];
   if (slot == nullptr) {
