@@ -136,6 +136,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
                                      request_.prior_output_token_ids().end());
     prefill.set_num_destination_cached_tokens(static_cast<uint32_t>(plan.cached_tokens));
     prefill.set_num_prior_output_tokens(static_cast<uint32_t>(prior_));
+    prefill.set_priority(request_.priority());
     v1::KvDestination* dst = prefill.mutable_destination();
     dst->set_worker_id(service_->options_.worker_id);
     *dst->mutable_pool() = service_->options_.kv_pool;

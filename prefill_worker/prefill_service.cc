@@ -171,6 +171,7 @@ grpc::Status PrefillService::Serve(grpc::ServerContext* context, const v1::Prefi
   GenerationRequest r;
   r.prompt.assign(request->token_ids().begin(), request->token_ids().end());
   r.sampling = SamplingFromProto(request->sampling());
+  r.priority = request->priority();
   // Only the next token, sampled after the request's earlier output (a migrated request).
   r.prior_output_tokens = request->num_prior_output_tokens();
   r.sampling.max_tokens = r.prior_output_tokens + 1;

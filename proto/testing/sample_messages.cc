@@ -340,6 +340,7 @@ v1::PrefillRequest SamplePrefillRequest() {
   *request.mutable_sampling() = SampleSamplingParams();
   request.set_timeout_ms(1500);
   request.set_num_prior_output_tokens(1);
+  request.set_priority(2);
   return request;
 }
 

@@ -34,10 +34,11 @@ def cluster():
         p.kill()
 
 
-def generate(pb, decode, prompt, max_tokens=12, targets=(), request_id="", timeout=60):
+def generate(pb, decode, prompt, max_tokens=12, targets=(), request_id="", timeout=60,
+             priority=0):
     stub = pb.worker_grpc.DecodeStub(grpc.insecure_channel(decode.address))
     request = pb.worker.DecodeRequest(
-        request_id=request_id, prompt_token_ids=prompt,
+        request_id=request_id, prompt_token_ids=prompt, priority=priority,
         sampling=pb.inference.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
         prefill_targets=[pb.worker.PrefillTarget(worker_id=w, address=a) for w, a in targets])
     tokens, last = [], None
@@ -82,6 +83,36 @@ def test_killed_prefill_worker_costs_no_request(pb, cluster):
     for t in threads:
         t.join(180)
     assert results == expected
+
+
+def test_prefill_worker_computes_higher_priorities_first(pb, cluster):
+    """Four 400-token priority-0 prompts reach the prefill worker (one thread, 512 tokens a
+    step: about one and a half of them per step), then a 30-token priority-1 one: it goes into
+    the next step, ahead of the priority-0 prompts still waiting, instead of after all of them."""
+    decode, prefill = cluster
+    target = [("p0", prefill.address)]
+    longs = [[1] + list(range(2000 + 400 * i, 2399 + 400 * i)) for i in range(4)]
+    short = [1] + list(range(7000, 7029))
+    generate(pb, decode, short, max_tokens=2, targets=target)  # warm both workers up
+    done = {}
+
+    def run(name, prompt, priority):
+        _, last = generate(pb, decode, prompt, max_tokens=2, targets=target, priority=priority,
+                           timeout=120)
+        assert last.timings.remote_prefill
+        done[name] = time.monotonic()
+
+    threads = [threading.Thread(target=run, args=(f"long{i}", p, 0)) for i, p in enumerate(longs)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # the long prompts are queued on the prefill worker
+    threads.append(threading.Thread(target=run, args=("short", short, 1)))
+    threads[-1].start()
+    for t in threads:
+        t.join(180)
+    assert len(done) == 5, done
+    after = sorted(name for name, t in done.items() if t > done["short"])
+    assert len(after) >= 2, f"finished after the priority-1 prompt: {after}"
 
 
 def watch(pb, address, until, timeout=10):

@@ -179,7 +179,8 @@ def prefill_request(g):
         request_id=REQUEST_ID, model=MODEL, token_ids=[i * 1000 for i in range(1, 41)],
         num_destination_cached_tokens=16,
         destination=pb.KvDestination(worker_id="decode-1", pool=kv_pool(g), block_ids=[17, 3]),
-        sampling=sampling_params(g), timeout_ms=1500, num_prior_output_tokens=1)
+        sampling=sampling_params(g), timeout_ms=1500, num_prior_output_tokens=1,
+        priority=2)
 
 
 SAMPLES = {
