@@ -89,8 +89,9 @@ struct Request {
   // Tokens per block that `block_hashes` were cut by; must equal the block size of every
   // candidate worker (the router hashes per block size). >= 1.
   int64_t block_size = 16;
-  // Scheduling priority (tandem.v1.GenerateRequest.priority): higher first. Not used by the
-  // policies (admission.h uses it).
+  // Scheduling priority (tandem.v1.GenerateRequest.priority): higher first. admission.h orders
+  // and refuses by it; slo keeps a lower class's long prefills off the decode workers that recent
+  // higher-priority requests need (docs/slo.md); the other policies ignore it.
   int32_t priority = 0;
   Slo slo = {};
   // Most tokens it may generate (tandem.v1.SamplingParams.max_tokens); 0: not set. The router
