@@ -135,8 +135,12 @@ constexpr absl::Duration kTransportGrace = absl::Seconds(2);
 // ucx_perftest's iterations when one put carries the whole transfer (after one warm-up put).
 constexpr int64_t kWholeIterations = 2;
 
-// --kv_dtype, checked in main().
-DType KvDTypeFlag() { return ParseKvDType(absl::GetFlag(FLAGS_kv_dtype)).value_or(DType::kF16); }
+// --kv_dtype, checked in main(); parsed once (SliceBytes() is asked inside timed loops).
+DType KvDTypeFlag() {
+  static const DType dtype =
+      ParseKvDType(absl::GetFlag(FLAGS_kv_dtype)).value_or(DType::kF16);
+  return dtype;
+}
 
 KvLayout ModelLayout(int64_t num_blocks) {
   return KvLayout{.num_blocks = num_blocks,
@@ -194,10 +198,11 @@ uint64_t HashSlices(const KvStorage& pool, const std::vector<int32_t>& blocks, i
   RunHash hash;
   const KvLayout& l = pool.layout();
   const char* base = reinterpret_cast<const char*>(pool.data<std::byte>());
+  const size_t slice = static_cast<size_t>(l.block_bytes());
   for (int64_t layer = 0; layer < layers; ++layer) {
     for (int32_t b : blocks) {
       const int64_t offset = (b * l.block_stride() + layer * l.layer_stride()) * l.element_bytes();
-      hash.Add(base + offset, static_cast<size_t>(SliceBytes()));
+      hash.Add(base + offset, slice);
     }
   }
   return hash.value();
@@ -656,12 +661,12 @@ double LocalCopySeconds(const KvStorage& src, KvStorage& dst, const TransferPlan
   const int64_t f = l.element_bytes();
   const char* from = reinterpret_cast<const char*>(src.data<std::byte>());
   char* to = reinterpret_cast<char*>(dst.data<std::byte>());
+  const size_t slice = static_cast<size_t>(l.block_bytes());
   const Clock::time_point start = Clock::now();
   for (int64_t layer = 0; layer < kLayers; ++layer) {
     for (const BlockPair& b : plan.blocks) {
       std::memcpy(to + (b.dst * l.block_stride() + layer * l.layer_stride()) * f,
-                  from + (b.src * l.block_stride() + layer * l.layer_stride()) * f,
-                  static_cast<size_t>(SliceBytes()));
+                  from + (b.src * l.block_stride() + layer * l.layer_stride()) * f, slice);
     }
   }
   return SecondsSince(start);
