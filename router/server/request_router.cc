@@ -612,6 +612,7 @@ absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, Re
       return WithRetryAfter(absl::ResourceExhaustedError(verdict->message), verdict->retry_after);
     }
     if (verdict->outcome == placement::Outcome::kQueue) {
+      req.placed_before = true;  // every later placement of it is a re-placement
       queued = std::make_shared<QueuedCall>(this, id, std::move(p), req, sink, begin, deadline);
       queued_[id] = queued;
       if (verdict->displaced.has_value()) {
@@ -705,9 +706,7 @@ void RequestRouter::AdmissionLoop() {
           auto it = queued_.find(q.id);
           if (it == queued_.end()) return false;
           v1::Decode::Stub* stub;
-          placement::Request again = it->second->request();
-          again.placed_before = true;
-          absl::StatusOr<Route> route = PlaceLocked(again, {}, &stub);
+          absl::StatusOr<Route> route = PlaceLocked(it->second->request(), {}, &stub);
           if (!route.ok()) return false;
           if (!admission_->AdmitsQueued(q, placement::PredictionOf(route->decision), now)) {
             registry_->Release(*route);
