@@ -228,8 +228,8 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
   // Flatten the batch: token t belongs to sequence token_seq[t] at position token_pos[t].
   const int64_t num_seqs = static_cast<int64_t>(batch.sequences.size());
   int64_t max_blocks = 0;
-  // The step's buffers live in scratch_ and keep their capacity from step to step: a decode step
-  // allocates (and page-faults) nothing.
+  // The step's buffers live in scratch_ and keep their capacity from step to step: a step no
+  // larger than an earlier one allocates none of them.
   Scratch& sc = scratch_;
   std::vector<int32_t>&token_ids = sc.token_ids, &token_seq = sc.token_seq,
                      &token_pos = sc.token_pos;
