@@ -1,6 +1,7 @@
 #include "engine/sched/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -48,6 +49,16 @@ bool Before(const S* a, const S* b) {
 }
 
 }  // namespace
+
+void AddQueued(const QueuedPrompts& add, std::vector<QueuedPrompts>* queued) {
+  auto it = std::find_if(queued->begin(), queued->end(),
+                         [&](const QueuedPrompts& q) { return q.priority <= add.priority; });
+  if (it == queued->end() || it->priority != add.priority) {
+    it = queued->insert(it, QueuedPrompts{.priority = add.priority});
+  }
+  it->tokens += add.tokens;
+  it->prompts += add.prompts;
+}
 
 Scheduler::Scheduler(BlockPool* pool, const SchedulerOptions& options)
     : pool_(pool), options_(options) {
@@ -287,31 +298,48 @@ ScheduledStep Scheduler::Schedule() {
   ScheduledStep step;
   int64_t budget = options_.max_tokens_per_step;
   std::sort(running_.begin(), running_.end(), Before<Sequence>);
-  // Decoding sequences first, then prompts in progress; both in priority order. Preemption
-  // changes running_, so walk a copy and skip what left it.
+  // Preemption changes running_, so walk a copy and skip what left it.
   const std::vector<Sequence*> order = running_;
-  for (const bool decoding : {true, false}) {
-    for (Sequence* seq : order) {
-      if (!seq->running || (seq->decoding && seq->remaining() == 1) != decoding) continue;
-      if (budget <= 0) break;
-      ScheduleRunning(seq, decoding, &step, &budget);
+  for (Sequence* seq : order) {
+    if (budget <= 0) break;
+    if (seq->running && seq->decoding && seq->remaining() == 1) {
+      ScheduleRunning(seq, /*decoding=*/true, &step, &budget);
     }
   }
-  if (step.preempted.empty()) {
-    std::sort(waiting_.begin(), waiting_.end(), Before<Sequence>);
-    const std::vector<Sequence*> queue = waiting_;
-    for (Sequence* seq : queue) {
+  // Prompts, in progress or waiting, by priority: a waiting sequence of higher priority is
+  // admitted before a prompt in progress gets its next chunk (a long low-priority prompt must not
+  // hold a higher class's first token for its whole length); at equal priority the prompt in
+  // progress goes first. No admission once the step preempted: the preempted sequences wait
+  // ahead of the queue.
+  std::sort(waiting_.begin(), waiting_.end(), Before<Sequence>);
+  const std::vector<Sequence*> queue = waiting_;
+  size_t next = 0;
+  bool admitting = true;
+  // Admits waiting sequences of priority above `priority` while the budget, the batch and the
+  // blocks allow, and nothing was preempted in this step.
+  auto admit_above = [&](int64_t priority) {
+    if (!step.preempted.empty()) admitting = false;
+    while (admitting && next < queue.size() && queue[next]->priority > priority) {
       if (budget <= 0 ||
           static_cast<int64_t>(running_.size() + remote_.size()) >= options_.max_running) {
+        admitting = false;
         break;
       }
+      Sequence* seq = queue[next++];
       if (seq->running) continue;
-      const bool admitted = TryAdmit(seq, &step, &budget);
       // A sequence preempted for this one ranks above everything after it in the queue: those
       // wait, or they would take the blocks the preempted one needs next.
-      if (!admitted || !step.preempted.empty()) break;
+      if (!TryAdmit(seq, &step, &budget) || !step.preempted.empty()) admitting = false;
     }
+  };
+  for (Sequence* seq : order) {
+    if (!seq->running || (seq->decoding && seq->remaining() == 1)) continue;
+    admit_above(seq->priority);
+    if (budget <= 0) break;
+    // (An admission may have preempted it.)
+    if (seq->running) ScheduleRunning(seq, /*decoding=*/false, &step, &budget);
   }
+  admit_above(std::numeric_limits<int64_t>::min());
   return step;
 }
 
@@ -363,9 +391,13 @@ SchedulerStats Scheduler::stats() const {
       s.active_decode_tokens += static_cast<int64_t>(seq->tokens.size());
     } else {
       s.queued_prefill_tokens += seq->remaining();
+      AddQueued({.priority = seq->priority, .tokens = seq->remaining(), .prompts = 1}, &s.queued_by_priority);
     }
   }
-  for (const Sequence* seq : waiting_) s.queued_prefill_tokens += seq->remaining();
+  for (const Sequence* seq : waiting_) {
+    s.queued_prefill_tokens += seq->remaining();
+    AddQueued({.priority = seq->priority, .tokens = seq->remaining(), .prompts = 1}, &s.queued_by_priority);
+  }
   return s;
 }
 

@@ -2,10 +2,11 @@
 // and which tokens of each, within a token budget. Every step:
 //
 //   1. sequences that are decoding get their one token first, so a long prompt never stalls them;
-//   2. sequences still prefilling get the next chunk of their prompt that fits the budget;
-//   3. waiting sequences are admitted, highest priority then oldest first, reusing the longest
-//      prefix of their tokens that the prefix cache holds, while the budget, the cap on running
-//      sequences and the free blocks allow.
+//   2. prompts, by priority: those still prefilling get the next chunk of their prompt that fits
+//      the budget, and waiting sequences are admitted, highest priority then oldest first, before
+//      any prompt in progress of lower priority (at equal priority the one in progress goes
+//      first), reusing the longest prefix of their tokens that the prefix cache holds, while the
+//      budget, the cap on running sequences and the free blocks allow.
 //
 // When a running sequence needs a block and none is left, the lowest-priority, newest running
 // sequence is preempted: its blocks go back to the pool (its full blocks stay cached) and it
@@ -86,6 +87,15 @@ struct RemotePrefillPlan {
   std::vector<int32_t> blocks;
 };
 
+// Prompt work of one priority class not computed yet.
+struct QueuedPrompts {
+  int priority = 0;
+  int64_t tokens = 0;   // not computed yet
+  int64_t prompts = 0;  // sequences they belong to
+};
+// Adds `add` to its class in `queued` (highest priority first, one entry per class).
+void AddQueued(const QueuedPrompts& add, std::vector<QueuedPrompts>* queued);
+
 struct SchedulerStats {
   int64_t total_blocks = 0;
   int64_t free_blocks = 0;    // unreferenced, nothing cached
@@ -96,6 +106,9 @@ struct SchedulerStats {
   int64_t remote_prefills = 0;  // sequences whose prompt K/V a peer is writing
   // Tokens of waiting and still-prefilling sequences not computed yet (their prefill work ahead).
   int64_t queued_prefill_tokens = 0;
+  // The same by priority, highest first: what a prompt of each class waits for (a prompt waits
+  // only for those of its priority and above, and for the step in progress).
+  std::vector<QueuedPrompts> queued_by_priority;
   // Sum of the context lengths of the sequences that are decoding.
   int64_t active_decode_tokens = 0;
   // Prompt tokens of every sequence added (a counter).

@@ -781,6 +781,54 @@ TEST(SchedulerTest, HigherPriorityIsAdmittedFirstAndEqualPriorityIsFifo) {
   EXPECT_EQ(engine.sched().stats().preemptions, 0);
 }
 
+// A long priority-0 prompt is in progress when a priority-1 and another priority-0 prompt
+// arrive: the priority-1 one is admitted ahead of the long one's next chunk (its first token does
+// not wait for the whole long prompt), the priority-0 one waits behind it (equal priority: the
+// prompt in progress first).
+TEST(SchedulerTest, AHigherPriorityPromptGoesBeforeTheNextChunkOfALowerOne) {
+  for (const int64_t cap : {int64_t{0}, int64_t{8}}) {
+    SCOPED_TRACE(::testing::Message() << "max_prefill_chunk " << cap);
+    auto pool = MakePool(64);
+    FakeEngine engine(pool.get(), {.max_tokens_per_step = 16, .max_prefill_chunk = cap});
+    const std::vector<int32_t> long_prompt = Tokens(40, 0);
+    ASSERT_TRUE(engine.Add({.id = 1, .prompt = long_prompt, .max_new_tokens = 2}).ok());
+    const int64_t chunk = cap > 0 ? cap : 16;
+    StepRecord step = engine.Step();
+    ASSERT_EQ(step.items.size(), 1u);
+    EXPECT_EQ(step.items[0].size(), chunk);
+
+    ASSERT_TRUE(engine.Add({.id = 3, .prompt = Tokens(5, 300), .max_new_tokens = 2}).ok());
+    ASSERT_TRUE(
+        engine.Add({.id = 2, .prompt = Tokens(5, 200), .max_new_tokens = 2, .priority = 1}).ok());
+    const std::vector<QueuedPrompts> queued = engine.sched().stats().queued_by_priority;
+    ASSERT_EQ(queued.size(), 2u);
+    EXPECT_EQ(queued[0].priority, 1);
+    EXPECT_EQ(queued[0].tokens, 5);
+    EXPECT_EQ(queued[0].prompts, 1);
+    EXPECT_EQ(queued[1].priority, 0);
+    EXPECT_EQ(queued[1].tokens, 40 - chunk + 5);
+    EXPECT_EQ(queued[1].prompts, 2);
+
+    step = engine.Step();
+    ASSERT_GE(step.items.size(), 2u);
+    EXPECT_EQ(step.items[0].id, 2u);
+    EXPECT_TRUE(step.items[0].admitted);
+    EXPECT_TRUE(step.items[0].samples);
+    EXPECT_EQ(step.items[1].id, 1u);
+    EXPECT_EQ(step.items[1].start, chunk);
+    EXPECT_EQ(step.items[1].size(), std::min<int64_t>(chunk, 16 - 5));
+    // Whatever the budget leaves goes to the equal-priority newcomer, after the long one.
+    if (step.items.size() == 3) {
+      EXPECT_EQ(step.items[2].id, 3u);
+    }
+    EXPECT_EQ(step.num_tokens, std::min<int64_t>(16, 5 + chunk + 5));
+    engine.RunUntilIdle();
+    EXPECT_EQ(engine.Stream(1), Generate(long_prompt, 2));
+    EXPECT_EQ(engine.Stream(2), Generate(Tokens(5, 200), 2));
+    EXPECT_TRUE(engine.sched().stats().queued_by_priority.empty());
+  }
+}
+
 // Pool of 7 blocks, no admission reserve. B (oldest) and C have priority 0, A (newest) 1. When A
 // and B both need a new block, the victim is C: lowest priority, and of those the newest.
 TEST(SchedulerTest, RunningOutOfBlocksPreemptsTheLowestPriorityNewest) {
