@@ -47,10 +47,11 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(const std::string
                                                                const Options& options) {
   const SchedulerOptions& so = options.scheduler;
   if (so.max_running <= 0 || so.max_tokens_per_step <= 0 || so.max_prefill_chunk < 0 ||
+      so.max_prefill_tokens < 0 ||
       so.admission_reserve_blocks < 0 || options.kv_blocks < 0 || options.kv_cache_bytes <= 0) {
     return absl::InvalidArgumentError(
         "max_running, max_tokens_per_step and kv_cache_bytes must be positive; max_prefill_chunk, "
-        "admission_reserve_blocks and kv_blocks must not be negative");
+        "max_prefill_tokens, admission_reserve_blocks and kv_blocks must not be negative");
   }
   ASSIGN_OR_RETURN(LoadedModel model, LoadGgufModel(model_path));
   auto engine = std::unique_ptr<LocalEngine>(new LocalEngine(std::move(model), options));

@@ -63,7 +63,8 @@ void AddQueued(const QueuedPrompts& add, std::vector<QueuedPrompts>* queued) {
 Scheduler::Scheduler(BlockPool* pool, const SchedulerOptions& options)
     : pool_(pool), options_(options) {
   CHECK(options_.max_running > 0 && options_.max_tokens_per_step > 0 &&
-        options_.max_prefill_chunk >= 0 && options_.admission_reserve_blocks >= 0)
+        options_.max_prefill_chunk >= 0 && options_.max_prefill_tokens >= 0 &&
+        options_.admission_reserve_blocks >= 0)
       << "invalid scheduler options";
 }
 
@@ -120,10 +121,11 @@ int64_t Scheduler::cached_prompt_tokens(SequenceId id) const {
 
 int64_t Scheduler::ChunkFor(const Sequence& seq, int64_t budget) const {
   int64_t n = std::min(seq.remaining(), budget);
+  if (seq.decoding && seq.remaining() == 1) return n;  // a decode token
   if (seq.remaining() > 1 && options_.max_prefill_chunk > 0) {
     n = std::min(n, options_.max_prefill_chunk);
   }
-  return n;
+  return std::min(n, prefill_left_);
 }
 
 int64_t Scheduler::BlocksFreedByPreempting(int priority) const {
@@ -155,6 +157,7 @@ void Scheduler::Preempt(Sequence* seq, ScheduledStep* step, int64_t* budget) {
     *budget += n;
     step->num_tokens -= n;
     (it->is_decode ? step->num_decode_tokens : step->num_prefill_tokens) -= n;
+    if (!it->is_decode) prefill_left_ += n;
     step->items.erase(it);
     break;
   }
@@ -182,6 +185,7 @@ void Scheduler::AddItem(Sequence* seq, int64_t n, bool is_decode, ScheduledStep*
       .is_decode = is_decode});
   step->num_tokens += n;
   (is_decode ? step->num_decode_tokens : step->num_prefill_tokens) += n;
+  if (!is_decode) prefill_left_ -= n;
   *budget -= n;
 }
 
@@ -297,6 +301,7 @@ void Scheduler::FallBackToLocalPrefill(SequenceId id) {
 ScheduledStep Scheduler::Schedule() {
   ScheduledStep step;
   int64_t budget = options_.max_tokens_per_step;
+  prefill_left_ = options_.max_prefill_tokens > 0 ? options_.max_prefill_tokens : budget;
   std::sort(running_.begin(), running_.end(), Before<Sequence>);
   // Preemption changes running_, so walk a copy and skip what left it.
   const std::vector<Sequence*> order = running_;
@@ -320,7 +325,7 @@ ScheduledStep Scheduler::Schedule() {
   auto admit_above = [&](int64_t priority) {
     if (!step.preempted.empty()) admitting = false;
     while (admitting && next < queue.size() && queue[next]->priority > priority) {
-      if (budget <= 0 ||
+      if (budget <= 0 || prefill_left_ <= 0 ||
           static_cast<int64_t>(running_.size() + remote_.size()) >= options_.max_running) {
         admitting = false;
         break;

@@ -367,6 +367,9 @@ class FakeEngine {
     EXPECT_EQ(step.num_tokens, sum);
     EXPECT_EQ(step.num_prefill_tokens, prefill);
     EXPECT_EQ(step.num_decode_tokens, decode);
+    if (o.max_prefill_tokens > 0) {
+      EXPECT_LE(prefill, o.max_prefill_tokens);
+    }
 
     // Admission: the head of the waiting queue, highest priority then oldest, in that order.
     std::vector<const Live*> waiting;
@@ -785,6 +788,46 @@ TEST(SchedulerTest, HigherPriorityIsAdmittedFirstAndEqualPriorityIsFifo) {
 // arrive: the priority-1 one is admitted ahead of the long one's next chunk (its first token does
 // not wait for the whole long prompt), the priority-0 one waits behind it (equal priority: the
 // prompt in progress first).
+// max_prefill_tokens bounds the prompt tokens of a step, all prompts together (decode tokens
+// are not counted): a step that computes long prompts stays short, and a prompt of a higher
+// class arriving meanwhile takes its share first.
+TEST(SchedulerTest, MaxPrefillTokensCapsThePromptTokensOfAStep) {
+  auto pool = MakePool(64);
+  FakeEngine engine(pool.get(), {.max_tokens_per_step = 64, .max_prefill_tokens = 10});
+  for (SequenceId id : {1, 2}) {
+    ASSERT_TRUE(engine
+                    .Add({.id = id,
+                          .prompt = Tokens(4, static_cast<int32_t>(10 * id)),
+                          .max_new_tokens = 20})
+                    .ok());
+  }
+  EXPECT_EQ(engine.Step().num_prefill_tokens, 8);
+  ASSERT_TRUE(engine.Add({.id = 3, .prompt = Tokens(30, 300), .max_new_tokens = 2}).ok());
+  ASSERT_TRUE(engine.Add({.id = 4, .prompt = Tokens(30, 400), .max_new_tokens = 2}).ok());
+  StepRecord step = engine.Step();
+  EXPECT_EQ(step.num_decode_tokens, 2);
+  EXPECT_EQ(step.num_prefill_tokens, 10);
+  ASSERT_NE(step.Find(3), nullptr);
+  EXPECT_EQ(step.Find(3)->size(), 10);
+  EXPECT_EQ(step.Find(4), nullptr);
+  ASSERT_TRUE(
+      engine.Add({.id = 5, .prompt = Tokens(6, 500), .max_new_tokens = 2, .priority = 1}).ok());
+  step = engine.Step();
+  ASSERT_EQ(step.items.size(), 4u);
+  EXPECT_TRUE(step.items[0].is_decode);
+  EXPECT_TRUE(step.items[1].is_decode);
+  EXPECT_EQ(step.items[2].id, 5u);
+  EXPECT_EQ(step.items[2].size(), 6);
+  EXPECT_EQ(step.items[3].id, 3u);
+  EXPECT_EQ(step.items[3].size(), 4);
+  while (engine.sched().HasWork()) {
+    EXPECT_LE(engine.Step().num_prefill_tokens, 10);
+  }
+  EXPECT_EQ(engine.Stream(3), Generate(Tokens(30, 300), 2));
+  EXPECT_EQ(engine.Stream(4), Generate(Tokens(30, 400), 2));
+  EXPECT_EQ(engine.Stream(5), Generate(Tokens(6, 500), 2));
+}
+
 TEST(SchedulerTest, AHigherPriorityPromptGoesBeforeTheNextChunkOfALowerOne) {
   for (const int64_t cap : {int64_t{0}, int64_t{8}}) {
     SCOPED_TRACE(::testing::Message() << "max_prefill_chunk " << cap);
@@ -1268,14 +1311,17 @@ TEST_P(SchedulerStressTest, EveryStreamMatchesAnUnboundedRun) {
   const int64_t num_blocks = uniform(20, 40);
   const bool caching = GetParam() % 4 != 3;
   const int64_t chunks[] = {0, 0, 3, 8};
+  const int64_t prefill_caps[] = {0, 0, 5, 12};
   const SchedulerOptions options{.max_running = uniform(2, 8),
                                  .max_tokens_per_step = uniform(4, 48),
                                  .max_prefill_chunk = chunks[uniform(0, 3)],
+                                 .max_prefill_tokens = prefill_caps[uniform(0, 3)],
                                  .admission_reserve_blocks = uniform(0, 2)};
   SCOPED_TRACE(::testing::Message()
                << "blocks " << num_blocks << ", caching " << caching << ", max_running "
                << options.max_running << ", max_tokens_per_step " << options.max_tokens_per_step
-               << ", max_prefill_chunk " << options.max_prefill_chunk << ", reserve "
+               << ", max_prefill_chunk " << options.max_prefill_chunk << ", max_prefill_tokens "
+               << options.max_prefill_tokens << ", reserve "
                << options.admission_reserve_blocks);
 
   std::vector<std::vector<int32_t>> templates;
