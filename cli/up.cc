@@ -28,6 +28,9 @@ ABSL_FLAG(int32_t, grpc_port, 7000, "`tandem up`: the router's gRPC port (0: any
 ABSL_FLAG(std::string, policy, "kv_aware", "`tandem up`: placement policy of the router");
 ABSL_FLAG(int32_t, worker_threads, 1, "`tandem up`: kernel threads per worker");
 ABSL_FLAG(int64_t, worker_kv_cache_mb, 256, "`tandem up`: KV cache memory per worker, MiB");
+ABSL_FLAG(int64_t, worker_max_prefill_tokens, 128,
+          "`tandem up`: most prompt tokens per engine step on every worker (0: the step budget); "
+          "bounds how long a higher-priority prompt waits behind long lower ones");
 ABSL_FLAG(std::string, worker_kv_dtype, "f16",
           "`tandem up`: KV cache element type of every worker, f16 or f32");
 
@@ -161,7 +164,8 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
       "--metrics_listen=127.0.0.1:0",
       absl::StrCat("--threads=", absl::GetFlag(FLAGS_worker_threads)),
       absl::StrCat("--kv_cache_mb=", absl::GetFlag(FLAGS_worker_kv_cache_mb)),
-      absl::StrCat("--kv_dtype=", absl::GetFlag(FLAGS_worker_kv_dtype))};
+      absl::StrCat("--kv_dtype=", absl::GetFlag(FLAGS_worker_kv_dtype)),
+      absl::StrCat("--max_prefill_tokens=", absl::GetFlag(FLAGS_worker_max_prefill_tokens))};
   std::vector<Child*> workers;
   for (int i = 0; i < prefill; ++i) {
     std::vector<std::string> argv = {absl::StrCat(bin_dir, "/tandem-prefill"),

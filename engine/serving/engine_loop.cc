@@ -101,12 +101,21 @@ void EngineLoop::AddPosted(const Posted& p) {
   posted_.sequences += p.sequences;
   posted_.prompt_tokens += p.prompt_tokens;
   posted_.remote_prefills += p.remote_prefills;
+  if (p.prompt_tokens > 0) AddQueued({.priority = p.priority, .tokens = p.prompt_tokens, .prompts = 1}, &posted_by_priority_);
 }
 
 void EngineLoop::RemovePostedLocked(const Posted& p) {
   posted_.sequences -= p.sequences;
   posted_.prompt_tokens -= p.prompt_tokens;
   posted_.remote_prefills -= p.remote_prefills;
+  if (p.prompt_tokens > 0) {
+    for (auto it = posted_by_priority_.begin(); it != posted_by_priority_.end(); ++it) {
+      if (it->priority != p.priority) continue;
+      it->tokens -= p.prompt_tokens;
+      if (--it->prompts == 0) posted_by_priority_.erase(it);
+      break;
+    }
+  }
 }
 
 void EngineLoop::Post(absl::AnyInvocable<void(LocalEngine*) &&> task) {
@@ -179,7 +188,8 @@ void EngineLoop::SubmitAsync(uint64_t id, GenerationRequest request,
                              absl::AnyInvocable<void(absl::Status) &&> done) {
   if (absl::Status s = Admit(); !s.ok()) return std::move(done)(std::move(s));
   const Posted posted = {.sequences = 1,
-                         .prompt_tokens = static_cast<int64_t>(request.prompt.size())};
+                         .prompt_tokens = static_cast<int64_t>(request.prompt.size()),
+                         .priority = request.priority};
   AddPosted(posted);
   Post([this, id, posted, request = std::move(request), on_delta = std::move(on_delta),
         done = std::move(done)](LocalEngine* engine) mutable {
@@ -394,6 +404,7 @@ SchedulerStats EngineLoop::stats() {
   SchedulerStats s = stats_;
   s.waiting += posted_.sequences;
   s.queued_prefill_tokens += posted_.prompt_tokens;
+  for (const QueuedPrompts& q : posted_by_priority_) AddQueued(q, &s.queued_by_priority);
   s.prompt_tokens += posted_.prompt_tokens;  // received
   s.remote_prefills += posted_.remote_prefills;
   return s;

@@ -64,6 +64,7 @@ class EngineLoop {
   const KvLayout& kv_layout() const { return layout_; }
   int64_t max_running() const { return max_running_; }
   int64_t max_tokens_per_step() const { return options_.engine.scheduler.max_tokens_per_step; }
+  int64_t max_prefill_tokens() const { return options_.engine.scheduler.max_prefill_tokens; }
   std::vector<int32_t> EncodePrompt(absl::string_view text) const {
     return engine_->EncodePrompt(text);
   }
@@ -165,8 +166,11 @@ class EngineLoop {
     int64_t sequences = 0;
     int64_t prompt_tokens = 0;
     int64_t remote_prefills = 0;
+    int priority = 0;  // of prompt_tokens
   };
   Posted posted_ ABSL_GUARDED_BY(mu_);
+  // posted_.prompt_tokens by priority (SchedulerStats::queued_by_priority).
+  std::vector<QueuedPrompts> posted_by_priority_ ABSL_GUARDED_BY(mu_);
   void AddPosted(const Posted& p) ABSL_LOCKS_EXCLUDED(mu_);
   void RemovePostedLocked(const Posted& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::deque<KvEvent> events_ ABSL_GUARDED_BY(mu_);

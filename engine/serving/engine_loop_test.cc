@@ -335,15 +335,21 @@ TEST(EngineLoopTest, StatsCountSubmissionsTheEngineHasNotTakenYet) {
   const SchedulerStats before = loop->stats();
   Stream stream;
   absl::Notification added;
-  loop->SubmitAsync(7, Greedy({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 2), stream.Callback(),
-                    [&](absl::Status s) {
-                      EXPECT_TRUE(s.ok()) << s;
-                      added.Notify();
-                    });
+  GenerationRequest request = Greedy({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 2);
+  request.priority = 3;
+  loop->SubmitAsync(7, std::move(request), stream.Callback(), [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    added.Notify();
+  });
   const SchedulerStats posted = loop->stats();
   EXPECT_EQ(posted.waiting, before.waiting + 1);
   EXPECT_EQ(posted.queued_prefill_tokens, before.queued_prefill_tokens + 10);
   EXPECT_EQ(posted.prompt_tokens, before.prompt_tokens + 10);
+  // In its class, which the router reads to tell what a request of each priority waits for.
+  ASSERT_FALSE(posted.queued_by_priority.empty());
+  EXPECT_EQ(posted.queued_by_priority.front().priority, 3);
+  EXPECT_EQ(posted.queued_by_priority.front().tokens, 10);
+  EXPECT_EQ(posted.queued_by_priority.front().prompts, 1);
   release.Notify();
   added.WaitForNotification();
   EXPECT_EQ(stream.Wait().size(), 2u);
@@ -353,6 +359,7 @@ TEST(EngineLoopTest, StatsCountSubmissionsTheEngineHasNotTakenYet) {
   const SchedulerStats after = loop->stats();
   EXPECT_EQ(after.waiting + after.running, 0);
   EXPECT_EQ(after.queued_prefill_tokens, 0);
+  EXPECT_TRUE(after.queued_by_priority.empty());
   EXPECT_EQ(after.prompt_tokens, before.prompt_tokens + 10);  // counted once
 }
 

@@ -32,6 +32,10 @@ ABSL_FLAG(std::string, kv_dtype, "f16",
           "decode workers that share KV must agree");
 ABSL_FLAG(int64_t, max_running, 64, "Most sequences in one batch");
 ABSL_FLAG(int64_t, max_tokens_per_step, 512, "Token budget of one engine step (prefill chunks + decode)");
+ABSL_FLAG(int64_t, max_prefill_tokens, 0,
+          "Most prompt tokens computed in one step, all prompts together; 0: the step budget. "
+          "Bounds a step that computes prompts, and so how long a higher-priority prompt "
+          "arriving meanwhile waits");
 ABSL_FLAG(int64_t, max_requests, 1024, "Requests held at once (running, waiting); more are refused");
 ABSL_FLAG(bool, prefix_caching, true, "Reuse the KV of earlier prompts that share a prefix");
 ABSL_FLAG(std::string, model_id, "", "Model id served and hashed into block hashes; empty: the file name");
@@ -67,6 +71,7 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   ASSIGN_OR_RETURN(o.engine.forward.kv_dtype, ParseKvDType(absl::GetFlag(FLAGS_kv_dtype)));
   o.engine.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
   o.engine.scheduler.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  o.engine.scheduler.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
   o.engine.enable_prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   o.engine.model_id = absl::GetFlag(FLAGS_model_id);
   o.max_requests = absl::GetFlag(FLAGS_max_requests);

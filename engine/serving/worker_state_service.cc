@@ -42,6 +42,12 @@ v1::LoadSample WorkerStateService::MakeLoad(const SchedulerStats& s,
   load.set_prompt_tokens(static_cast<uint64_t>(s.prompt_tokens));
   load.set_finished_seqs(static_cast<uint64_t>(s.finished_sequences));
   load.set_step_elapsed_us(static_cast<uint64_t>(absl::ToInt64Microseconds(step_elapsed)));
+  for (const QueuedPrompts& q : s.queued_by_priority) {
+    v1::QueuedClass* c = load.add_queued_by_priority();
+    c->set_priority(q.priority);
+    c->set_tokens(static_cast<uint64_t>(q.tokens));
+    c->set_prompts(static_cast<uint32_t>(q.prompts));
+  }
   const size_t first = steps.size() > 64 ? steps.size() - 64 : 0;
   for (size_t i = first; i < steps.size(); ++i) {
     const StepInfo& st = steps[i];
@@ -68,6 +74,7 @@ v1::Snapshot WorkerStateService::MakeSnapshot(const EngineLoop::State& state) co
   s.set_max_context(static_cast<uint32_t>(loop_->config().max_context));
   s.set_max_running(static_cast<uint32_t>(loop_->max_running()));
   s.set_max_tokens_per_step(static_cast<uint32_t>(loop_->max_tokens_per_step()));
+  s.set_max_prefill_tokens(static_cast<uint32_t>(loop_->max_prefill_tokens()));
   for (BlockHash h : state.cache.hashes) s.add_cached_block_hashes(h);
   s.set_last_event_id(state.cache.last_event_id);
   *s.mutable_kv_pool() = info_.kv_pool;

@@ -224,6 +224,14 @@ v1::LoadSample SampleLoadSample() {
   load.set_prompt_tokens((uint64_t{1} << 41) + 7);
   load.set_step_elapsed_us(1700000);
   load.set_finished_seqs(4242);
+  v1::QueuedClass* high = load.add_queued_by_priority();
+  high->set_priority(2);
+  high->set_tokens(96);
+  high->set_prompts(1);
+  v1::QueuedClass* low = load.add_queued_by_priority();
+  low->set_priority(-1);
+  low->set_tokens(4000);
+  low->set_prompts(3);
   return load;
 }
 
@@ -271,6 +279,7 @@ v1::Snapshot SampleSnapshot() {
   snapshot.set_engine("cpu-avx512");
   snapshot.set_version("0.1.0");
   snapshot.set_max_tokens_per_step(512);
+  snapshot.set_max_prefill_tokens(128);
   return snapshot;
 }
 

@@ -115,6 +115,42 @@ def test_prefill_worker_computes_higher_priorities_first(pb, cluster):
     assert len(after) >= 2, f"finished after the priority-1 prompt: {after}"
 
 
+def test_decode_worker_starts_a_higher_priority_prompt_before_finishing_a_long_lower_one(
+        pb, cluster):
+    """A 1500-token priority-0 prompt prefills locally in steps of 512 tokens (one thread, about
+    a second each); a 60-token priority-1 one arriving during the first step is admitted at the
+    next, ahead of the long prompt's next chunk, and finishes first. (Taking prompts in progress
+    first, it waited for the long prompt's last chunk and finished a step after it.) Meanwhile the
+    worker reports its queue by class, which the router reads."""
+    decode, _ = cluster
+    long_prompt = [1] + list(range(3000, 4499))
+    short = [1] + list(range(8000, 8059))
+    generate(pb, decode, [1] + list(range(9000, 9019)), max_tokens=2)  # warm up
+    done = {}
+
+    def run(name, prompt, priority):
+        generate(pb, decode, prompt, max_tokens=2, priority=priority, timeout=120)
+        done[name] = time.monotonic()
+
+    threads = [threading.Thread(target=run, args=("long", long_prompt, 0))]
+    threads[0].start()
+    time.sleep(0.3)
+    threads.append(threading.Thread(target=run, args=("short", short, 1)))
+    threads[1].start()
+    both = [u.load for u in watch(pb, decode.address,
+                                  lambda us: len(us[-1].load.queued_by_priority) >= 2)
+            if u.HasField("load") and len(u.load.queued_by_priority) >= 2]
+    for t in threads:
+        t.join(180)
+    assert set(done) == {"long", "short"}
+    assert done["short"] < done["long"], "the priority-1 prompt waited for the whole long one"
+    assert both, "no load sample showed both classes queued"
+    classes = both[-1].queued_by_priority
+    assert [c.priority for c in classes] == [1, 0]
+    assert sum(c.tokens for c in classes) == both[-1].queued_prefill_tokens
+    assert classes[0].prompts == 1 and classes[0].tokens == 60
+
+
 def watch(pb, address, until, timeout=10):
     stub = pb.worker_grpc.WorkerStateStub(grpc.insecure_channel(address))
     stream = stub.WatchState(pb.worker.WatchStateRequest(subscriber="test", load_interval_ms=50),

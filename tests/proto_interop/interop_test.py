@@ -134,7 +134,9 @@ def load_sample(g):
         used_blocks=124, cached_blocks=300, queued_prefill_tokens=4096, active_decode_tokens=12000,
         recent_steps=[step_timing(g, 4, 512), step_timing(g, 3, 0)],
         prefix_hit_tokens=1 << 40, prompt_tokens=(1 << 41) + 7, step_elapsed_us=1700000,
-        finished_seqs=4242)
+        finished_seqs=4242,
+        queued_by_priority=[g.worker.QueuedClass(priority=2, tokens=96, prompts=1),
+                            g.worker.QueuedClass(priority=-1, tokens=4000, prompts=3)])
 
 
 def kv_pool(g):
@@ -160,7 +162,8 @@ def worker_state_snapshot(g):
         worker_id="decode-1", role=pb.ROLE_DECODE, model_id=MODEL, block_size=16,
         total_blocks=1024, free_blocks=900, max_context=8192, max_running=64,
         cached_block_hashes=[HASH_A, HASH_B, HASH_C], last_event_id=41, kv_pool=kv_pool(g),
-        load=load_sample(g), engine="cpu-avx512", version="0.1.0", max_tokens_per_step=512))
+        load=load_sample(g), engine="cpu-avx512", version="0.1.0", max_tokens_per_step=512,
+        max_prefill_tokens=128))
 
 
 def worker_state_kv_events(g):
