@@ -100,7 +100,8 @@ absl::Status ValidateProfile(const StepProfile& profile) {
 int64_t PrefillChunkTokens(const PrefillShape& shape) {
   const int64_t budget = std::max<int64_t>(shape.token_budget, 1);
   const int64_t decode = std::clamp<int64_t>(shape.decode_seqs, 0, budget);
-  return std::max<int64_t>(budget - decode, 1);
+  const int64_t chunk = std::max<int64_t>(budget - decode, 1);
+  return shape.max_prefill_tokens > 0 ? std::min(chunk, shape.max_prefill_tokens) : chunk;
 }
 
 int64_t PrefillSteps(const PrefillShape& shape) {

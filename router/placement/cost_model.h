@@ -100,6 +100,9 @@ struct PrefillShape {
   int64_t cached_tokens = 0;
   // Most tokens per step, decode tokens included (SchedulerOptions::max_tokens_per_step). >= 1.
   int64_t token_budget = 512;
+  // Most prompt tokens per step, all prompts together (SchedulerOptions::max_prefill_tokens); 0:
+  // no cap.
+  int64_t max_prefill_tokens = 0;
   // Sequences decoding in the same steps (each takes one token of the budget), and the sum of
   // their context lengths.
   int64_t decode_seqs = 0;
@@ -110,7 +113,7 @@ struct PrefillShape {
 };
 
 // Tokens of a prompt computed per step beside `shape.decode_seqs` decoding sequences:
-// token_budget - min(decode_seqs, token_budget), at least 1.
+// token_budget - min(decode_seqs, token_budget), at least 1, and at most max_prefill_tokens when set.
 int64_t PrefillChunkTokens(const PrefillShape& shape);
 // Steps the prompt takes: ceil(max(uncached_tokens, 1) / chunk).
 int64_t PrefillSteps(const PrefillShape& shape);

@@ -107,12 +107,20 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
       {"active_decode_tokens", w.active_decode_tokens},
       {"placed_decode_tokens", w.placed_decode_tokens},
       {"max_tokens_per_step", w.max_tokens_per_step},
+      {"max_prefill_tokens", w.max_prefill_tokens},
       {"kv_bytes_per_token", w.kv_bytes_per_token},
   };
   for (const auto& [name, value] : numbers) {
     if (value < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("placement: worker '", w.id, "' has ", name, " ", value, " < 0"));
+    }
+  }
+  for (const QueuedClass& q : w.queued_by_priority) {
+    if (q.tokens < 0 || q.prompts < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement: worker '", w.id, "' has ", q.tokens, " tokens in ", q.prompts,
+                       " prompts queued at priority ", q.priority, " (< 0)"));
     }
   }
   for (const auto& [name, value] : {std::pair<absl::string_view, double>{"ttft_correction",
@@ -227,6 +235,16 @@ double DecodeLoad(const WorkerCandidate& worker) {
   const int64_t sequences = worker.running_seqs + worker.waiting_seqs + worker.placed_sequences;
   return static_cast<double>(sequences) /
          static_cast<double>(std::max<int64_t>(worker.max_running, 1));
+}
+
+void AddQueued(const QueuedClass& add, std::vector<QueuedClass>* queued) {
+  auto it = std::find_if(queued->begin(), queued->end(),
+                         [&](const QueuedClass& q) { return q.priority <= add.priority; });
+  if (it == queued->end() || it->priority != add.priority) {
+    it = queued->insert(it, QueuedClass{.priority = add.priority});
+  }
+  it->tokens += add.tokens;
+  it->prompts += add.prompts;
 }
 
 int64_t PrefillQueue(const WorkerCandidate& worker) {

@@ -118,6 +118,17 @@ struct RunningGroup {
   double decode_seconds = 0;
 };
 
+// Prompt work of one priority class queued on a worker (tandem.v1.QueuedClass, plus what the
+// router placed there that the worker has not reported yet).
+struct QueuedClass {
+  int32_t priority = 0;
+  int64_t tokens = 0;   // prompt tokens not computed yet; >= 0
+  int64_t prompts = 0;  // prompts they belong to; >= 0
+};
+
+// Adds `add` to its class in `queued` (highest priority first, one entry per class).
+void AddQueued(const QueuedClass& add, std::vector<QueuedClass>* queued);
+
 // One worker as placement sees it: plain numbers, so that tests and the simulator build them by
 // hand. The router builds them from its WorkerViews (ToCandidate in router/registry).
 struct WorkerCandidate {
@@ -170,6 +181,14 @@ struct WorkerCandidate {
   // Tokens per engine step (SchedulerOptions::max_tokens_per_step); 0:
   // PolicyOptions::default_max_tokens_per_step.
   int64_t max_tokens_per_step = 0;
+  // Most prompt tokens per step, all prompts together (SchedulerOptions::max_prefill_tokens); 0:
+  // no cap.
+  int64_t max_prefill_tokens = 0;
+  // The prompt tokens queued here (queued_prefill_tokens + placed_prefill_tokens) by priority
+  // class, highest first. The worker takes prompts by priority: a request waits for the classes
+  // at or above its own and for the step in progress. Empty: not known by class (a worker that
+  // does not report it); every queued token then counts for every class.
+  std::vector<QueuedClass> queued_by_priority = {};
   // Bytes of KV cache per token, all layers, K and V (what a remote prefill moves per token); 0:
   // PolicyOptions::default_kv_bytes_per_token.
   int64_t kv_bytes_per_token = 0;

@@ -93,6 +93,17 @@ struct Worker : WorkerCandidate {
     running_groups.push_back({.tpot_ms = tpot_ms, .max_tokens = max_tokens});
     return *this;
   }
+  // Prompts queued by class (highest first); queued_prefill_tokens becomes their sum.
+  Worker& Classes(std::vector<QueuedClass> classes) {
+    queued_by_priority = std::move(classes);
+    queued_prefill_tokens = 0;
+    for (const QueuedClass& c : queued_by_priority) queued_prefill_tokens += c.tokens;
+    return *this;
+  }
+  Worker& PrefillCap(int64_t tokens) {
+    max_prefill_tokens = tokens;
+    return *this;
+  }
   Worker& Budget(int64_t tokens_per_step) {
     max_tokens_per_step = tokens_per_step;
     return *this;

@@ -75,7 +75,7 @@ class SloPolicy final : public PolicyBase {
       std::vector<double> scores;
       scores.reserve(pool.size());
       for (int p : pool) {
-        scores.push_back(-RemoteTtft(ctx, d, p, prefill[p], prefill[d].queue_wait).ttft);
+        scores.push_back(-RemoteTtft(ctx, d, p, prefill[p], prefill[d].stall).ttft);
       }
       for (int p : RankDescending(pool, scores)) {
         decision.prefill.push_back(
@@ -103,10 +103,19 @@ class SloPolicy final : public PolicyBase {
  private:
   // The prompt prefilled on one worker, from the moment it could start.
   struct PrefillPrediction {
-    // Behind the prompt tokens queued there (reported + placed).
+    // Behind the prompts queued there that go first (reported + placed): those of its priority
+    // and above, or else the chunk of a lower one in the step in progress.
     double queue_wait = 0;
-    // The prompt's own uncached tokens.
+    // The prompt's own uncached tokens, with the chunks of lower prompts that share its steps.
     double compute = 0;
+    // One step of its prompt: what a request of higher priority arriving meanwhile waits for.
+    double first_step = 0;
+    // Every prompt queued there, whatever its class, less what the step in progress has done:
+    // what the streams decoding there sit through.
+    double stall = 0;
+    // The prompts queued there below its priority: computed after its first token, between the
+    // steps of its stream when it decodes there.
+    double after = 0;
   };
 
   // One decode worker with its best way to prefill.
@@ -137,10 +146,11 @@ class SloPolicy final : public PolicyBase {
     // instead.
     double limit = 0;
     // Higher-priority requests were among the recent ones: the limit is on what one of them
-    // arriving next would wait for (the prompts queued on the worker and this one), with no
-    // exception. Their arrivals would all crowd onto the other decode workers, and a lower class
-    // must not cost a higher one its objectives (admission serves higher classes first; so must
-    // placement).
+    // arriving next would wait for because of this prompt, with no exception. The worker takes
+    // prompts by priority, so that is one step of this prompt (of at most the worker's
+    // SchedulerOptions::max_prefill_tokens), not the whole of it: a long prompt prefills in the
+    // background of a higher class. A lower class must not cost a higher one its
+    // objectives (admission serves higher classes first; so must placement).
     bool protects_higher = false;
   };
   Hold HoldFor(int32_t priority) const {
@@ -174,25 +184,76 @@ class SloPolicy final : public PolicyBase {
     return w.waiting_seqs + w.placed_prompts + (w.role == Role::kPrefill ? w.running_seqs : 0);
   }
 
+  // How a worker's steps are cut, with nothing in them yet.
+  PrefillShape ShapeOf(const WorkerCandidate& w) const {
+    return {.token_budget = BudgetOf(w),
+            .max_prefill_tokens = w.max_prefill_tokens,
+            .decode_seqs = DecodingSeqs(w),
+            .decode_context_tokens = DecodingContext(w)};
+  }
+
+  // The prompts queued on a worker as a request of one priority sees them: those it waits for
+  // (its class and above) and those below, which wait for it.
+  struct Queue {
+    PrefillShape ahead;
+    PrefillShape below;
+  };
+  Queue QueueFor(const WorkerCandidate& w, int32_t priority) const {
+    Queue q = {.ahead = ShapeOf(w), .below = ShapeOf(w)};
+    if (w.queued_by_priority.empty()) {  // not known by class: all of it goes first
+      q.ahead.uncached_tokens = PrefillQueue(w);
+      q.ahead.queued_prompts = QueuedPrompts(w);
+      return q;
+    }
+    for (const QueuedClass& c : w.queued_by_priority) {
+      PrefillShape& shape = c.priority >= priority ? q.ahead : q.below;
+      shape.uncached_tokens += c.tokens;
+      shape.queued_prompts += c.prompts;
+    }
+    return q;
+  }
+
+  // One step of `shape`'s prompt tokens: the first chunk of them.
+  static double FirstStepSeconds(const StepProfile& profile, PrefillShape shape) {
+    shape.uncached_tokens = std::min(shape.uncached_tokens, PrefillChunkTokens(shape));
+    shape.queued_prompts = 0;
+    return PrefillSeconds(profile, shape);
+  }
+
   PrefillPrediction PredictPrefill(PlacementContext& ctx, int w) const {
     const WorkerCandidate& worker = ctx.worker(w);
     const StepProfile& profile = ProfileOf(worker);
+    const double correction = worker.ttft_correction;
+    const double elapsed = worker.step_elapsed_seconds;
     const int64_t cached = ctx.CachedTokens(w);
-    const PrefillShape queued = {.uncached_tokens = PrefillQueue(worker),
-                                 .token_budget = BudgetOf(worker),
-                                 .decode_seqs = DecodingSeqs(worker),
-                                 .decode_context_tokens = DecodingContext(worker),
-                                 .queued_prompts = QueuedPrompts(worker)};
-    PrefillShape own = queued;
+    const Queue q = QueueFor(worker, ctx.request().priority);
+    PrefillShape own = ShapeOf(worker);
     own.uncached_tokens = ctx.request().prompt_tokens - cached;
     own.cached_tokens = cached;
-    own.queued_prompts = 0;
+    PrefillShape all = q.ahead;
+    all.uncached_tokens += q.below.uncached_tokens;
+    all.queued_prompts += q.below.queued_prompts;
+
     PrefillPrediction p;
-    // The step in progress computes part of the queue and has run this long already.
-    p.queue_wait = std::max(
-        QueuedPrefillSeconds(profile, queued) * worker.ttft_correction - worker.step_elapsed_seconds,
-        0.0);
-    p.compute = PrefillSeconds(profile, own) * worker.ttft_correction;
+    // The step in progress computes part of the queue and has run this long already: a step of
+    // the prompts that go first while there are any (the worker takes them first), else a chunk
+    // of a lower one, which the request waits out.
+    const double first = q.ahead.uncached_tokens > 0  ? QueuedPrefillSeconds(profile, q.ahead)
+                         : q.below.uncached_tokens > 0 ? FirstStepSeconds(profile, q.below)
+                                                       : 0.0;
+    p.queue_wait = std::max(first * correction - elapsed, 0.0);
+    // Lower prompts in progress take what the request's last step leaves of a step's prompt
+    // tokens.
+    const int64_t own_tokens = std::max<int64_t>(own.uncached_tokens, 1);
+    const int64_t last_step = own_tokens - (PrefillSteps(own) - 1) * PrefillChunkTokens(own);
+    const int64_t shared = std::min(q.below.uncached_tokens,
+                                    std::max<int64_t>(PrefillChunkTokens(own) - last_step, 0));
+    p.compute = (PrefillSeconds(profile, own) +
+                 profile.prefill_token_seconds * static_cast<double>(shared)) *
+                correction;
+    p.first_step = FirstStepSeconds(profile, own) * correction;
+    p.stall = std::max(QueuedPrefillSeconds(profile, all) * correction - elapsed, 0.0);
+    p.after = QueuedPrefillSeconds(profile, q.below) * correction;
     return p;
   }
 
@@ -206,12 +267,9 @@ class SloPolicy final : public PolicyBase {
   // of them, as a prompt of its own, beside its decoding sequences; corrected. Only asked while
   // PrefillQueue(w) > 0.
   double ChunkStepSeconds(const WorkerCandidate& w) const {
-    PrefillShape shape = {.uncached_tokens = PrefillQueue(w),
-                          .token_budget = BudgetOf(w),
-                          .decode_seqs = DecodingSeqs(w),
-                          .decode_context_tokens = DecodingContext(w)};
-    shape.uncached_tokens = std::min(shape.uncached_tokens, PrefillChunkTokens(shape));
-    return PrefillSeconds(ProfileOf(w), shape) * w.ttft_correction;
+    PrefillShape shape = ShapeOf(w);
+    shape.uncached_tokens = PrefillQueue(w);
+    return FirstStepSeconds(ProfileOf(w), shape) * w.ttft_correction;
   }
 
   // How long until worker `w` is between two steps: with prompt tokens queued on it, what is left
@@ -225,9 +283,10 @@ class SloPolicy final : public PolicyBase {
   // The decode worker `d` reserves the prompt's blocks between two of its steps and only then
   // asks the prefill worker `p`: its step in progress, then queue + prefill on `p`, then moving
   // the KV that `d` lacks. `d` takes the first token between two of its steps as well: while it
-  // is still computing queued prompts then, half such a step on average.
+  // is still computing queued prompts then (of any class: `decode_busy`, PrefillPrediction::
+  // stall), half such a step on average.
   Remote RemoteTtft(PlacementContext& ctx, int d, int p, const PrefillPrediction& on_p,
-                    double decode_queue_wait) const {
+                    double decode_busy) const {
     const WorkerCandidate& decode = ctx.worker(d);
     const WorkerCandidate& prefill = ctx.worker(p);
     const int64_t bytes_per_token = prefill.kv_bytes_per_token > 0 ? prefill.kv_bytes_per_token
@@ -241,7 +300,7 @@ class SloPolicy final : public PolicyBase {
                      ? ctx.cluster().transfers->SecondsPerByte(prefill.id, decode.id)
                      : options().default_transfer_seconds_per_byte);
     const double arrival = StepRemaining(decode) + on_p.queue_wait + on_p.compute + transfer;
-    const double boundary = decode_queue_wait > arrival ? ChunkStepSeconds(decode) / 2 : 0.0;
+    const double boundary = decode_busy > arrival ? ChunkStepSeconds(decode) / 2 : 0.0;
     const double ttft = arrival + boundary;
     // (Clamped: the subtraction may round a wait of 0 to a tiny negative number.)
     return {.ttft = ttft, .wait = std::max(ttft - on_p.compute - transfer, 0.0), .worker = p};
@@ -259,16 +318,25 @@ class SloPolicy final : public PolicyBase {
     const int64_t batch = std::min(sequences, slots);
     const int64_t context =
         w.active_decode_tokens + w.placed_decode_tokens + ctx.request().prompt_tokens;
+    const PrefillPrediction& local = prefill[d];
     Candidate c;
-    c.tpot = DecodeStepSeconds(ProfileOf(w), std::min(batch, budget), context) *
-             std::max(1.0, static_cast<double>(batch) / static_cast<double>(budget)) *
-             w.tpot_correction;
+    const double step = DecodeStepSeconds(ProfileOf(w), std::min(batch, budget), context) *
+                        std::max(1.0, static_cast<double>(batch) / static_cast<double>(budget)) *
+                        w.tpot_correction;
+    c.tpot = step;
+    // The lower prompts queued here are computed between its steps once it decodes: over its
+    // output tokens, they lengthen its mean TPOT.
+    if (local.after > 0) {
+      const int64_t max_tokens = ctx.request().max_tokens > 0 ? ctx.request().max_tokens
+                                                              : options().expected_output_tokens;
+      c.tpot += local.after / std::max(1.0, static_cast<double>(max_tokens) - 1.0);
+    }
     // Beyond max_running the request waits for a slot: a full batch frees one every
     // expected_output_tokens * tpot / slots seconds.
     const int64_t over = sequences - slots;
     if (over > 0) {
       c.slot_wait = static_cast<double>(over) *
-                    static_cast<double>(options().expected_output_tokens) * c.tpot /
+                    static_cast<double>(options().expected_output_tokens) * step /
                     static_cast<double>(slots);
     }
 
@@ -280,7 +348,6 @@ class SloPolicy final : public PolicyBase {
     // tokens it has left. The worst stream sets the margin. (One that misses its objective even
     // without this request still holds back more work: passing it over let a burst admit stream
     // after stream, each lost soon after it was admitted.)
-    const PrefillPrediction& local = prefill[d];
     double grown_headroom = kInf;
     double local_headroom = kInf;
     if (DecodingSeqs(w) > 0) {
@@ -303,10 +370,11 @@ class SloPolicy final : public PolicyBase {
         auto mean = [&](double step, double stall) {
           return (past_seconds + stall + left * step) / (past + left);
         };
-        // The prompts already queued here will stall them too, whatever this request does.
-        grown_headroom = std::min(grown_headroom, Headroom(slo, mean(c.tpot, local.queue_wait)));
-        local_headroom = std::min(
-            local_headroom, Headroom(slo, mean(c.tpot, local.queue_wait + local.compute)));
+        // The prompts already queued here, of every class, will stall them too, whatever this
+        // request does.
+        grown_headroom = std::min(grown_headroom, Headroom(slo, mean(step, local.stall)));
+        local_headroom =
+            std::min(local_headroom, Headroom(slo, mean(step, local.stall + local.compute)));
       };
       if (w.running_groups.empty()) check({});
       for (const RunningGroup& g : w.running_groups) check(g);
@@ -315,7 +383,7 @@ class SloPolicy final : public PolicyBase {
     Remote best_remote = {.ttft = kInf};
     const std::vector<int> pool = ctx.PrefillPoolFor(d);
     for (int p : pool) {
-      const Remote r = RemoteTtft(ctx, d, p, prefill[p], local.queue_wait);
+      const Remote r = RemoteTtft(ctx, d, p, prefill[p], local.stall);
       if (r.ttft < best_remote.ttft) best_remote = r;
     }
     const double local_ttft = local.queue_wait + local.compute;
@@ -326,7 +394,7 @@ class SloPolicy final : public PolicyBase {
     if (pool.empty()) {
       c.reason = PrefillReason::kNoPrefillWorker;
     } else if (!remote_keeps_ttft && local_headroom >= 0 && local_ttft <= best_remote.ttft &&
-               (hold.protects_higher ? local_ttft <= hold.limit
+               (hold.protects_higher ? local.first_step <= hold.limit
                                      : another_unqueued || local.compute <= hold.limit)) {
       c.reason = PrefillReason::kPredictedLocal;
     } else {

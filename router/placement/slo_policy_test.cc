@@ -299,22 +299,26 @@ TEST(SloPolicyTest, ALongLocalPrefillLeavesADecodeWorkerFreeForTheNextArrivals) 
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.1, kTol);
 }
 
-TEST(SloPolicyTest, AfterHigherPriorityRequestsALongLowerPriorityPrefillStaysOffDecodeWorkers) {
+TEST(SloPolicyTest, AfterHigherPriorityRequestsALowerPriorityPrefillHoldsADecodeWorkerOneStep) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
-  // The cluster of the test above: 5000 tokens take 0.6 s locally on d0, 0.68 s on d1; remote
-  // on d0 3.05 s (p0's queue 2.4 + 0.6 + 0.05 of transfer).
-  const ClusterView view = {.workers = {Worker("d0", Role::kDecode),
-                                        Worker("d1", Role::kDecode).Queue(600),
-                                        Worker("p0", Role::kPrefill).Queue(20000)}};
+  // The cluster of the test above, but the decode workers take up to 8192 tokens a step: 5000
+  // tokens are one step of 0.01 + 0.5 = 0.51 s on d0; on d1 after its 600 queued tokens (one
+  // step, 0.07 s), 0.58. Remote on d0 3.05 s (p0's queue 2.4 + 0.6 + 0.05 of transfer).
+  const Worker p0 = Worker("p0", Role::kPrefill).Queue(20000);
+  const ClusterView view = {.workers = {Worker("d0", Role::kDecode).Budget(8192),
+                                        Worker("d1", Role::kDecode).Budget(8192).Queue(600), p0}};
   Request low = WithSlo(Prompt(5000), 6000, 50);
   low.priority = 0;
-  // Alone, it may hold d1 for 0.68 s (longer than half the default 1 s objective) because d0
+  // Alone, it may hold d1 for 0.58 s (longer than half the default 1 s objective) because d0
   // stays free for the next arrivals.
   Decision d = PlaceOrDie(*policy, low, view);
   EXPECT_EQ(d.decode_worker, "d1");
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
-  // After a priority-1 chat whose TTFT objective is 0.8 s, no decode worker may be held longer
-  // than 0.4 s for a priority-0 prompt: remote on d0, 3.05 s, within its own 6 s objective.
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.58, kTol);
+  // After a priority-1 chat whose TTFT objective is 0.8 s, a priority-0 prompt may hold a decode
+  // worker's steps for 0.4 s at most: what a chat arriving next waits for, the worker taking
+  // prompts by priority, is one step of it, here 0.51 s on either. Remote on d0, 3.05 s, within
+  // its own 6 s objective.
   Request chat = WithSlo(Prompt(40), 800, 50);
   chat.priority = 1;
   PlaceOrDie(*policy, chat, view);
@@ -323,22 +327,21 @@ TEST(SloPolicyTest, AfterHigherPriorityRequestsALongLowerPriorityPrefillStaysOff
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
   EXPECT_NEAR(d.predicted_ttft_seconds, 3.05, kTol);
   EXPECT_TRUE(d.meets_slo);
-  // 3000 tokens (6 steps, 0.06 + 0.3 = 0.36 s) are still short enough to take locally (with an
-  // objective that p0, at 2.4 + 0.36 + 0.03 s, keeps with less than half of it to spare).
-  d = PlaceOrDie(*policy, WithSlo(Prompt(3000), 5000, 50), view);
+  // Workers that cut a prompt into chunks of 512 tokens hold a chat for one chunk's step, 0.0612
+  // s: the prompt prefills locally in the background, on d0 (10 steps, 0.1 + 0.5 = 0.6 s; on d1
+  // 0.08 + 0.6).
+  const ClusterView chunked = {
+      .workers = {Worker("d0", Role::kDecode).Budget(8192).PrefillCap(512),
+                  Worker("d1", Role::kDecode).Budget(8192).PrefillCap(512).Queue(600), p0}};
+  d = PlaceOrDie(*policy, low, chunked);
   EXPECT_EQ(d.decode_worker, "d0");
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
-  // Not behind d1's queued prompts: a chat arriving next would wait 0.08 + 0.36 s there.
-  const ClusterView queued = {.workers = {Worker("d0", Role::kDecode).Queue(600),
-                                          Worker("d1", Role::kDecode).Queue(600),
-                                          Worker("p0", Role::kPrefill).Queue(20000)}};
-  d = PlaceOrDie(*policy, WithSlo(Prompt(3000), 5000, 50), queued);
-  EXPECT_EQ(d.reason, PrefillReason::kRemote);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.6, kTol);
   // Placing a queued request again does not count as new traffic: 64 re-placements of a
   // priority-0 request leave the chat in the recent window.
   Request again = low;
   again.placed_before = true;
-  for (int i = 0; i < 64; ++i) PlaceOrDie(*policy, again, queued);
+  for (int i = 0; i < 64; ++i) PlaceOrDie(*policy, again, view);
   d = PlaceOrDie(*policy, low, view);
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
   // The same long prompt at priority 1 has no higher class to yield to.
@@ -351,6 +354,34 @@ TEST(SloPolicyTest, AfterHigherPriorityRequestsALongLowerPriorityPrefillStaysOff
   for (int i = 0; i < 64; ++i) PlaceOrDie(*policy, Prompt(40), view);
   d = PlaceOrDie(*policy, low, view);
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
+}
+
+TEST(SloPolicyTest, AHigherPriorityRequestWaitsOnlyForItsClassAndAboveAndOneChunk) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  // d0 (no prefill worker) has a 5000-token priority-0 prompt queued, in chunks of 512.
+  const ClusterView known = {.workers = {Worker("d0", Role::kDecode).PrefillCap(512).Classes(
+                                 {{.priority = 0, .tokens = 5000, .prompts = 1}})}};
+  // A 40-token priority-1 chat waits for the step of a chunk (0.01 + 0.0512), then shares its
+  // own step with the next chunk of what the budget leaves, 512 - 40 = 472 tokens: 0.01 + 0.004
+  // + 0.0472. TTFT 0.1224. The long prompt is computed between its decode steps: 0.6 s over its
+  // 99 gaps of 100 expected tokens on top of 0.011.
+  Request chat = Prompt(40);
+  chat.priority = 1;
+  Decision d = PlaceOrDie(*policy, chat, known);
+  EXPECT_EQ(d.reason, PrefillReason::kNoPrefillWorker);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.1224, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.0612, kTol);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.011 + 0.6 / 99, kTol);
+  // Of its own class, it waits for the whole of it: 10 steps, 0.1 + 0.5, then 0.014.
+  Request same = Prompt(40);
+  same.priority = 0;
+  d = PlaceOrDie(*policy, same, known);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.614, kTol);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.011, kTol);
+  // A worker that does not report its queue by class: every queued token goes first.
+  const ClusterView unknown = {.workers = {Worker("d0", Role::kDecode).PrefillCap(512).Queue(5000)}};
+  d = PlaceOrDie(*policy, chat, unknown);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.614, kTol);
 }
 
 TEST(SloPolicyTest, LocalWhenTheRemoteMissesAndTheDecodeWorkersQueueIsShorterThanTheTransfer) {

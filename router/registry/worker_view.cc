@@ -20,7 +20,7 @@ constexpr uint64_t kMaxCount = uint64_t{1} << 48;
 int64_t Capped(uint64_t value) { return static_cast<int64_t>(std::min(value, kMaxCount)); }
 
 WorkerLoad ToWorkerLoad(const v1::LoadSample& sample) {
-  return {
+  WorkerLoad load = {
       .timestamp_us = sample.timestamp_us(),
       .running_seqs = sample.running_seqs(),
       .waiting_seqs = sample.waiting_seqs(),
@@ -31,6 +31,20 @@ WorkerLoad ToWorkerLoad(const v1::LoadSample& sample) {
       .active_decode_tokens = Capped(sample.active_decode_tokens()),
       .step_elapsed_us = Capped(sample.step_elapsed_us()),
   };
+  // Kept in the worker's order (highest first) when it is one; a sample out of order, with a
+  // class twice or whose classes do not add up to its queue is not known by class.
+  int64_t tokens = 0;
+  for (const v1::QueuedClass& q : sample.queued_by_priority()) {
+    if (!load.queued_by_priority.empty() && load.queued_by_priority.back().priority <= q.priority()) {
+      load.queued_by_priority.clear();
+      return load;
+    }
+    load.queued_by_priority.push_back(
+        {.priority = q.priority(), .tokens = Capped(q.tokens()), .prompts = q.prompts()});
+    tokens += load.queued_by_priority.back().tokens;
+  }
+  if (tokens != load.queued_prefill_tokens) load.queued_by_priority.clear();
+  return load;
 }
 
 }  // namespace
@@ -213,6 +227,8 @@ std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view) {
       .active_decode_tokens = load.active_decode_tokens,
       .placed_decode_tokens = view.placed().decode_tokens,
       .max_tokens_per_step = view.max_tokens_per_step(),
+      .max_prefill_tokens = view.max_prefill_tokens(),
+      .queued_by_priority = load.queued_by_priority,
       .kv_bytes_per_token = KvBytesPerToken(view.kv_pool().layout()),
   };
 }

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -56,6 +57,8 @@ struct WorkerLoad {
   int64_t active_decode_tokens = 0;
   // How long the engine step in progress had run when the sample was taken; 0 between steps.
   int64_t step_elapsed_us = 0;
+  // queued_prefill_tokens by priority class, highest first; empty: not reported.
+  std::vector<placement::QueuedClass> queued_by_priority = {};
 };
 
 // Load the router placed on a worker and has not seen reported yet. Counted by the router:
@@ -110,6 +113,7 @@ class WorkerView {
   int64_t max_running() const { return snapshot_.max_running(); }
   // 0: not reported (an older worker).
   int64_t max_tokens_per_step() const { return snapshot_.max_tokens_per_step(); }
+  int64_t max_prefill_tokens() const { return snapshot_.max_prefill_tokens(); }
   const std::string& engine() const { return snapshot_.engine(); }
   const std::string& version() const { return snapshot_.version(); }
   // The worker's KV pool descriptor, kept as sent (empty on prefill-only workers).

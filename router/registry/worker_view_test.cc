@@ -1,6 +1,7 @@
 #include "router/registry/worker_view.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -371,6 +372,39 @@ TEST(WorkerViewTest, LoadSampleReplacesTheLoad) {
   // Nonsense counters are capped, never negative.
   ASSERT_TRUE(view.Apply(Load(1, 1, ~uint64_t{0})).ok());
   EXPECT_GT(view.load().queued_prefill_tokens, int64_t{1} << 40);
+}
+
+TEST(WorkerViewTest, TheQueueByPriorityIsKeptWhenItAddsUpAndIsOrdered) {
+  WorkerView view = ViewAfterSnapshot({}, 0);
+  auto with_classes = [](std::vector<std::array<int64_t, 3>> classes, uint64_t queued) {
+    v1::WorkerStateUpdate u = Load(1, 2, queued);
+    for (const auto& [priority, tokens, prompts] : classes) {
+      v1::QueuedClass* c = u.mutable_load()->add_queued_by_priority();
+      c->set_priority(static_cast<int32_t>(priority));
+      c->set_tokens(static_cast<uint64_t>(tokens));
+      c->set_prompts(static_cast<uint32_t>(prompts));
+    }
+    return u;
+  };
+  ASSERT_TRUE(view.Apply(with_classes({{3, 100, 1}, {0, 2900, 2}}, 3000)).ok());
+  ASSERT_EQ(view.load().queued_by_priority.size(), 2u);
+  EXPECT_EQ(view.load().queued_by_priority[0].priority, 3);
+  EXPECT_EQ(view.load().queued_by_priority[0].tokens, 100);
+  EXPECT_EQ(view.load().queued_by_priority[0].prompts, 1);
+  EXPECT_EQ(view.load().queued_by_priority[1].priority, 0);
+  EXPECT_EQ(view.load().queued_by_priority[1].tokens, 2900);
+  std::optional<placement::WorkerCandidate> candidate = ToCandidate(view);
+  ASSERT_TRUE(candidate.has_value());
+  ASSERT_EQ(candidate->queued_by_priority.size(), 2u);
+  EXPECT_EQ(candidate->queued_by_priority[1].prompts, 2);
+  // Out of order, a class twice, or not adding up to the queue: not known by class (every
+  // queued token then counts for every class), never wrong by class.
+  for (const auto& classes : std::vector<std::vector<std::array<int64_t, 3>>>{
+           {{0, 2900, 2}, {3, 100, 1}}, {{3, 100, 1}, {3, 2900, 2}}, {{3, 100, 1}, {0, 2000, 2}}}) {
+    ASSERT_TRUE(view.Apply(with_classes(classes, 3000)).ok());
+    EXPECT_THAT(view.load().queued_by_priority, IsEmpty());
+    EXPECT_EQ(view.load().queued_prefill_tokens, 3000);
+  }
 }
 
 TEST(WorkerViewTest, PlacedLoadAccounting) {

@@ -43,6 +43,8 @@ struct Registry::Worker {
     // until the worker's count of received prompt tokens has grown by this much since the
     // entries before it (oldest first). 0: until report_lag has passed.
     int64_t receipt_tokens = 0;
+    // The request's priority: its prompt tokens count in its class.
+    int32_t priority = 0;
   };
   absl::flat_hash_map<uint64_t, Pending> pending;
   // When the router received the worker's last load sample (its clock, not the worker's).
@@ -328,6 +330,17 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
            .decode_seconds = started ? std::max(absl::ToDoubleSeconds(now - r.first_token_at), 0.0)
                                      : 0.0});
     }
+    // The queue by class: the worker's, and the prompts placed here that it does not show yet.
+    // A worker that reports no classes while prompts are queued on it is not known by class.
+    if (!c.queued_by_priority.empty() || c.queued_prefill_tokens == 0) {
+      for (const auto& [key, p] : w->pending) {
+        if (p.load.prefill_tokens <= 0 && p.load.prompts <= 0) continue;
+        placement::AddQueued({.priority = p.priority,
+                              .tokens = p.load.prefill_tokens,
+                              .prompts = p.load.prompts},
+                             &c.queued_by_priority);
+      }
+    }
     by_id[c.id] = w.get();
     view.workers.push_back(std::move(*candidate));
   }
@@ -343,7 +356,10 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
   route.placed_decode_tokens = request.prompt_tokens;
   auto count = [&](Worker* w, uint64_t key, const PlacedLoad& load, int64_t receipt_tokens = 0) {
     w->view.AddPlaced(load);
-    w->pending[key] = {.placed_at = now, .load = load, .receipt_tokens = receipt_tokens};
+    w->pending[key] = {.placed_at = now,
+                       .load = load,
+                       .receipt_tokens = receipt_tokens,
+                       .priority = request.priority};
   };
   count(decode, DecodeKey(route.serial), {.prefill_tokens = route.placed_prefill_tokens,
                  .sequences = 1,
