@@ -42,6 +42,9 @@ class Outcome:
     prefill_worker: str | None = None
     predicted_ttft_s: float | None = None  # gRPC only: the router's predictions, when it made any
     predicted_tpot_s: float | None = None
+    # gRPC only: where the server says the time went (Timings: queue_us, prefill_us,
+    # kv_transfer_us, decode_us), seconds.
+    server_breakdown_s: dict | None = None
 
 
 @dataclasses.dataclass
@@ -321,6 +324,9 @@ class GrpcClient:
                     # Fields of newer protos; 0 (or absent) when the policy predicts nothing.
                     outcome.predicted_ttft_s = getattr(t, "predicted_ttft_us", 0) / 1e6 or None
                     outcome.predicted_tpot_s = getattr(t, "predicted_tpot_us", 0) / 1e6 or None
+                    outcome.server_breakdown_s = {
+                        name: getattr(t, f"{name}_us", 0) / 1e6
+                        for name in ("queue", "prefill", "kv_transfer", "decode")}
                 if response.error_message:
                     outcome.status = "OK"
                     return stream.finish(False, f"stream error: {response.error_message}")

@@ -47,6 +47,8 @@ def record(spec, outcome, scheduled_s, sent_s, rate):
     if outcome.server_ttft_s is not None:
         out["server_ttft_ms"] = ms(outcome.server_ttft_s)
         out["server_e2e_ms"] = ms(outcome.server_e2e_s)
+    if outcome.server_breakdown_s is not None:
+        out["server_ms"] = {k: ms(v) for k, v in outcome.server_breakdown_s.items()}
     if outcome.predicted_ttft_s is not None or outcome.predicted_tpot_s is not None:
         out["predicted_ttft_ms"] = ms(outcome.predicted_ttft_s)
         out["predicted_tpot_ms"] = ms(outcome.predicted_tpot_s)
