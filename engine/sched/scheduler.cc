@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/by_priority.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -49,16 +50,6 @@ bool Before(const S* a, const S* b) {
 }
 
 }  // namespace
-
-void AddQueued(const QueuedPrompts& add, std::vector<QueuedPrompts>* queued) {
-  auto it = std::find_if(queued->begin(), queued->end(),
-                         [&](const QueuedPrompts& q) { return q.priority <= add.priority; });
-  if (it == queued->end() || it->priority != add.priority) {
-    it = queued->insert(it, QueuedPrompts{.priority = add.priority});
-  }
-  it->tokens += add.tokens;
-  it->prompts += add.prompts;
-}
 
 Scheduler::Scheduler(BlockPool* pool, const SchedulerOptions& options)
     : pool_(pool), options_(options) {
@@ -396,12 +387,14 @@ SchedulerStats Scheduler::stats() const {
       s.active_decode_tokens += static_cast<int64_t>(seq->tokens.size());
     } else {
       s.queued_prefill_tokens += seq->remaining();
-      AddQueued({.priority = seq->priority, .tokens = seq->remaining(), .prompts = 1}, &s.queued_by_priority);
+      AddByPriority({.priority = seq->priority, .tokens = seq->remaining(), .prompts = 1},
+                    &s.queued_by_priority);
     }
   }
   for (const Sequence* seq : waiting_) {
     s.queued_prefill_tokens += seq->remaining();
-    AddQueued({.priority = seq->priority, .tokens = seq->remaining(), .prompts = 1}, &s.queued_by_priority);
+    AddByPriority({.priority = seq->priority, .tokens = seq->remaining(), .prompts = 1},
+                  &s.queued_by_priority);
   }
   return s;
 }

@@ -98,8 +98,6 @@ struct QueuedPrompts {
   int64_t tokens = 0;   // not computed yet
   int64_t prompts = 0;  // sequences they belong to
 };
-// Adds `add` to its class in `queued` (highest priority first, one entry per class).
-void AddQueued(const QueuedPrompts& add, std::vector<QueuedPrompts>* queued);
 
 struct SchedulerStats {
   int64_t total_blocks = 0;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
+#include "common/by_priority.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -101,7 +102,10 @@ void EngineLoop::AddPosted(const Posted& p) {
   posted_.sequences += p.sequences;
   posted_.prompt_tokens += p.prompt_tokens;
   posted_.remote_prefills += p.remote_prefills;
-  if (p.prompt_tokens > 0) AddQueued({.priority = p.priority, .tokens = p.prompt_tokens, .prompts = 1}, &posted_by_priority_);
+  if (p.prompt_tokens > 0) {
+    AddByPriority({.priority = p.priority, .tokens = p.prompt_tokens, .prompts = 1},
+                  &posted_by_priority_);
+  }
 }
 
 void EngineLoop::RemovePostedLocked(const Posted& p) {
@@ -404,7 +408,7 @@ SchedulerStats EngineLoop::stats() {
   SchedulerStats s = stats_;
   s.waiting += posted_.sequences;
   s.queued_prefill_tokens += posted_.prompt_tokens;
-  for (const QueuedPrompts& q : posted_by_priority_) AddQueued(q, &s.queued_by_priority);
+  for (const QueuedPrompts& q : posted_by_priority_) AddByPriority(q, &s.queued_by_priority);
   s.prompt_tokens += posted_.prompt_tokens;  // received
   s.remote_prefills += posted_.remote_prefills;
   return s;

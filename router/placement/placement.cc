@@ -237,16 +237,6 @@ double DecodeLoad(const WorkerCandidate& worker) {
          static_cast<double>(std::max<int64_t>(worker.max_running, 1));
 }
 
-void AddQueued(const QueuedClass& add, std::vector<QueuedClass>* queued) {
-  auto it = std::find_if(queued->begin(), queued->end(),
-                         [&](const QueuedClass& q) { return q.priority <= add.priority; });
-  if (it == queued->end() || it->priority != add.priority) {
-    it = queued->insert(it, QueuedClass{.priority = add.priority});
-  }
-  it->tokens += add.tokens;
-  it->prompts += add.prompts;
-}
-
 int64_t PrefillQueue(const WorkerCandidate& worker) {
   return worker.queued_prefill_tokens + worker.placed_prefill_tokens;
 }

@@ -126,9 +126,6 @@ struct QueuedClass {
   int64_t prompts = 0;  // prompts they belong to; >= 0
 };
 
-// Adds `add` to its class in `queued` (highest priority first, one entry per class).
-void AddQueued(const QueuedClass& add, std::vector<QueuedClass>* queued);
-
 // One worker as placement sees it: plain numbers, so that tests and the simulator build them by
 // hand. The router builds them from its WorkerViews (ToCandidate in router/registry).
 struct WorkerCandidate {

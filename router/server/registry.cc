@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/by_priority.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "prometheus/gauge.h"
@@ -335,10 +336,10 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
     if (!c.queued_by_priority.empty() || c.queued_prefill_tokens == 0) {
       for (const auto& [key, p] : w->pending) {
         if (p.load.prefill_tokens <= 0 && p.load.prompts <= 0) continue;
-        placement::AddQueued({.priority = p.priority,
-                              .tokens = p.load.prefill_tokens,
-                              .prompts = p.load.prompts},
-                             &c.queued_by_priority);
+        AddByPriority(placement::QueuedClass{.priority = p.priority,
+                                             .tokens = p.load.prefill_tokens,
+                                             .prompts = p.load.prompts},
+                      &c.queued_by_priority);
       }
     }
     by_id[c.id] = w.get();
