@@ -113,7 +113,8 @@ struct PrefillShape {
 };
 
 // Tokens of a prompt computed per step beside `shape.decode_seqs` decoding sequences:
-// token_budget - min(decode_seqs, token_budget), at least 1, and at most max_prefill_tokens when set.
+// token_budget - min(decode_seqs, token_budget), at least 1, and at most max_prefill_tokens
+// when set.
 int64_t PrefillChunkTokens(const PrefillShape& shape);
 // Steps the prompt takes: ceil(max(uncached_tokens, 1) / chunk).
 int64_t PrefillSteps(const PrefillShape& shape);

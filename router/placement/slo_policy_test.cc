@@ -379,7 +379,8 @@ TEST(SloPolicyTest, AHigherPriorityRequestWaitsOnlyForItsClassAndAboveAndOneChun
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.614, kTol);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.011, kTol);
   // A worker that does not report its queue by class: every queued token goes first.
-  const ClusterView unknown = {.workers = {Worker("d0", Role::kDecode).PrefillCap(512).Queue(5000)}};
+  const ClusterView unknown = {
+      .workers = {Worker("d0", Role::kDecode).PrefillCap(512).Queue(5000)}};
   d = PlaceOrDie(*policy, chat, unknown);
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.614, kTol);
 }

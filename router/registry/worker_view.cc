@@ -35,7 +35,8 @@ WorkerLoad ToWorkerLoad(const v1::LoadSample& sample) {
   // class twice or whose classes do not add up to its queue is not known by class.
   int64_t tokens = 0;
   for (const v1::QueuedClass& q : sample.queued_by_priority()) {
-    if (!load.queued_by_priority.empty() && load.queued_by_priority.back().priority <= q.priority()) {
+    if (!load.queued_by_priority.empty() &&
+        load.queued_by_priority.back().priority <= q.priority()) {
       load.queued_by_priority.clear();
       return load;
     }
