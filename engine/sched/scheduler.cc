@@ -110,13 +110,19 @@ int64_t Scheduler::cached_prompt_tokens(SequenceId id) const {
   return it == sequences_.end() ? 0 : std::max<int64_t>(it->second->first_cached_tokens, 0);
 }
 
-int64_t Scheduler::ChunkFor(const Sequence& seq, int64_t budget) const {
+int64_t Scheduler::PrefillLeft(const ScheduledStep& step) const {
+  const int64_t cap = options_.max_prefill_tokens > 0 ? options_.max_prefill_tokens
+                                                      : options_.max_tokens_per_step;
+  return cap - step.num_prefill_tokens;
+}
+
+int64_t Scheduler::ChunkFor(const Sequence& seq, const ScheduledStep& step, int64_t budget) const {
   int64_t n = std::min(seq.remaining(), budget);
   if (seq.decoding && seq.remaining() == 1) return n;  // a decode token
   if (seq.remaining() > 1 && options_.max_prefill_chunk > 0) {
     n = std::min(n, options_.max_prefill_chunk);
   }
-  return std::min(n, prefill_left_);
+  return std::min(n, PrefillLeft(step));
 }
 
 int64_t Scheduler::BlocksFreedByPreempting(int priority) const {
@@ -148,7 +154,6 @@ void Scheduler::Preempt(Sequence* seq, ScheduledStep* step, int64_t* budget) {
     *budget += n;
     step->num_tokens -= n;
     (it->is_decode ? step->num_decode_tokens : step->num_prefill_tokens) -= n;
-    if (!it->is_decode) prefill_left_ += n;
     step->items.erase(it);
     break;
   }
@@ -176,13 +181,12 @@ void Scheduler::AddItem(Sequence* seq, int64_t n, bool is_decode, ScheduledStep*
       .is_decode = is_decode});
   step->num_tokens += n;
   (is_decode ? step->num_decode_tokens : step->num_prefill_tokens) += n;
-  if (!is_decode) prefill_left_ -= n;
   *budget -= n;
 }
 
 bool Scheduler::ScheduleRunning(Sequence* seq, bool decoding, ScheduledStep* step,
                                 int64_t* budget) {
-  const int64_t n = ChunkFor(*seq, *budget);
+  const int64_t n = ChunkFor(*seq, *step, *budget);
   if (n <= 0) return false;
   while (seq->table.BlocksNeededFor(n) > pool_->num_available()) {
     Sequence* victim = PreemptionVictim();
@@ -206,7 +210,7 @@ void Scheduler::AdoptCachedPrefix(Sequence* seq) {
 
 bool Scheduler::TryAdmit(Sequence* seq, ScheduledStep* step, int64_t* budget) {
   AdoptCachedPrefix(seq);
-  const int64_t n = ChunkFor(*seq, *budget);
+  const int64_t n = ChunkFor(*seq, *step, *budget);
   const int64_t reserve = running_.empty() ? 0 : options_.admission_reserve_blocks;
   const int64_t needed = seq->table.BlocksNeededFor(n) + reserve;
   if (needed > pool_->num_available()) {
@@ -292,7 +296,6 @@ void Scheduler::FallBackToLocalPrefill(SequenceId id) {
 ScheduledStep Scheduler::Schedule() {
   ScheduledStep step;
   int64_t budget = options_.max_tokens_per_step;
-  prefill_left_ = options_.max_prefill_tokens > 0 ? options_.max_prefill_tokens : budget;
   std::sort(running_.begin(), running_.end(), Before<Sequence>);
   // Preemption changes running_, so walk a copy and skip what left it.
   const std::vector<Sequence*> order = running_;
@@ -316,7 +319,7 @@ ScheduledStep Scheduler::Schedule() {
   auto admit_above = [&](int64_t priority) {
     if (!step.preempted.empty()) admitting = false;
     while (admitting && next < queue.size() && queue[next]->priority > priority) {
-      if (budget <= 0 || prefill_left_ <= 0 ||
+      if (budget <= 0 || PrefillLeft(step) <= 0 ||
           static_cast<int64_t>(running_.size() + remote_.size()) >= options_.max_running) {
         admitting = false;
         break;

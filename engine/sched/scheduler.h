@@ -196,9 +196,11 @@ class Scheduler {
   int64_t BlocksFreedByPreempting(int priority) const;
   // The running sequence that a preemption takes first: lowest priority, then newest.
   Sequence* PreemptionVictim() const;
-  // Tokens of `seq` for the step: its next chunk within `budget`, and within the prompt tokens
-  // left to the step (prefill_left_) when it is a prompt.
-  int64_t ChunkFor(const Sequence& seq, int64_t budget) const;
+  // Prompt tokens `step` may still take (max_prefill_tokens, else the token budget).
+  int64_t PrefillLeft(const ScheduledStep& step) const;
+  // Tokens of `seq` for `step`: its next chunk within `budget`, and within PrefillLeft(step)
+  // when it is a prompt.
+  int64_t ChunkFor(const Sequence& seq, const ScheduledStep& step, int64_t budget) const;
 
   BlockPool* pool_;
   SchedulerOptions options_;
@@ -207,8 +209,6 @@ class Scheduler {
   std::vector<Sequence*> waiting_;  // unordered; Schedule sorts
   std::vector<Sequence*> remote_;   // being prefilled by a peer
   uint64_t next_arrival_ = 0;
-  // Prompt tokens the step being scheduled may still take (max_prefill_tokens).
-  int64_t prefill_left_ = 0;
   SchedulerStats counters_;
 };
 

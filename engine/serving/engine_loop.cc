@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -113,12 +114,9 @@ void EngineLoop::RemovePostedLocked(const Posted& p) {
   posted_.prompt_tokens -= p.prompt_tokens;
   posted_.remote_prefills -= p.remote_prefills;
   if (p.prompt_tokens > 0) {
-    for (auto it = posted_by_priority_.begin(); it != posted_by_priority_.end(); ++it) {
-      if (it->priority != p.priority) continue;
-      it->tokens -= p.prompt_tokens;
-      if (--it->prompts == 0) posted_by_priority_.erase(it);
-      break;
-    }
+    AddByPriority({.priority = p.priority, .tokens = -p.prompt_tokens, .prompts = -1},
+                  &posted_by_priority_);
+    std::erase_if(posted_by_priority_, [](const QueuedPrompts& q) { return q.prompts == 0; });
   }
 }
 
