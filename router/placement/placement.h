@@ -90,8 +90,9 @@ struct Request {
   // candidate worker (the router hashes per block size). >= 1.
   int64_t block_size = 16;
   // Scheduling priority (tandem.v1.GenerateRequest.priority): higher first. admission.h orders
-  // and refuses by it; slo keeps a lower class's long prefills off the decode workers that recent
-  // higher-priority requests need (docs/slo.md); the other policies ignore it.
+  // and refuses by it; slo predicts a request's wait from the prompts of its class and above, and
+  // lets a lower class's local prefill hold the decode workers that recent higher-priority
+  // requests need for one step at most (docs/slo.md); the other policies ignore it.
   int32_t priority = 0;
   Slo slo = {};
   // Most tokens it may generate (tandem.v1.SamplingParams.max_tokens); 0: not set. The router
@@ -314,8 +315,8 @@ struct PolicyOptions {
   // there and delays every request that reaches the worker after it (a 400-token prompt is one
   // 1.7 s step on one CPU thread). A local prefill longer than half of default_ttft_ms also needs
   // another decode worker with no prompt queued, where the next arrivals can go; after
-  // higher-priority requests, one longer than half of their tightest TTFT objective is not taken
-  // at all (docs/slo.md). In [0, 1).
+  // higher-priority requests, one whose single step is longer than half of their tightest TTFT
+  // objective is not taken at all (docs/slo.md). In [0, 1).
   double remote_prefill_headroom = 0.5;
 };
 
