@@ -2,6 +2,7 @@
 // chunked prompts beside running streams, prefix reuse, preemption and cancellation all give each
 // request exactly the greedy output it gets alone on an engine without any of that.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <set>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/version.h"
 #include "engine/runtime/local_engine.h"
@@ -163,6 +165,45 @@ TEST(ContinuousBatchingTest, LongPromptDoesNotStallRunningStreams) {
   EXPECT_EQ(got.tokens[1], AloneTokens(Greedy(LongPrompt(), 4)));
 }
 
+// The first delta says how long the prompt was computed: from the start of the step that took
+// its first chunk to its first token, every chunk's step in it, the wait before not.
+TEST(ContinuousBatchingTest, FirstDeltaTimesThePromptsStepsButNotItsWait) {
+  using Clock = std::chrono::steady_clock;
+  auto engine = OpenEngine({.kv_blocks = 256, .max_running = 4, .budget = 48});
+  std::map<uint64_t, std::vector<double>> prompt_seconds;
+  std::map<uint64_t, Clock::time_point> first_token_at;
+  auto callback = [&](const GenerationDelta& d) {
+    if (!first_token_at.contains(d.index)) first_token_at[d.index] = Clock::now();
+    prompt_seconds[d.index].push_back(d.prompt_seconds);
+  };
+  ASSERT_TRUE(engine->Add(0, Greedy(LongPrompt(), 3), callback).ok());
+  absl::SleepFor(absl::Milliseconds(100));  // waiting: not the prompt's time
+  const Clock::time_point before_first_step = Clock::now();
+  ASSERT_TRUE(engine->Step().ok());
+  const Clock::time_point after_first_step = Clock::now();
+  // A short prompt that joins while the long one is in progress starts with a later step.
+  ASSERT_TRUE(engine->Add(1, Greedy(Tokens(kTexts[0]), 3), callback).ok());
+  const Clock::time_point before_second = Clock::now();
+  int steps = 1;
+  while (engine->HasWork()) {
+    ASSERT_TRUE(engine->Step().ok());
+    ++steps;
+  }
+  ASSERT_GE(steps, static_cast<int>(LongPrompt().size() / 48));
+  auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  const double long_seconds = prompt_seconds[0].front();
+  EXPECT_LE(long_seconds, seconds(first_token_at[0] - before_first_step));
+  EXPECT_GE(long_seconds, seconds(first_token_at[0] - after_first_step));
+  const double short_seconds = prompt_seconds[1].front();
+  EXPECT_GT(short_seconds, 0);
+  EXPECT_LE(short_seconds, seconds(first_token_at[1] - before_second));
+  for (const auto& [id, all] : prompt_seconds) {
+    ASSERT_EQ(all.size(), 3u) << id;
+    EXPECT_EQ(all[1], 0) << id;
+    EXPECT_EQ(all[2], 0) << id;
+  }
+}
+
 // A second request with the same 200-token prefix computes only what the cache lacks (the prefix's
 // partial last block and its own tokens) and generates what it would without the cache.
 TEST(ContinuousBatchingTest, SharedPrefixIsComputedOnce) {
@@ -279,6 +320,8 @@ class Disaggregated {
     std::vector<int32_t> out;
     auto plan = decode_->AddRemotePrefill(id, r, [&](const GenerationDelta& d) {
       out.push_back(d.token);
+      // The first token's prompt was computed by the peer, not by a step here.
+      EXPECT_EQ(d.prompt_seconds, 0) << "request " << id;
     });
     CHECK(plan.ok()) << plan.status();
     const int64_t bs = decode_->kv_pool().block_size();
@@ -309,7 +352,10 @@ class Disaggregated {
       for (int64_t k = done.first_position / bs; k * bs < end; ++k) copy(k, done.layer, 1);
     };
     int32_t first_token = -1;
-    CHECK_OK(prefill_->Add(id, p, [&](const GenerationDelta& d) { first_token = d.token; }));
+    CHECK_OK(prefill_->Add(id, p, [&](const GenerationDelta& d) {
+      first_token = d.token;
+      EXPECT_GT(d.prompt_seconds, 0) << "request " << id;
+    }));
     while (prefill_->HasWork()) CHECK_OK(prefill_->Step());
     CHECK_OK(decode_->CompleteRemotePrefill(id, first_token));
     while (decode_->HasWork()) CHECK_OK(decode_->Step());

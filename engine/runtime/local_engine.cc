@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -34,6 +35,8 @@ struct LocalEngine::Request {
   std::function<void(const KvLayerDone&)> on_kv_layer;
   bool remote = false;  // waiting for a peer's prefill
   bool reported_first = false;  // its first delta went out
+  // Start of the first step that computed any of its prompt tokens here.
+  std::optional<Clock::time_point> first_prompt_step = std::nullopt;
 };
 
 LocalEngine::LocalEngine(LoadedModel model, const Options& options)
@@ -278,6 +281,7 @@ absl::StatusOr<bool> LocalEngine::Deliver(Request& r, sampling::SampledToken nex
                         .finish = step.finish};
   if (!r.reported_first) {
     delta.cached_prompt_tokens = scheduler_->cached_prompt_tokens(r.id);
+    if (r.first_prompt_step.has_value()) delta.prompt_seconds = SecondsSince(*r.first_prompt_step);
     r.reported_first = true;
   }
   const bool done = step.finish != sampling::FinishReason::kNone;
@@ -319,11 +323,14 @@ absl::Status LocalEngine::Step(StepInfo* info) {
     in.attended_tokens += attended;
     if (!item.is_decode) in.prompt_attended_tokens += attended;
   }
-  // Per-request layer hooks (a prefill worker's transfers).
+  // Per-request layer hooks (a prefill worker's transfers), and when each prompt started.
   std::vector<std::pair<const ScheduledItem*, Request*>> hooked;
   for (const ScheduledItem& item : step.items) {
     auto it = requests_.find(item.id);
-    if (it != requests_.end() && it->second->on_kv_layer) hooked.emplace_back(&item, it->second.get());
+    if (it == requests_.end()) continue;
+    Request& r = *it->second;
+    if (!item.is_decode && !r.first_prompt_step.has_value()) r.first_prompt_step = start;
+    if (r.on_kv_layer) hooked.emplace_back(&item, &r);
   }
   if (!hooked.empty()) {
     batch.on_layer_done = [&hooked](int64_t layer) {

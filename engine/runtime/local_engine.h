@@ -75,6 +75,11 @@ struct GenerationDelta {
   // On the request's first delta: leading prompt tokens found in this worker's prefix cache
   // (not computed for it). 0 on the others.
   int64_t cached_prompt_tokens = 0;
+  // On the request's first delta: seconds from the start of the first engine step that computed
+  // any of its prompt tokens to this token, the prompt's computation with the steps it shared
+  // (its wait before that is the caller's time to this delta minus this). 0 when no step here
+  // computed its prompt (a remote prefill's first token) and on the other deltas.
+  double prompt_seconds = 0;
 };
 
 // What Generate did.
