@@ -77,6 +77,12 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   void OnDelta(const GenerationDelta& d) {
     {
       absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      if (first_delta_at_ == absl::InfinitePast()) {
+        first_delta_at_ = now;
+        local_prompt_seconds_ = d.prompt_seconds;
+      }
+      last_delta_at_ = now;
       deltas_.push_back(d);
     }
     Pump();
@@ -166,6 +172,10 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     const auto cap = std::chrono::system_clock::now() +
                      std::chrono::milliseconds(absl::ToInt64Milliseconds(prefill_timeout_));
     context->set_deadline(std::min(client_deadline_, cap));
+    {
+      absl::MutexLock lock(&mu_);
+      prefill_sent_at_ = absl::Now();
+    }
     service_->PrefillStub(target.address())
         ->async()
         ->Prefill(context, &prefill_request_, &prefill_response_,
@@ -184,10 +194,17 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     }
     {
       absl::MutexLock lock(&mu_);
+      const v1::PrefillTimings& t = prefill_response_.timings();
       timings_.set_remote_prefill(true);
       timings_.set_prefill_worker(target.worker_id());
-      timings_.set_prefill_us(prefill_response_.timings().compute_us());
-      timings_.set_kv_transfer_us(prefill_response_.timings().transfer_us());
+      timings_.set_prefill_us(t.compute_us());
+      timings_.set_kv_transfer_us(t.transfer_us());
+      // Until the prefill worker started: reserving the blocks here, the targets tried before
+      // this one, and that worker's own queue.
+      timings_.set_queue_us(
+          static_cast<uint64_t>(std::max<int64_t>(
+              absl::ToInt64Microseconds(prefill_sent_at_ - start_), 0)) +
+          t.queue_us());
     }
     loop_->CompleteRemotePrefillAsync(
         id_, prefill_response_.first_token_id(), [self = self_](absl::Status s) {
@@ -292,10 +309,30 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       usage->set_completion_tokens(static_cast<uint32_t>(completion_tokens_ + prior_));
       usage->set_cached_prompt_tokens(static_cast<uint32_t>(cached_tokens_));
       timings_.set_e2e_us(static_cast<uint64_t>(absl::ToInt64Microseconds(now - start_)));
-      if (!timings_.remote_prefill()) timings_.set_prefill_worker(service_->options_.worker_id);
+      SetLocalTimings();
       *response_.mutable_timings() = timings_;
       end_ = grpc::Status::OK;  // finish once this write is done
     }
+  }
+
+  // The parts of timings_ measured here, once the last delta is in.
+  void SetLocalTimings() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto us = [](absl::Duration d) {
+      return static_cast<uint64_t>(std::max<int64_t>(absl::ToInt64Microseconds(d), 0));
+    };
+    if (first_delta_at_ != absl::InfinitePast()) {
+      timings_.set_decode_us(us(last_delta_at_ - first_delta_at_));
+    }
+    if (local_prompt_seconds_ > 0) {
+      // Computed here: a local prefill, or one taken back from a prefill worker that failed or
+      // answered wrongly.
+      const absl::Duration prompt = absl::Seconds(local_prompt_seconds_);
+      timings_.set_remote_prefill(false);
+      timings_.set_kv_transfer_us(0);
+      timings_.set_prefill_us(us(prompt));
+      timings_.set_queue_us(us(first_delta_at_ - start_ - prompt));
+    }
+    if (!timings_.remote_prefill()) timings_.set_prefill_worker(service_->options_.worker_id);
   }
 
   DecodeService* const service_;
@@ -324,6 +361,12 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   bool first_ ABSL_GUARDED_BY(mu_) = true;
+  // When the engine's first and latest deltas came, and the first one's prompt_seconds.
+  absl::Time first_delta_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_delta_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  double local_prompt_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the latest prefill call went out.
+  absl::Time prefill_sent_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Every prefill call made, kept so that Abort can cancel the one in flight.
   std::vector<std::unique_ptr<grpc::ClientContext>> prefill_contexts_ ABSL_GUARDED_BY(mu_);
 };

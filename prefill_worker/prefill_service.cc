@@ -57,6 +57,7 @@ struct Transfer {
   int64_t reused_tokens ABSL_GUARDED_BY(mu) = -1;  // prefix found in this worker's own cache
   uint64_t bytes ABSL_GUARDED_BY(mu) = 0;
   absl::Time compute_done ABSL_GUARDED_BY(mu);
+  double compute_seconds ABSL_GUARDED_BY(mu) = 0;  // the first delta's prompt_seconds
   absl::Time writes_done ABSL_GUARDED_BY(mu);
 };
 
@@ -212,6 +213,7 @@ grpc::Status PrefillService::Serve(grpc::ServerContext* context, const v1::Prefi
         transfer->token = d.token;
         transfer->logprob = d.logprob;
         transfer->compute_done = absl::Now();
+        transfer->compute_seconds = d.prompt_seconds;
         // The request's blocks are released when this returns: its writes must be done first.
         transfer->mu.AwaitWithDeadline(
             absl::Condition(
@@ -256,10 +258,14 @@ grpc::Status PrefillService::Serve(grpc::ServerContext* context, const v1::Prefi
   const int64_t reused = std::max<int64_t>(0, transfer->reused_tokens);
   response->set_num_reused_tokens(static_cast<uint32_t>(reused));
   response->set_num_computed_tokens(static_cast<uint32_t>(n - reused));
+  // The engine timed the prompt's steps; before them it queued.
+  const absl::Time compute_start =
+      std::max(transfer->compute_done - absl::Seconds(transfer->compute_seconds), start);
+  auto us = [](absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Microseconds(d)); };
   v1::PrefillTimings* t = response->mutable_timings();
-  t->set_compute_us(static_cast<uint64_t>(absl::ToInt64Microseconds(transfer->compute_done - start)));
-  t->set_transfer_us(static_cast<uint64_t>(
-      absl::ToInt64Microseconds(std::max(transfer->writes_done, transfer->compute_done) - start)));
+  t->set_queue_us(us(compute_start - start));
+  t->set_compute_us(us(transfer->compute_done - compute_start));
+  t->set_transfer_us(us(std::max(transfer->writes_done, transfer->compute_done) - compute_start));
   t->set_transfer_bytes(transfer->bytes);
   return grpc::Status::OK;
 }

@@ -151,6 +151,49 @@ def test_decode_worker_starts_a_higher_priority_prompt_before_finishing_a_long_l
     assert classes[0].prompts == 1 and classes[0].tokens == 60
 
 
+def test_timings_say_where_the_time_went(pb, cluster):
+    """Timings split a request's time into the worker's queue, the prompt's computation, the KV
+    move and the decoding. A 60-token prompt arriving 0.3 s into a 1400-token one of the same
+    priority (steps of 512 tokens, about a second each) queues for the long prompt's first two
+    steps and is computed in its last (376 tokens, room for 136 more); the long one queues for
+    none. A remote prefill reports the prefill worker's compute and a move that ends after it."""
+    decode, prefill = cluster
+    long_prompt = [1] + list(range(3000, 4399))
+    short = [1] + list(range(8000, 8059))
+    generate(pb, decode, [1] + list(range(9000, 9019)), max_tokens=2)  # warm up
+    last = {}
+
+    def run(name, prompt):
+        last[name] = generate(pb, decode, prompt, max_tokens=4, timeout=120)[1]
+
+    threads = [threading.Thread(target=run, args=("long", long_prompt))]
+    threads[0].start()
+    time.sleep(0.3)
+    threads.append(threading.Thread(target=run, args=("short", short)))
+    threads[1].start()
+    for t in threads:
+        t.join(180)
+    assert set(last) == {"long", "short"}
+    for name, r in last.items():
+        t = r.timings
+        assert not t.remote_prefill and t.prefill_worker == "d0" and t.kv_transfer_us == 0, t
+        assert t.prefill_us > 0 and t.decode_us > 0, (name, t)
+        # Measured on the decode worker from the call's start: the first token came after its
+        # queue and its computation, the last one after its decoding too.
+        assert t.queue_us + t.prefill_us <= t.ttft_us + 2000, (name, t)
+        assert t.decode_us <= t.e2e_us - t.queue_us - t.prefill_us + 2000, (name, t)
+    long_t, short_t = last["long"].timings, last["short"].timings
+    assert long_t.queue_us < 0.2 * long_t.prefill_us, long_t
+    assert short_t.queue_us > 0.4 * long_t.prefill_us, (short_t, long_t)
+    assert short_t.prefill_us < 0.6 * long_t.prefill_us, (short_t, long_t)
+
+    _, r = generate(pb, decode, PROMPTS[0], targets=[("p0", prefill.address)])
+    t = r.timings
+    assert t.remote_prefill and t.prefill_worker == "p0", t
+    assert t.prefill_us > 0 and t.kv_transfer_us >= t.prefill_us and t.decode_us > 0, t
+    assert t.queue_us + t.kv_transfer_us <= t.ttft_us + 2000, t
+
+
 def watch(pb, address, until, timeout=10):
     stub = pb.worker_grpc.WorkerStateStub(grpc.insecure_channel(address))
     stream = stub.WatchState(pb.worker.WatchStateRequest(subscriber="test", load_interval_ms=50),
