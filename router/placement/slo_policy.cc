@@ -2,6 +2,7 @@
 // worker with the most SLO headroom, and the prefill location with the best TTFT that keeps the
 // decode worker's running streams within their TPOT objective. docs/slo.md has the formulas.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <limits>
@@ -220,6 +221,17 @@ class SloPolicy final : public PolicyBase {
     return PrefillSeconds(profile, shape);
   }
 
+  // What is left of the step a worker is in, `elapsed` seconds into a queue of `steps` steps of
+  // `step` seconds. Steps follow one another while the queue lasts, so a worker past its first
+  // step (a sample's step_elapsed plus the sample's age can be) is that far into a later one,
+  // not between two; past the last, it is done.
+  static double StepLeft(double step, int64_t steps, double elapsed) {
+    if (step <= 0) return 0;
+    const double done = std::floor(std::max(elapsed, 0.0) / step);
+    if (done >= static_cast<double>(steps)) return 0;
+    return step - (elapsed - done * step);
+  }
+
   PrefillPrediction PredictPrefill(PlacementContext& ctx, int w) const {
     const WorkerCandidate& worker = ctx.worker(w);
     const StepProfile& profile = ProfileOf(worker);
@@ -235,13 +247,17 @@ class SloPolicy final : public PolicyBase {
     all.queued_prompts += q.below.queued_prompts;
 
     PrefillPrediction p;
-    // The step in progress computes part of the queue and has run this long already: a step of
-    // the prompts that go first while there are any (the worker takes them first), else a chunk
-    // of a lower one, which the request waits out.
-    const double first = q.ahead.uncached_tokens > 0  ? QueuedPrefillSeconds(profile, q.ahead)
-                         : q.below.uncached_tokens > 0 ? FirstStepSeconds(profile, q.below)
-                                                       : 0.0;
-    p.queue_wait = std::max(first * correction - elapsed, 0.0);
+    // The step in progress computes part of the queue and has run this long already: steps of
+    // the prompts that go first while there are any (the worker takes them first), then chunks
+    // of lower ones, of which the request waits out the one in progress.
+    double wait = q.ahead.uncached_tokens > 0
+                      ? QueuedPrefillSeconds(profile, q.ahead) * correction - elapsed
+                      : 0.0;
+    if (wait <= 0 && q.below.uncached_tokens > 0) {
+      wait = StepLeft(FirstStepSeconds(profile, q.below) * correction, PrefillSteps(q.below),
+                      q.ahead.uncached_tokens > 0 ? -wait : elapsed);
+    }
+    p.queue_wait = std::max(wait, 0.0);
     // Lower prompts in progress take what the request's last step leaves of a step's prompt
     // tokens.
     const int64_t own_tokens = std::max<int64_t>(own.uncached_tokens, 1);
@@ -273,11 +289,13 @@ class SloPolicy final : public PolicyBase {
   }
 
   // How long until worker `w` is between two steps: with prompt tokens queued on it, what is left
-  // of a chunk's step (the one in progress, or one about to start: a prompt placed or queued is
+  // of the chunk's step in progress (or of one about to start: a prompt placed or queued is
   // taken at the next step); with none, a decode step's few milliseconds, taken as 0.
   double StepRemaining(const WorkerCandidate& w) const {
-    if (PrefillQueue(w) <= 0) return 0;
-    return std::max(ChunkStepSeconds(w) - w.step_elapsed_seconds, 0.0);
+    PrefillShape queue = ShapeOf(w);
+    queue.uncached_tokens = PrefillQueue(w);
+    if (queue.uncached_tokens <= 0) return 0;
+    return StepLeft(ChunkStepSeconds(w), PrefillSteps(queue), w.step_elapsed_seconds);
   }
 
   // The decode worker `d` reserves the prompt's blocks between two of its steps and only then

@@ -192,6 +192,9 @@ TEST(SloPolicyTest, ARemotePrefillWaitsForTheDecodeWorkersStepBoundaries) {
   } in_progress[] = {
       // A step of d0 that has run 0.05 s has 0.0292 s left.
       {0.05, 0.0292 + 0.021 + 0.0396, 0.0292 + 0.0396},
+      // 0.1 s (the sample's 0.05 and as long since it came) is past one step: the queue keeps d0
+      // busy, so it is 0.0208 s into the next, not between two.
+      {0.1, 0.0584 + 0.021 + 0.0396, 0.0584 + 0.0396},
       // One that has run longer than the whole queue's prediction leaves neither a step nor a
       // queue to wait for (not a negative wait).
       {5, 0.021, 0},
@@ -372,6 +375,18 @@ TEST(SloPolicyTest, AHigherPriorityRequestWaitsOnlyForItsClassAndAboveAndOneChun
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.1224, kTol);
   EXPECT_NEAR(d.predicted_wait_seconds, 0.0612, kTol);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.011 + 0.6 / 99, kTol);
+  // With d0 into a chunk's step it waits for the rest of that one: 0.03 s in, 0.0312 left;
+  // 0.08 s in is 0.0188 s into the second of the 10 steps, 0.0424 left; 1 s in is past them all.
+  const struct {
+    double step_elapsed, wait;
+  } in_progress[] = {{0.03, 0.0312}, {0.08, 0.0424}, {1, 0}};
+  for (const auto& c : in_progress) {
+    ClusterView busy = known;
+    busy.workers[0].step_elapsed_seconds = c.step_elapsed;
+    d = PlaceOrDie(*policy, chat, busy);
+    EXPECT_NEAR(d.predicted_wait_seconds, c.wait, kTol) << c.step_elapsed;
+    EXPECT_NEAR(d.predicted_ttft_seconds, c.wait + 0.0612, kTol) << c.step_elapsed;
+  }
   // Of its own class, it waits for the whole of it: 10 steps, 0.1 + 0.5, then 0.014.
   Request same = Prompt(40);
   same.priority = 0;
