@@ -227,9 +227,10 @@ class SloPolicy final : public PolicyBase {
   // not between two; past the last, it is done.
   static double StepLeft(double step, int64_t steps, double elapsed) {
     if (step <= 0) return 0;
-    const double done = std::floor(std::max(elapsed, 0.0) / step);
+    const double e = std::max(elapsed, 0.0);
+    const double done = std::floor(e / step);
     if (done >= static_cast<double>(steps)) return 0;
-    return step - (elapsed - done * step);
+    return step - (e - done * step);
   }
 
   PrefillPrediction PredictPrefill(PlacementContext& ctx, int w) const {
