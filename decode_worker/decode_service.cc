@@ -201,10 +201,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       timings_.set_kv_transfer_us(t.transfer_us());
       // Until the prefill worker started: reserving the blocks here, the targets tried before
       // this one, and that worker's own queue.
-      timings_.set_queue_us(
-          static_cast<uint64_t>(std::max<int64_t>(
-              absl::ToInt64Microseconds(prefill_sent_at_ - start_), 0)) +
-          t.queue_us());
+      timings_.set_queue_us(MicrosForProto(prefill_sent_at_ - start_) + t.queue_us());
     }
     loop_->CompleteRemotePrefillAsync(
         id_, prefill_response_.first_token_id(), [self = self_](absl::Status s) {
@@ -299,7 +296,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     }
     const absl::Time now = absl::Now();
     if (first_) {
-      timings_.set_ttft_us(static_cast<uint64_t>(absl::ToInt64Microseconds(now - start_)));
+      timings_.set_ttft_us(MicrosForProto(now - start_));
       first_ = false;
     }
     if (last) {
@@ -308,7 +305,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       usage->set_prompt_tokens(static_cast<uint32_t>(request_.prompt_token_ids_size()));
       usage->set_completion_tokens(static_cast<uint32_t>(completion_tokens_ + prior_));
       usage->set_cached_prompt_tokens(static_cast<uint32_t>(cached_tokens_));
-      timings_.set_e2e_us(static_cast<uint64_t>(absl::ToInt64Microseconds(now - start_)));
+      timings_.set_e2e_us(MicrosForProto(now - start_));
       SetLocalTimings();
       *response_.mutable_timings() = timings_;
       end_ = grpc::Status::OK;  // finish once this write is done
@@ -317,11 +314,8 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
 
   // The parts of timings_ measured here, once the last delta is in.
   void SetLocalTimings() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto us = [](absl::Duration d) {
-      return static_cast<uint64_t>(std::max<int64_t>(absl::ToInt64Microseconds(d), 0));
-    };
     if (first_delta_at_ != absl::InfinitePast()) {
-      timings_.set_decode_us(us(last_delta_at_ - first_delta_at_));
+      timings_.set_decode_us(MicrosForProto(last_delta_at_ - first_delta_at_));
     }
     if (local_prompt_seconds_ > 0) {
       // Computed here: a local prefill, or one taken back from a prefill worker that failed or
@@ -329,8 +323,8 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       const absl::Duration prompt = absl::Seconds(local_prompt_seconds_);
       timings_.set_remote_prefill(false);
       timings_.set_kv_transfer_us(0);
-      timings_.set_prefill_us(us(prompt));
-      timings_.set_queue_us(us(first_delta_at_ - start_ - prompt));
+      timings_.set_prefill_us(MicrosForProto(prompt));
+      timings_.set_queue_us(MicrosForProto(first_delta_at_ - start_ - prompt));
     }
     if (!timings_.remote_prefill()) timings_.set_prefill_worker(service_->options_.worker_id);
   }

@@ -248,8 +248,8 @@ grpc::Status PrefillService::Serve(grpc::ServerContext* context, const v1::Prefi
                                      " failed: ", transfer->error.message()));
   }
   Metrics().bytes.Increment(static_cast<double>(transfer->bytes));
-  Metrics().seconds.Observe(
-      absl::ToDoubleSeconds(std::max(transfer->writes_done, transfer->compute_done) - start));
+  const absl::Time in_place = std::max(transfer->writes_done, transfer->compute_done);
+  Metrics().seconds.Observe(absl::ToDoubleSeconds(in_place - start));
   response->set_first_token_id(transfer->token);
   if (transfer->logprob.has_value()) {
     response->mutable_first_token_logprobs()->set_token_id(transfer->token);
@@ -261,11 +261,10 @@ grpc::Status PrefillService::Serve(grpc::ServerContext* context, const v1::Prefi
   // The engine timed the prompt's steps; before them it queued.
   const absl::Time compute_start =
       std::max(transfer->compute_done - absl::Seconds(transfer->compute_seconds), start);
-  auto us = [](absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Microseconds(d)); };
   v1::PrefillTimings* t = response->mutable_timings();
-  t->set_queue_us(us(compute_start - start));
-  t->set_compute_us(us(transfer->compute_done - compute_start));
-  t->set_transfer_us(us(std::max(transfer->writes_done, transfer->compute_done) - compute_start));
+  t->set_queue_us(MicrosForProto(compute_start - start));
+  t->set_compute_us(MicrosForProto(transfer->compute_done - compute_start));
+  t->set_transfer_us(MicrosForProto(in_place - compute_start));
   t->set_transfer_bytes(transfer->bytes);
   return grpc::Status::OK;
 }

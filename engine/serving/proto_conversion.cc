@@ -1,6 +1,12 @@
 #include "engine/serving/proto_conversion.h"
 
+#include <algorithm>
+
 namespace tandem {
+
+uint64_t MicrosForProto(absl::Duration d) {
+  return static_cast<uint64_t>(std::max<int64_t>(absl::ToInt64Microseconds(d), 0));
+}
 
 sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& p) {
   sampling::SamplingOptions o;

@@ -3,6 +3,9 @@
 #ifndef TANDEM_ENGINE_SERVING_PROTO_CONVERSION_H_
 #define TANDEM_ENGINE_SERVING_PROTO_CONVERSION_H_
 
+#include <cstdint>
+
+#include "absl/time/time.h"
 #include "engine/runtime/local_engine.h"
 #include "engine/sampling/sampling_options.h"
 #include "tandem/v1/inference.pb.h"
@@ -15,6 +18,9 @@ sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& params);
 
 // The two enums share their values.
 v1::FinishReason FinishReasonToProto(sampling::FinishReason reason);
+
+// A duration for the messages' `*_us` fields: whole microseconds, 0 for a negative one.
+uint64_t MicrosForProto(absl::Duration d);
 
 // The delta's token and log-probabilities appended to `ids` / `logprobs`.
 void AppendDelta(const GenerationDelta& delta, google::protobuf::RepeatedField<int32_t>* ids,

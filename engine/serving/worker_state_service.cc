@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/version.h"
+#include "engine/serving/proto_conversion.h"
 
 namespace tandem {
 
@@ -41,7 +42,7 @@ v1::LoadSample WorkerStateService::MakeLoad(const SchedulerStats& s,
   load.set_prefix_hit_tokens(static_cast<uint64_t>(s.prefix_hit_tokens));
   load.set_prompt_tokens(static_cast<uint64_t>(s.prompt_tokens));
   load.set_finished_seqs(static_cast<uint64_t>(s.finished_sequences));
-  load.set_step_elapsed_us(static_cast<uint64_t>(absl::ToInt64Microseconds(step_elapsed)));
+  load.set_step_elapsed_us(MicrosForProto(step_elapsed));
   for (const QueuedPrompts& q : s.queued_by_priority) {
     v1::QueuedClass* c = load.add_queued_by_priority();
     c->set_priority(q.priority);

@@ -192,6 +192,12 @@ class SloPolicy final : public PolicyBase {
             .decode_seqs = DecodingSeqs(w),
             .decode_context_tokens = DecodingContext(w)};
   }
+  // Its queued prompt tokens (reported or placed, every class) as one prompt in those steps.
+  PrefillShape QueueShape(const WorkerCandidate& w) const {
+    PrefillShape shape = ShapeOf(w);
+    shape.uncached_tokens = PrefillQueue(w);
+    return shape;
+  }
 
   // The prompts queued on a worker as a request of one priority sees them: those it waits for
   // (its class and above) and those below, which wait for it.
@@ -284,19 +290,15 @@ class SloPolicy final : public PolicyBase {
   // of them, as a prompt of its own, beside its decoding sequences; corrected. Only asked while
   // PrefillQueue(w) > 0.
   double ChunkStepSeconds(const WorkerCandidate& w) const {
-    PrefillShape shape = ShapeOf(w);
-    shape.uncached_tokens = PrefillQueue(w);
-    return FirstStepSeconds(ProfileOf(w), shape) * w.ttft_correction;
+    return FirstStepSeconds(ProfileOf(w), QueueShape(w)) * w.ttft_correction;
   }
 
   // How long until worker `w` is between two steps: with prompt tokens queued on it, what is left
   // of the chunk's step in progress (or of one about to start: a prompt placed or queued is
   // taken at the next step); with none, a decode step's few milliseconds, taken as 0.
   double StepRemaining(const WorkerCandidate& w) const {
-    PrefillShape queue = ShapeOf(w);
-    queue.uncached_tokens = PrefillQueue(w);
-    if (queue.uncached_tokens <= 0) return 0;
-    return StepLeft(ChunkStepSeconds(w), PrefillSteps(queue), w.step_elapsed_seconds);
+    if (PrefillQueue(w) <= 0) return 0;
+    return StepLeft(ChunkStepSeconds(w), PrefillSteps(QueueShape(w)), w.step_elapsed_seconds);
   }
 
   // The decode worker `d` reserves the prompt's blocks between two of its steps and only then
