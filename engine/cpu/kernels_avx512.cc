@@ -199,6 +199,7 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = tile + b * kBlockBytes;
+    if constexpr (R > 1) PrefetchPackedBlock<kQ4>(blk);
     __m512i w[8];
     if constexpr (kQ4) {
       const __m512i low = _mm512_set1_epi8(0x0F);
