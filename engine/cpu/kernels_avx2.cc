@@ -61,7 +61,8 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* base = tile + b * kBlockBytes;
-    if constexpr (R > 1) PrefetchPackedBlock<kQ4>(base);
+    // (The second half reads the lines the first one brought in.)
+    if (R > 1 && half == 0) PrefetchPackedBlock<kQ4>(base);
     const uint8_t* blk = base + 32 * half;  // this half's codes in each 64-byte group
     const uint8_t* scales = base + kGroups * 64 + 16 * half;  // its 8 f16 d (then, Q4: m)
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
