@@ -225,7 +225,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
       v1::Timings* t = out.mutable_timings();
       *t = response.timings();
       t->set_ttft_us(static_cast<uint64_t>(ttft_us_));
-      t->set_e2e_us(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start_)));
+      t->set_e2e_us(MicrosForProto(absl::Now() - start_));
       t->set_migrations(static_cast<uint32_t>(migrations_));
       t->set_queue_us(static_cast<uint64_t>(queue_us_) + response.timings().queue_us());
       if (prediction_.predicted) {
