@@ -53,11 +53,24 @@ struct MatMulParams {
 // packed weights' shape is not N × K.
 [[nodiscard]] absl::Status MatMul(const MatMulParams& params, const KernelContext& context = {});
 
+// Memory that a later kernel will read: `bytes` bytes from `data`.
+struct MemoryRange {
+  const void* data = nullptr;
+  int64_t bytes = 0;
+};
+
 // Several products of the same activations (Q/K/V, or gate/up): y_j = x · W_jᵀ for every
 // params[j], in one pass over the thread pool with x quantized once. Each y_j is bit-identical to
 // MatMul(params[j]). INVALID_ARGUMENT as MatMul, or when the entries differ in x, x_stride, m or k.
+//
+// `prefetch`: ranges to bring into the L2 cache while the products run, spread over the weight
+// tiles (tile i of n asks for ranges [i·r/n, (i+1)·r/n)). With several activation rows the
+// products are bound by arithmetic, not memory, so a kernel that runs next can have its data
+// streamed in on the spare bandwidth (the forward pass uses it for the KV rows that attention is
+// about to read). Only a hint: the ranges are never dereferenced, and the results are the same.
 [[nodiscard]] absl::Status MatMulShared(absl::Span<const MatMulParams> params,
-                                        const KernelContext& context = {});
+                                        const KernelContext& context = {},
+                                        absl::Span<const MemoryRange> prefetch = {});
 
 }  // namespace tandem::cpu
 

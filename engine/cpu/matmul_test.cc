@@ -195,6 +195,17 @@ TEST_P(MatMulTest, SharedEqualsSeparateCalls) {
     ASSERT_TRUE(MatMul(one, {.isa = isa}).ok());
     EXPECT_EQ(shared[j], separate[j]) << "product " << j;
   }
+  // Prefetch ranges (more of them than tiles, one unaligned, one empty) change nothing.
+  const std::vector<float> other = RandomFloats(rng, 4096);
+  std::vector<MemoryRange> ranges;
+  for (int i = 0; i < 40; ++i) ranges.push_back({other.data() + 100 * i, 400});
+  ranges.push_back({reinterpret_cast<const char*>(other.data()) + 3, 61});
+  ranges.push_back({other.data(), 0});
+  std::vector<std::vector<float>> prefetched = shared;
+  for (int j = 0; j < 3; ++j) params[j].y = prefetched[j].data();
+  ASSERT_TRUE(MatMulShared(params, {.pool = &pool, .isa = isa}, ranges).ok());
+  ASSERT_TRUE(MatMulShared(params, {.isa = isa}, absl::MakeConstSpan(ranges).first(1)).ok());
+  EXPECT_EQ(prefetched, shared);
   params[1].m = m - 1;
   EXPECT_EQ(MatMulShared(params, {.isa = isa}).code(), absl::StatusCode::kInvalidArgument);
 }

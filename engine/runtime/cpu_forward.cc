@@ -211,9 +211,11 @@ cpu::MatMulParams LinearParams(const float* x, int64_t rows, const GgufTensor& w
 
 }  // namespace
 
-absl::Status CpuForward::Linear(const float* x, int64_t rows, const GgufTensor& w, float* y) {
-  return cpu::MatMul(LinearParams(x, rows, w, y, PackedFor(&w)),
-                     cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa});
+absl::Status CpuForward::Linear(const float* x, int64_t rows, const GgufTensor& w, float* y,
+                               absl::Span<const cpu::MemoryRange> prefetch) {
+  const cpu::MatMulParams params = LinearParams(x, rows, w, y, PackedFor(&w));
+  return cpu::MatMulShared(absl::MakeConstSpan(&params, 1),
+                           cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}, prefetch);
 }
 
 absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput* out,
@@ -259,14 +261,48 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
   // Products of the same activations (Q/K/V, gate/up) in one kernel call: one quantization of x
   // and one pass over the thread pool.
   auto linear_shared = [&](const float* in, int64_t rows,
-                           std::initializer_list<std::pair<const GgufTensor*, float*>> products) {
+                           std::initializer_list<std::pair<const GgufTensor*, float*>> products,
+                           absl::Span<const cpu::MemoryRange> prefetch = {}) {
     cpu::MatMulParams params[3];
     size_t n = 0;
     for (const auto& [wt, y] : products) {
       params[n++] = LinearParams(in, rows, *wt, y, PackedFor(wt));
     }
     return cpu::MatMulShared(absl::MakeConstSpan(params, n),
-                             cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa});
+                             cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa},
+                             prefetch);
+  };
+  // The KV rows layer l's attention reads (each sequence's positions 0 .. its last in this step;
+  // the step's own rows are written in between, so asking for them early only saves a miss) go
+  // to the cache during the products just before it: the first half during the previous layer's
+  // down projection, the rest during the layer's Q/K/V product (all of it for layer 0). One
+  // product alone would have to carry the whole stream and slow down.
+  const bool prefetch_kv = options_.prefetch_kv && T >= kPrefetchKvMinTokens &&
+                           T <= kPrefetchKvMaxTokens;
+  std::vector<cpu::MemoryRange>& kv_rows = sc.kv_rows;
+  kv_rows.clear();
+  size_t kv_rows_done = 0;  // leading ranges of kv_rows already asked for
+  auto collect_kv_rows = [&](int64_t l) {
+    kv_rows.clear();
+    kv_rows_done = 0;
+    const int64_t row_bytes = layout.token_stride() * layout.element_bytes();
+    const int64_t v_offset = layout.kv_stride() * layout.element_bytes();
+    for (const StepSequence& seq : batch.sequences) {
+      const int64_t positions = seq.start_position + static_cast<int64_t>(seq.tokens.size());
+      for (int64_t b = 0; b * layout.block_size < positions; ++b) {
+        const int64_t slots = std::min(layout.block_size, positions - b * layout.block_size);
+        const std::byte* keys = kv->KeyBlock<std::byte>(seq.block_table[static_cast<size_t>(b)], l);
+        kv_rows.push_back({keys, slots * row_bytes});
+        kv_rows.push_back({keys + v_offset, slots * row_bytes});
+      }
+    }
+  };
+  // kv_rows[kv_rows_done, end), marked as asked for.
+  auto kv_rows_upto = [&](size_t end) {
+    const absl::Span<const cpu::MemoryRange> part =
+        absl::MakeConstSpan(kv_rows).subspan(kv_rows_done, end - kv_rows_done);
+    kv_rows_done = end;
+    return part;
   };
   auto emit = [&](const std::string& name, const float* data, int64_t rows, int64_t cols) {
     if (dump) dump(name, data, rows, cols);
@@ -321,8 +357,11 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
 
     norm(x.data(), sl.attn_norm, h.data(), T);
     emit("attn_norm" + suffix, h.data(), T, H);
-    RETURN_IF_ERROR(linear_shared(h.data(), T, {{lw.attn_q, q.data()}, {lw.attn_k, k.data()},
-                                               {lw.attn_v, v.data()}}));
+    if (prefetch_kv && l == 0) collect_kv_rows(l);
+    RETURN_IF_ERROR(linear_shared(h.data(), T,
+                                  {{lw.attn_q, q.data()}, {lw.attn_k, k.data()},
+                                   {lw.attn_v, v.data()}},
+                                  kv_rows_upto(kv_rows.size())));
     add_bias(q, sl.q_bias, T);
     add_bias(k, sl.k_bias, T);
     add_bias(v, sl.v_bias, T);
@@ -387,7 +426,12 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
                                     .gate_stride = F, .up_stride = F, .out_stride = F,
                                     .rows = T, .dim = F},
                  serial);
-    RETURN_IF_ERROR(Linear(gate.data(), T, *lw.ffn_down, proj.data()));
+    absl::Span<const cpu::MemoryRange> next_kv_rows;
+    if (prefetch_kv && l + 1 < c.num_layers) {
+      collect_kv_rows(l + 1);
+      next_kv_rows = kv_rows_upto(kv_rows.size() / 2);
+    }
+    RETURN_IF_ERROR(Linear(gate.data(), T, *lw.ffn_down, proj.data(), next_kv_rows));
     emit("ffn_out" + suffix, proj.data(), T, H);
     cpu::Add(x.data(), proj.data(), x.data(), T * H);
     emit("l_out" + suffix, x.data(), T, H);

@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "engine/cpu/cpu_features.h"
+#include "engine/cpu/matmul.h"
 #include "engine/cpu/packed_weights.h"
 #include "engine/cpu/rope.h"
 #include "engine/cpu/thread_pool.h"
@@ -42,7 +44,14 @@ class CpuForward {
     // Repack quantized matrices at start-up for the packed kernels (engine/cpu/packed_weights.h),
     // where the ISA has its own. Results differ from the row kernels' in float rounding only.
     bool pack_weights = true;
+    // In a step of kPrefetchKvMinTokens..kPrefetchKvMaxTokens tokens (a decode batch), let the
+    // products before each layer's attention bring its KV rows into the cache (cpu::MatMulShared's
+    // `prefetch`): those products are bound by arithmetic then, and attention would otherwise
+    // wait on memory for every row. Results are identical either way.
+    bool prefetch_kv = true;
   };
+  static constexpr int64_t kPrefetchKvMinTokens = 4;
+  static constexpr int64_t kPrefetchKvMaxTokens = 64;
 
   // `model` must outlive the returned object. Small tensors (norms, biases, RoPE factors) are
   // converted to float once here. Quantized matrices are repacked here (Options::pack_weights;
@@ -69,7 +78,8 @@ class CpuForward {
   CpuForward(const LoadedModel* model, const Options& options);
   absl::Status Init();
   absl::Status Validate(const StepBatch& batch, const KvStorage& kv) const;
-  absl::Status Linear(const float* x, int64_t rows, const GgufTensor& w, float* y);
+  absl::Status Linear(const float* x, int64_t rows, const GgufTensor& w, float* y,
+                      absl::Span<const cpu::MemoryRange> prefetch = {});
   absl::Status PackWeights();
   // The packed copy of `w`, or nullptr.
   const cpu::PackedWeights* PackedFor(const GgufTensor* w) const;
@@ -87,6 +97,7 @@ class CpuForward {
     std::vector<int32_t> token_ids, token_seq, token_pos, tables;
     std::vector<int64_t> logit_rows;
     std::vector<float> x, h, q, k, v, attn, gate, up, proj, rope_cos_sin, last;
+    std::vector<cpu::MemoryRange> kv_rows;  // what the next layer's attention reads
   };
   Scratch scratch_;
 };

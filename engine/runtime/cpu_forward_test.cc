@@ -34,9 +34,11 @@ struct Harness {
   std::unique_ptr<KvStorage> kv;
 };
 
-Harness MakeHarness(int64_t block_size = 16, int64_t num_blocks = 64) {
+Harness MakeHarness(int64_t block_size = 16, int64_t num_blocks = 64, bool prefetch_kv = true) {
   Harness h;
-  auto forward = CpuForward::Create(&DefaultModel(), {.num_threads = 2, .block_size = block_size});
+  auto forward = CpuForward::Create(
+      &DefaultModel(),
+      {.num_threads = 2, .block_size = block_size, .prefetch_kv = prefetch_kv});
   CHECK(forward.ok()) << forward.status();
   h.forward = std::move(*forward);
   auto kv = KvStorage::Create(h.forward->KvLayoutFor(num_blocks));
@@ -142,6 +144,45 @@ TEST(CpuForwardTest, MixedBatchMatchesSequencesAlone) {
   ASSERT_EQ(out.logits.size(), 2 * alone_a.size());
   ExpectClose(std::vector<float>(out.Logits(0), out.Logits(0) + out.vocab_size), alone_a, 1e-3f);
   ExpectClose(std::vector<float>(out.Logits(1), out.Logits(1) + out.vocab_size), alone_b, 1e-3f);
+}
+
+// Asking for the KV rows ahead (Options::prefetch_kv) is only a cache hint: decode batches large
+// enough to use it, with sequences crossing block boundaries, give the same logits bit for bit.
+TEST(CpuForwardTest, KvPrefetchDoesNotChangeTheResult) {
+  Harness with = MakeHarness(16, 64, /*prefetch_kv=*/true);
+  Harness without = MakeHarness(16, 64, /*prefetch_kv=*/false);
+  const std::vector<size_t> prompt_lengths = {15, 16, 20, 9, 1};
+  ASSERT_GE(static_cast<int64_t>(prompt_lengths.size()), CpuForward::kPrefetchKvMinTokens);
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<int32_t>> blocks;
+  for (size_t n : prompt_lengths) {
+    tokens.emplace_back(kPromptA.begin(), kPromptA.begin() + static_cast<int64_t>(n));
+    blocks.push_back(Blocks(static_cast<int32_t>(4 * blocks.size()), 4));
+  }
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    StepBatch batch;
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      const int64_t length = static_cast<int64_t>(tokens[s].size());
+      // Step 0 prefills each prompt; then one token each.
+      const int64_t start = step == 0 ? 0 : length - 1;
+      batch.sequences.push_back(
+          {.tokens = absl::MakeConstSpan(tokens[s]).subspan(static_cast<size_t>(start)),
+           .start_position = start,
+           .block_table = blocks[s]});
+    }
+    StepOutput out_with, out_without;
+    const absl::Status status = with.forward->Step(batch, with.kv.get(), &out_with);
+    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_TRUE(without.forward->Step(batch, without.kv.get(), &out_without).ok());
+    ASSERT_EQ(out_with.logits, out_without.logits);
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      tokens[s].push_back(static_cast<int32_t>(
+          std::max_element(out_with.Logits(static_cast<int64_t>(s)),
+                           out_with.Logits(static_cast<int64_t>(s)) + out_with.vocab_size) -
+          out_with.Logits(static_cast<int64_t>(s))));
+    }
+  }
 }
 
 TEST(CpuForwardTest, DumpNamesEveryLayerLikeLlamaCpp) {
