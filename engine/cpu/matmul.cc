@@ -64,7 +64,7 @@ absl::Status MatMul(const MatMulParams& p, const KernelContext& context) {
 }
 
 absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelContext& context,
-                          absl::Span<const MemoryRange> prefetch) {
+                          const MatMulExtras& extras) {
   if (params.empty()) return absl::OkStatus();
   const MatMulParams& first = params[0];
   for (const MatMulParams& p : params) {
@@ -76,6 +76,7 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
   const int64_t m = first.m, k = first.k;
   if (m == 0) return absl::OkStatus();
   if (k == 0) {
+    if (extras.prepare_rows) (*extras.prepare_rows)(0, m);
     for (const MatMulParams& p : params) {
       for (int64_t i = 0; i < m; ++i) std::fill_n(p.y + i * p.y_stride, p.n, 0.0f);
     }
@@ -97,18 +98,24 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
     if (any_q8_packed && static_cast<int64_t>(block_sums.size()) < m * nb) {
       block_sums.resize(m * nb);
     }
+  }
+  if (any_quantized || extras.prepare_rows) {
+    // The workers write into this thread's buffers (captured by pointer).
     BlockQ8Act* q = quantized.data();
     int32_t* sums = any_q8_packed ? block_sums.data() : nullptr;
-    auto quantize = [&](int64_t begin, int64_t end) {
+    auto prepare_and_quantize = [&](int64_t begin, int64_t end) {
+      if (extras.prepare_rows) (*extras.prepare_rows)(begin, end);
+      if (!any_quantized) return;
       for (int64_t i = begin; i < end; ++i) {
         table.quantize_q8_act(first.x + i * first.x_stride, q + i * nb, k,
                               sums != nullptr ? sums + i * nb : nullptr);
       }
     };
-    if (context.pool != nullptr && m >= 16) {
-      context.pool->ParallelFor(m, quantize);
+    // Quantizing a few rows alone is cheaper than a pass over the pool.
+    if (context.pool != nullptr && (m >= 16 || extras.prepare_rows)) {
+      context.pool->ParallelFor(m, prepare_and_quantize);
     } else {
-      quantize(0, m);
+      prepare_and_quantize(0, m);
     }
   }
   const BlockQ8Act* xq = quantized.data();
@@ -125,6 +132,7 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
     tile_begin[j + 1] = tile_begin[j] + (params[j].n + kRowTile - 1) / kRowTile;
   }
   const int64_t num_tiles = tile_begin[params.size()];
+  const absl::Span<const MemoryRange> prefetch = extras.prefetch;
   const int64_t num_ranges = static_cast<int64_t>(prefetch.size());
   auto tiles = [&](int64_t t_begin, int64_t t_end) {
     size_t j = 0;

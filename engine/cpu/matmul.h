@@ -23,7 +23,9 @@
 #define TANDEM_ENGINE_CPU_MATMUL_H_
 
 #include <cstdint>
+#include <optional>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "engine/core/dtype.h"
@@ -59,18 +61,29 @@ struct MemoryRange {
   int64_t bytes = 0;
 };
 
+// Work MatMulShared can do alongside its products.
+struct MatMulExtras {
+  // Writes rows [begin, end) of the products' x (the elementwise step that makes them: a norm,
+  // SwiGLU). When set, MatMulShared calls it over all M rows, split across the pool, each range
+  // followed at once by its quantization on the same thread, and only then reads x: work that
+  // would otherwise run on one thread while the others wait, done in parallel while the rows are
+  // still in that thread's cache.
+  std::optional<absl::FunctionRef<void(int64_t begin, int64_t end)>> prepare_rows = std::nullopt;
+  // Ranges to bring into the L2 cache while the products run, spread over the weight tiles (tile
+  // i of n asks for ranges [i·r/n, (i+1)·r/n)). With several activation rows the products are
+  // bound by arithmetic, not memory, so a kernel that runs next can have its data streamed in on
+  // the spare bandwidth (the forward pass uses it for the KV rows that attention is about to
+  // read). Only a hint: the ranges are never dereferenced.
+  absl::Span<const MemoryRange> prefetch = {};
+};
+
 // Several products of the same activations (Q/K/V, or gate/up): y_j = x · W_jᵀ for every
 // params[j], in one pass over the thread pool with x quantized once. Each y_j is bit-identical to
-// MatMul(params[j]). INVALID_ARGUMENT as MatMul, or when the entries differ in x, x_stride, m or k.
-//
-// `prefetch`: ranges to bring into the L2 cache while the products run, spread over the weight
-// tiles (tile i of n asks for ranges [i·r/n, (i+1)·r/n)). With several activation rows the
-// products are bound by arithmetic, not memory, so a kernel that runs next can have its data
-// streamed in on the spare bandwidth (the forward pass uses it for the KV rows that attention is
-// about to read). Only a hint: the ranges are never dereferenced, and the results are the same.
+// MatMul(params[j]) (with x as prepare_rows leaves it). INVALID_ARGUMENT as MatMul, or when the
+// entries differ in x, x_stride, m or k (prepare_rows is not called then).
 [[nodiscard]] absl::Status MatMulShared(absl::Span<const MatMulParams> params,
                                         const KernelContext& context = {},
-                                        absl::Span<const MemoryRange> prefetch = {});
+                                        const MatMulExtras& extras = {});
 
 }  // namespace tandem::cpu
 

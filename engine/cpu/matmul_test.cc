@@ -1,6 +1,7 @@
 #include "engine/cpu/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -203,11 +204,43 @@ TEST_P(MatMulTest, SharedEqualsSeparateCalls) {
   ranges.push_back({other.data(), 0});
   std::vector<std::vector<float>> prefetched = shared;
   for (int j = 0; j < 3; ++j) params[j].y = prefetched[j].data();
-  ASSERT_TRUE(MatMulShared(params, {.pool = &pool, .isa = isa}, ranges).ok());
-  ASSERT_TRUE(MatMulShared(params, {.isa = isa}, absl::MakeConstSpan(ranges).first(1)).ok());
+  ASSERT_TRUE(MatMulShared(params, {.pool = &pool, .isa = isa}, {.prefetch = ranges}).ok());
+  ASSERT_TRUE(
+      MatMulShared(params, {.isa = isa}, {.prefetch = absl::MakeConstSpan(ranges).first(1)}).ok());
   EXPECT_EQ(prefetched, shared);
   params[1].m = m - 1;
   EXPECT_EQ(MatMulShared(params, {.isa = isa}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// prepare_rows writes x inside MatMulShared, each row once, before any product reads it: the
+// result equals products of the x it wrote.
+TEST_P(MatMulTest, PrepareRowsWritesXBeforeItIsRead) {
+  const auto [type, isa] = GetParam();
+  if (!IsaSupported(isa, HostCpuFeatures())) GTEST_SKIP() << IsaName(isa) << " not on this CPU";
+  std::mt19937 rng(12);
+  const int64_t m = 9, k = 32 * 5, n = 40;
+  const std::vector<float> source = RandomFloats(rng, m * k);
+  const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
+  ThreadPool pool({.num_threads = 3});
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+    std::vector<float> x(static_cast<size_t>(m * k), std::nanf("")), y(static_cast<size_t>(m * n));
+    std::vector<std::atomic<int>> calls(static_cast<size_t>(m));
+    auto prepare = [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        calls[static_cast<size_t>(i)].fetch_add(1);
+        for (int64_t j = 0; j < k; ++j) x[i * k + j] = 2.0f * source[i * k + j];
+      }
+    };
+    const MatMulParams params{.x = x.data(), .x_stride = k, .w = w.data(), .w_type = type,
+                              .y = y.data(), .y_stride = n, .m = m, .n = n, .k = k};
+    ASSERT_TRUE(MatMulShared({params}, {.pool = p, .isa = isa}, {.prepare_rows = prepare}).ok());
+    for (const std::atomic<int>& c : calls) EXPECT_EQ(c.load(), 1);
+    std::vector<float> expected(y.size());
+    MatMulParams plain = params;
+    plain.y = expected.data();
+    ASSERT_TRUE(MatMul(plain, {.isa = isa}).ok());  // x as prepare left it
+    EXPECT_EQ(y, expected);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypesAllIsas, MatMulTest,

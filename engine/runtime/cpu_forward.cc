@@ -212,10 +212,10 @@ cpu::MatMulParams LinearParams(const float* x, int64_t rows, const GgufTensor& w
 }  // namespace
 
 absl::Status CpuForward::Linear(const float* x, int64_t rows, const GgufTensor& w, float* y,
-                               absl::Span<const cpu::MemoryRange> prefetch) {
+                               const cpu::MatMulExtras& extras) {
   const cpu::MatMulParams params = LinearParams(x, rows, w, y, PackedFor(&w));
   return cpu::MatMulShared(absl::MakeConstSpan(&params, 1),
-                           cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}, prefetch);
+                           cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}, extras);
 }
 
 absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput* out,
@@ -259,10 +259,11 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
   }
 
   // Products of the same activations (Q/K/V, gate/up) in one kernel call: one quantization of x
-  // and one pass over the thread pool.
+  // and one pass over the thread pool. The elementwise step that makes the activations (norm,
+  // SwiGLU) runs inside the call, split over the pool (MatMulExtras::prepare_rows).
   auto linear_shared = [&](const float* in, int64_t rows,
                            std::initializer_list<std::pair<const GgufTensor*, float*>> products,
-                           absl::Span<const cpu::MemoryRange> prefetch = {}) {
+                           const cpu::MatMulExtras& extras) {
     cpu::MatMulParams params[3];
     size_t n = 0;
     for (const auto& [wt, y] : products) {
@@ -270,7 +271,7 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
     }
     return cpu::MatMulShared(absl::MakeConstSpan(params, n),
                              cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa},
-                             prefetch);
+                             extras);
   };
   // The KV rows layer l's attention reads (each sequence's positions 0 .. its last in this step;
   // the step's own rows are written in between, so asking for them early only saves a miss) go
@@ -338,6 +339,16 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
                                     .out_stride = H, .rows = rows, .dim = H,
                                     .eps = c.rms_norm_eps});
   };
+  // Rows [begin, end) of h = norm(x), after x += proj when `add_proj` (the residual add of the
+  // product before).
+  auto norm_rows = [&](const std::vector<float>& weight, bool add_proj, int64_t begin,
+                       int64_t end) {
+    cpu::RmsNorm(cpu::RmsNormParams{
+        .x = (add_proj ? proj.data() : x.data()) + begin * H, .x_stride = H,
+        .residual = add_proj ? x.data() + begin * H : nullptr, .residual_stride = H,
+        .weight = weight.data(), .out = h.data() + begin * H, .out_stride = H,
+        .rows = end - begin, .dim = H, .eps = c.rms_norm_eps});
+  };
   const cpu::KernelContext serial{.pool = nullptr, .isa = options_.isa};
   // The rotation angles depend only on the positions: once for Q and K of every layer.
   std::vector<float>& rope_cos_sin = sized(sc.rope_cos_sin, T * c.head_dim);
@@ -350,18 +361,23 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
                               .style = rope_style_, .cos_sin = rope_cos_sin.data()});
   };
 
+  // proj holds the last product's output until its residual add into x, which runs inside the
+  // next product's prepare_rows (fused with the norm that reads x).
+  bool proj_pending = false;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
     const SmallLayer& sl = layers_[static_cast<size_t>(l)];
     const std::string suffix = absl::StrCat("-", l);
 
-    norm(x.data(), sl.attn_norm, h.data(), T);
-    emit("attn_norm" + suffix, h.data(), T, H);
     if (prefetch_kv && l == 0) collect_kv_rows(l);
-    RETURN_IF_ERROR(linear_shared(h.data(), T,
-                                  {{lw.attn_q, q.data()}, {lw.attn_k, k.data()},
-                                   {lw.attn_v, v.data()}},
-                                  kv_rows_upto(kv_rows.size())));
+    auto attn_norm_rows = [&](int64_t begin, int64_t end) {
+      norm_rows(sl.attn_norm, proj_pending, begin, end);
+    };
+    RETURN_IF_ERROR(linear_shared(
+        h.data(), T, {{lw.attn_q, q.data()}, {lw.attn_k, k.data()}, {lw.attn_v, v.data()}},
+        {.prepare_rows = attn_norm_rows, .prefetch = kv_rows_upto(kv_rows.size())}));
+    if (proj_pending) emit(absl::StrCat("l_out-", l - 1), x.data(), T, H);
+    emit("attn_norm" + suffix, h.data(), T, H);
     add_bias(q, sl.q_bias, T);
     add_bias(k, sl.k_bias, T);
     add_bias(v, sl.v_bias, T);
@@ -415,26 +431,35 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
     emit("kqv_out" + suffix, attn.data(), T, Dq);
 
     RETURN_IF_ERROR(Linear(attn.data(), T, *lw.attn_output, proj.data()));
-    cpu::Add(x.data(), proj.data(), x.data(), T * H);
-    emit("ffn_inp" + suffix, x.data(), T, H);
 
-    norm(x.data(), sl.ffn_norm, h.data(), T);
+    auto ffn_norm_rows = [&](int64_t begin, int64_t end) {
+      norm_rows(sl.ffn_norm, /*add_proj=*/true, begin, end);
+    };
+    RETURN_IF_ERROR(linear_shared(h.data(), T,
+                                  {{lw.ffn_gate, gate.data()}, {lw.ffn_up, up.data()}},
+                                  {.prepare_rows = ffn_norm_rows}));
+    emit("ffn_inp" + suffix, x.data(), T, H);
     emit("ffn_norm" + suffix, h.data(), T, H);
-    RETURN_IF_ERROR(
-        linear_shared(h.data(), T, {{lw.ffn_gate, gate.data()}, {lw.ffn_up, up.data()}}));
-    cpu::SiluMul(cpu::SiluMulParams{.gate = gate.data(), .up = up.data(), .out = gate.data(),
-                                    .gate_stride = F, .up_stride = F, .out_stride = F,
-                                    .rows = T, .dim = F},
-                 serial);
-    absl::Span<const cpu::MemoryRange> next_kv_rows;
+    auto silu_rows = [&](int64_t begin, int64_t end) {
+      cpu::SiluMul(cpu::SiluMulParams{.gate = gate.data() + begin * F, .up = up.data() + begin * F,
+                                      .out = gate.data() + begin * F, .gate_stride = F,
+                                      .up_stride = F, .out_stride = F, .rows = end - begin,
+                                      .dim = F},
+                   serial);
+    };
+    cpu::MatMulExtras down_extras{.prepare_rows = silu_rows};
     if (prefetch_kv && l + 1 < c.num_layers) {
       collect_kv_rows(l + 1);
-      next_kv_rows = kv_rows_upto(kv_rows.size() / 2);
+      down_extras.prefetch = kv_rows_upto(kv_rows.size() / 2);
     }
-    RETURN_IF_ERROR(Linear(gate.data(), T, *lw.ffn_down, proj.data(), next_kv_rows));
+    RETURN_IF_ERROR(Linear(gate.data(), T, *lw.ffn_down, proj.data(), down_extras));
     emit("ffn_out" + suffix, proj.data(), T, H);
+    proj_pending = true;
+  }
+  // The last layer's residual add (the others ran in the next layer's first product).
+  if (proj_pending) {
     cpu::Add(x.data(), proj.data(), x.data(), T * H);
-    emit("l_out" + suffix, x.data(), T, H);
+    emit(absl::StrCat("l_out-", c.num_layers - 1), x.data(), T, H);
   }
 
   // Logits only for the rows that asked for them.

@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
 #include "engine/cpu/cpu_features.h"
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/packed_weights.h"
@@ -79,7 +78,7 @@ class CpuForward {
   absl::Status Init();
   absl::Status Validate(const StepBatch& batch, const KvStorage& kv) const;
   absl::Status Linear(const float* x, int64_t rows, const GgufTensor& w, float* y,
-                      absl::Span<const cpu::MemoryRange> prefetch = {});
+                      const cpu::MatMulExtras& extras = {});
   absl::Status PackWeights();
   // The packed copy of `w`, or nullptr.
   const cpu::PackedWeights* PackedFor(const GgufTensor* w) const;
