@@ -34,10 +34,15 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::RunChunks(Job& job) {
-  for (;;) {
-    const int64_t begin = job.next.fetch_add(job.chunk, std::memory_order_relaxed);
-    if (begin >= job.n) return;
-    (*job.fn)(begin, std::min(job.n, begin + job.chunk));
+  int64_t begin = job.next.load(std::memory_order_relaxed);
+  while (begin < job.n) {
+    const int64_t size =
+        std::max(job.min_grain, (job.n - begin + job.divisor - 1) / job.divisor);
+    // On failure `begin` is reloaded with the current claim point.
+    if (job.next.compare_exchange_weak(begin, begin + size, std::memory_order_relaxed)) {
+      (*job.fn)(begin, std::min(job.n, begin + size));
+      begin = job.next.load(std::memory_order_relaxed);
+    }
   }
 }
 
@@ -76,10 +81,10 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mu_);
-  const int64_t target_chunks = 4 * static_cast<int64_t>(num_threads_);
   job_.fn = &fn;
   job_.n = n;
-  job_.chunk = std::max(min_grain, (n + target_chunks - 1) / target_chunks);
+  job_.min_grain = min_grain;
+  job_.divisor = 2 * static_cast<int64_t>(num_threads_);
   job_.next.store(0, std::memory_order_relaxed);
   const uint64_t gen = generation_.load(std::memory_order_relaxed) + 1;
   open_generation_.store(gen, std::memory_order_relaxed);

@@ -44,8 +44,10 @@ class ThreadPool {
   int num_threads() const { return num_threads_; }
 
   // Calls fn(begin, end) over disjoint ranges that cover [0, n), possibly concurrently, and
-  // returns when all calls have returned. Ranges are contiguous and about n / (4 * num_threads)
-  // long (at least `min_grain`, except the last), handed out dynamically. n <= 0 does nothing.
+  // returns when all calls have returned. Ranges are contiguous and handed out in order, each
+  // claim taking 1 / (2 * num_threads) of what is left (at least `min_grain`; the last range may
+  // be shorter): few claims while much is left, small ones at the end so that the threads finish
+  // together. n <= 0 does nothing.
   void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t begin, int64_t end)> fn,
                    int64_t min_grain = 1);
 
@@ -53,7 +55,8 @@ class ThreadPool {
   struct Job {
     absl::FunctionRef<void(int64_t, int64_t)>* fn = nullptr;
     int64_t n = 0;
-    int64_t chunk = 1;
+    int64_t min_grain = 1;
+    int64_t divisor = 2;  // a claim takes the remaining work / divisor
     std::atomic<int64_t> next{0};
   };
 

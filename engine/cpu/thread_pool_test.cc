@@ -1,8 +1,12 @@
 #include "engine/cpu/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -28,6 +32,48 @@ TEST(ThreadPoolTest, CoversEveryIndexOnce) {
             },
             grain);
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+      }
+    }
+  }
+}
+
+// Claims take a share of what is left: none is larger than the first (1 / (2 * threads) of the
+// work), all but the last are at least min_grain, and the last is no larger than min_grain, so
+// the threads finish close together.
+TEST(ThreadPoolTest, RangesShrinkTowardTheEnd) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool({.num_threads = threads});
+    for (int64_t n : {1000, 12345}) {
+      for (int64_t grain : {1, 16}) {
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> ranges;
+        pool.ParallelFor(
+            n,
+            [&](int64_t begin, int64_t end) {
+              std::lock_guard<std::mutex> lock(mu);
+              ranges.emplace_back(begin, end);
+            },
+            grain);
+        const int64_t first = std::max(grain, (n + 2 * threads - 1) / (2 * threads));
+        int64_t covered = 0;
+        for (const auto& [begin, end] : ranges) {
+          covered += end - begin;
+          EXPECT_LE(end - begin, first);
+          if (end == n) {
+            EXPECT_LE(end - begin, grain);
+          } else {
+            EXPECT_GE(end - begin, grain);
+          }
+        }
+        EXPECT_EQ(covered, n);
+        // Each claim leaves (2t - 1) / 2t of the rest until a claim is min_grain: at most
+        // log(n) / log(2t / (2t - 1)) claims, then at most 2t of min_grain.
+        const double shrink = 2.0 * threads / (2.0 * threads - 1.0);
+        const int64_t bound =
+            static_cast<int64_t>(std::ceil(std::log(static_cast<double>(n)) / std::log(shrink))) +
+            2 * threads + 1;
+        EXPECT_LE(static_cast<int64_t>(ranges.size()), bound)
+            << "threads=" << threads << " n=" << n << " grain=" << grain;
       }
     }
   }
