@@ -95,11 +95,20 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
         const int64_t padded = (ctx + kAttendChunk - 1) / kAttendChunk * kAttendChunk;
         keys.resize(static_cast<size_t>(padded));
         values.resize(static_cast<size_t>(padded));
+        // CacheOffset without a division per position: block by block.
         const int64_t bytes = f16 ? 2 : 4;
-        for (int64_t pos = 0; pos < ctx; ++pos) {
-          const int64_t offset = CacheOffset(p, seq, pos, g) * bytes;
-          keys[pos] = static_cast<const char*>(p.k_cache) + offset;
-          values[pos] = static_cast<const char*>(p.v_cache) + offset;
+        const int64_t head_offset = g * p.kv_head_stride * bytes;
+        const char* const k_head = static_cast<const char*>(p.k_cache) + head_offset;
+        const char* const v_head = static_cast<const char*>(p.v_cache) + head_offset;
+        const int32_t* const table = p.block_tables + seq * p.max_blocks_per_seq;
+        for (int64_t start = 0, b = 0; start < ctx; start += p.block_size, ++b) {
+          const int64_t block_offset = table[b] * p.block_stride * bytes;
+          const int64_t slots = std::min(p.block_size, ctx - start);
+          for (int64_t j = 0; j < slots; ++j) {
+            const int64_t offset = block_offset + j * p.token_stride * bytes;
+            keys[start + j] = k_head + offset;
+            values[start + j] = v_head + offset;
+          }
         }
         const void* zeros = f16 ? static_cast<const void*>(kZeroHalves) : kZeros;
         std::fill(keys.begin() + ctx, keys.end(), zeros);
