@@ -246,11 +246,9 @@ void Attend64Impl(const float* q, int64_t q_stride, int64_t heads, const E* cons
 // code's 1.5·2^23 trick does. NaN leaves the maximum alone (vmaxps returns its second operand, as
 // std::max(amax, NaN) keeps amax) and becomes -127 on both paths.
 void QuantizeQ8Act(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums) {
-  const int64_t nb = k / kQuantBlock;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
-  for (int64_t b = 0; b < nb; ++b) {
-    const float* xb = x + b * kQuantBlock;
+  QuantizeBlocks(x, out, k, sums, [&](const float* xb, int8_t* qs) {
     __m256 v[4];
     __m256 m = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) {
@@ -269,18 +267,14 @@ void QuantizeQ8Act(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums) {
     __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
     t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
     t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
-    const int32_t sum = _mm_cvtsi128_si32(t4);
     // packs work per 128-bit lane: the bytes come out as dwords 0 4 1 5 2 6 3 7 of the order
     // wanted.
     const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
                                              _mm256_packs_epi32(q[2], q[3]));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs),
-                        _mm256_permutevar8x32_epi32(bytes, order));
-    out[b].d = d;
-    out[b].s = d * static_cast<float>(sum);
-    if (sums != nullptr) sums[b] = sum;
-  }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), _mm256_permutevar8x32_epi32(bytes, order));
+    return QuantizedBlock{d, _mm_cvtsi128_si32(t4)};
+  });
 }
 
 const KernelTable kTable = {

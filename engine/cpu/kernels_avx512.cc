@@ -425,29 +425,23 @@ void Attend64Impl(const float* q, int64_t q_stride, int64_t heads, const E* cons
 // is the same scalar division, cvtps2dq rounds to nearest even, and vpmovsdb only narrows codes
 // already clamped to [-127, 127].
 void QuantizeQ8Act512(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums) {
-  const int64_t nb = k / kQuantBlock;
   const __m512 sign = _mm512_set1_ps(-0.0f);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-  for (int64_t b = 0; b < nb; ++b) {
-    const float* xb = x + b * kQuantBlock;
+  QuantizeBlocks(x, out, k, sums, [&](const float* xb, int8_t* qs) {
     const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
     __m512 m = _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_setzero_ps());
     m = _mm512_max_ps(_mm512_andnot_ps(sign, v1), m);
-    const float d = Hmax8(_mm256_max_ps(_mm512_castps512_ps256(m),
-                                        _mm512_extractf32x8_ps(m, 1))) /
-                    127.0f;
+    const float d =
+        Hmax8(_mm256_max_ps(_mm512_castps512_ps256(m), _mm512_extractf32x8_ps(m, 1))) / 127.0f;
     const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
     const __m512i q0 =
         _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), lo), hi);
     const __m512i q1 =
         _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, id)), lo), hi);
-    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].qs), _mm512_cvtsepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].qs + 16), _mm512_cvtsepi32_epi8(q1));
-    out[b].d = d;
-    out[b].s = d * static_cast<float>(sum);
-    if (sums != nullptr) sums[b] = sum;
-  }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qs), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 16), _mm512_cvtsepi32_epi8(q1));
+    return QuantizedBlock{d, _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1))};
+  });
 }
 
 const KernelTable kTable = {
