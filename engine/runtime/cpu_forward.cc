@@ -281,11 +281,9 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
   const bool prefetch_kv = options_.prefetch_kv && T >= kPrefetchKvMinTokens &&
                            T <= kPrefetchKvMaxTokens;
   std::vector<cpu::MemoryRange>& kv_rows = sc.kv_rows;
-  kv_rows.clear();
-  size_t kv_rows_done = 0;  // leading ranges of kv_rows already asked for
+  absl::Span<const cpu::MemoryRange> kv_rows_left;  // of kv_rows, for the next Q/K/V product
   auto collect_kv_rows = [&](int64_t l) {
     kv_rows.clear();
-    kv_rows_done = 0;
     const int64_t row_bytes = layout.token_stride() * layout.element_bytes();
     const int64_t v_offset = layout.kv_stride() * layout.element_bytes();
     for (const StepSequence& seq : batch.sequences) {
@@ -297,13 +295,7 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
         kv_rows.push_back({keys + v_offset, slots * row_bytes});
       }
     }
-  };
-  // kv_rows[kv_rows_done, end), marked as asked for.
-  auto kv_rows_upto = [&](size_t end) {
-    const absl::Span<const cpu::MemoryRange> part =
-        absl::MakeConstSpan(kv_rows).subspan(kv_rows_done, end - kv_rows_done);
-    kv_rows_done = end;
-    return part;
+    kv_rows_left = kv_rows;
   };
   auto emit = [&](const std::string& name, const float* data, int64_t rows, int64_t cols) {
     if (dump) dump(name, data, rows, cols);
@@ -334,8 +326,11 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
                                                 y.data() + r * static_cast<int64_t>(bias.size()),
                                                 static_cast<int64_t>(bias.size()));
   };
-  auto norm = [&](const float* in, const std::vector<float>& weight, float* o, int64_t rows) {
-    cpu::RmsNorm(cpu::RmsNormParams{.x = in, .x_stride = H, .weight = weight.data(), .out = o,
+  // out = norm(in) over `rows` rows; with `residual`, residual += in first and out = norm of that.
+  auto norm = [&](const float* in, const std::vector<float>& weight, float* o, int64_t rows,
+                  float* residual = nullptr) {
+    cpu::RmsNorm(cpu::RmsNormParams{.x = in, .x_stride = H, .residual = residual,
+                                    .residual_stride = H, .weight = weight.data(), .out = o,
                                     .out_stride = H, .rows = rows, .dim = H,
                                     .eps = c.rms_norm_eps});
   };
@@ -343,11 +338,9 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
   // product before).
   auto norm_rows = [&](const std::vector<float>& weight, bool add_proj, int64_t begin,
                        int64_t end) {
-    cpu::RmsNorm(cpu::RmsNormParams{
-        .x = (add_proj ? proj.data() : x.data()) + begin * H, .x_stride = H,
-        .residual = add_proj ? x.data() + begin * H : nullptr, .residual_stride = H,
-        .weight = weight.data(), .out = h.data() + begin * H, .out_stride = H,
-        .rows = end - begin, .dim = H, .eps = c.rms_norm_eps});
+    float* x_rows = x.data() + begin * H;
+    norm(add_proj ? proj.data() + begin * H : x_rows, weight, h.data() + begin * H, end - begin,
+         add_proj ? x_rows : nullptr);
   };
   const cpu::KernelContext serial{.pool = nullptr, .isa = options_.isa};
   // The rotation angles depend only on the positions: once for Q and K of every layer.
@@ -375,7 +368,8 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
     };
     RETURN_IF_ERROR(linear_shared(
         h.data(), T, {{lw.attn_q, q.data()}, {lw.attn_k, k.data()}, {lw.attn_v, v.data()}},
-        {.prepare_rows = attn_norm_rows, .prefetch = kv_rows_upto(kv_rows.size())}));
+        {.prepare_rows = attn_norm_rows, .prefetch = kv_rows_left}));
+    kv_rows_left = {};
     if (proj_pending) emit(absl::StrCat("l_out-", l - 1), x.data(), T, H);
     emit("attn_norm" + suffix, h.data(), T, H);
     add_bias(q, sl.q_bias, T);
@@ -450,7 +444,8 @@ absl::Status CpuForward::Step(const StepBatch& batch, KvStorage* kv, StepOutput*
     cpu::MatMulExtras down_extras{.prepare_rows = silu_rows};
     if (prefetch_kv && l + 1 < c.num_layers) {
       collect_kv_rows(l + 1);
-      down_extras.prefetch = kv_rows_upto(kv_rows.size() / 2);
+      down_extras.prefetch = kv_rows_left.first(kv_rows.size() / 2);
+      kv_rows_left.remove_prefix(kv_rows.size() / 2);
     }
     RETURN_IF_ERROR(Linear(gate.data(), T, *lw.ffn_down, proj.data(), down_extras));
     emit("ffn_out" + suffix, proj.data(), T, H);
