@@ -4,6 +4,9 @@
 //
 //   MatMul/<isa>/<dtype>/M<m>/K<k>/N<n>   bytes_per_second = weight bytes streamed; FLOPS = 2·M·N·K
 //   MatMulPacked/...                      the same weights repacked (packed_weights.h)
+//   PagedAttentionPrompt/<isa>/F16/chunk<n>/ctx<c>/{whole,by_token}
+//                                         a prompt chunk of n tokens ending at position c, one
+//                                         call (tiles of its tokens) or one call per token
 //   PagedAttentionDecode/<isa>/<kv>/ctx<c>/seqs<s>
 //                                         s sequences × 1 token, 9 heads / 3 KV heads × 64, an
 //                                         F32 or F16 cache (4 sequences stay in cache memory,
@@ -143,6 +146,71 @@ void BM_PagedAttentionDecode(benchmark::State& state, Isa isa, DType kv_type, in
                           (f16 ? 2 : 4));
 }
 
+// A prompt chunk of `chunk` tokens of one sequence at positions context - chunk .. context - 1
+// over an F16 cache, 9 heads / 3 KV heads × 64: `whole` as one step sees it (the chunk's tokens go
+// to the tile kernel where the ISA has one), otherwise one PagedAttention call per token (the
+// one-token kernel): the same bits, two speeds. FLOPS = the multiply-adds of q·k and p·v, × 2.
+void BM_PagedAttentionPrompt(benchmark::State& state, Isa isa, int64_t chunk, int64_t context,
+                             bool whole) {
+  const int64_t num_heads = 9, num_kv_heads = 3, head_dim = 64, block_size = 16;
+  const int64_t blocks = (context + block_size - 1) / block_size;
+  const int64_t token_stride = num_kv_heads * head_dim;
+  const int64_t block_stride = block_size * token_stride;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<uint16_t> k_cache(static_cast<size_t>(blocks * block_stride));
+  std::vector<uint16_t> v_cache(k_cache.size());
+  for (uint16_t& h : k_cache) h = FloatToHalf(dist(rng));
+  for (uint16_t& h : v_cache) h = FloatToHalf(dist(rng));
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  std::vector<int32_t> seq(static_cast<size_t>(chunk), 0), pos(static_cast<size_t>(chunk));
+  for (int64_t t = 0; t < chunk; ++t) pos[t] = static_cast<int32_t>(context - chunk + t);
+  std::vector<float> q(static_cast<size_t>(chunk * num_heads * head_dim));
+  for (float& x : q) x = dist(rng);
+  std::vector<float> out(q.size());
+  const PagedAttentionParams p{.q = q.data(),
+                               .q_token_stride = num_heads * head_dim,
+                               .out = out.data(),
+                               .out_token_stride = num_heads * head_dim,
+                               .k_cache = k_cache.data(),
+                               .v_cache = v_cache.data(),
+                               .kv_type = DType::kF16,
+                               .block_stride = block_stride,
+                               .token_stride = token_stride,
+                               .kv_head_stride = head_dim,
+                               .block_size = block_size,
+                               .block_tables = table.data(),
+                               .max_blocks_per_seq = blocks,
+                               .token_seq = seq.data(),
+                               .token_pos = pos.data(),
+                               .num_tokens = chunk,
+                               .num_heads = num_heads,
+                               .num_kv_heads = num_kv_heads,
+                               .head_dim = head_dim};
+  for (auto _ : state) {
+    for (int64_t t = 0; t < (whole ? 1 : chunk); ++t) {
+      PagedAttentionParams one = p;
+      if (!whole) {
+        one.q += t * p.q_token_stride;
+        one.out += t * p.out_token_stride;
+        one.token_seq += t;
+        one.token_pos += t;
+        one.num_tokens = 1;
+      }
+      if (!PagedAttention(one, {.isa = isa}).ok()) {
+        state.SkipWithError("PagedAttention failed");
+        return;
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  const int64_t positions = chunk * (context - chunk) + chunk * (chunk + 1) / 2;
+  state.counters["FLOPS"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * positions * num_heads * head_dim * 4),
+      benchmark::Counter::kIsRate);
+}
+
 void RegisterAll() {
   struct Shape {
     int64_t k, n;
@@ -179,6 +247,16 @@ void RegisterAll() {
                                  std::to_string(context) + "/seqs" + std::to_string(seqs);
         benchmark::RegisterBenchmark(name.c_str(), BM_PagedAttentionDecode, isa, kv_type, context,
                                      seqs)
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+    for (auto [chunk, context] : {std::pair<int64_t, int64_t>{128, 128}, {512, 512}, {512, 2048}}) {
+      for (bool whole : {true, false}) {
+        const std::string name = "PagedAttentionPrompt/" + isa_name + "/F16/chunk" +
+                                 std::to_string(chunk) + "/ctx" + std::to_string(context) +
+                                 (whole ? "/whole" : "/by_token");
+        benchmark::RegisterBenchmark(name.c_str(), BM_PagedAttentionPrompt, isa, chunk, context,
+                                     whole)
             ->Unit(benchmark::kMicrosecond);
       }
     }

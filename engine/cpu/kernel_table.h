@@ -79,6 +79,24 @@ using Attend64F16Fn = void (*)(const float* q, int64_t q_stride, int64_t heads,
 inline constexpr int64_t kAttendChunk = 32;
 inline constexpr int64_t kAttendMaxHeads = 6;  // Attend64Fn takes 1..6 heads
 
+// Attend64Fn for `rows` query tokens of one sequence at consecutive positions (a prompt chunk):
+// token r's heads sit at q + r * q_token_stride + h * 64 and its output at
+// out + r * out_token_stride + h * 64; token r attends to positions 0 .. first_ctx + r - 1. The
+// arrays hold first_ctx + rows - 1 entries rounded up to a multiple of 32, padded as Attend64Fn's.
+// Each key chunk is widened and transposed once for every token and head of the call, so the
+// scores come from broadcast query elements without horizontal sums. Every output is bit for bit
+// Attend64Fn's for that token alone (the same operations in the same order), so how a prompt is
+// cut into calls never changes a result.
+using Attend64RowsFn = void (*)(const float* q, int64_t q_token_stride, int64_t rows,
+                                int64_t heads, const float* const* k, const float* const* v,
+                                int64_t first_ctx, float scale, float* out,
+                                int64_t out_token_stride);
+using Attend64RowsF16Fn = void (*)(const float* q, int64_t q_token_stride, int64_t rows,
+                                   int64_t heads, const uint16_t* const* k,
+                                   const uint16_t* const* v, int64_t first_ctx, float scale,
+                                   float* out, int64_t out_token_stride);
+inline constexpr int64_t kAttendMaxRows = 8;  // Attend64RowsFn takes 1..8 tokens
+
 // QuantizeRowQ8Act's contract; every table's entry gives bit-identical blocks and sums.
 using QuantizeQ8ActFn = void (*)(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums);
 
@@ -119,6 +137,10 @@ struct KernelTable {
   F32ToF16Fn f32_to_f16;
   // Attend64Fn over an F16 cache, or nullptr (the generic loop then widens each row first).
   Attend64F16Fn attend64_f16;
+  // Prompt-chunk tiles (Attend64RowsFn), or nullptr: PagedAttention then calls attend64 /
+  // attend64_f16 once per token, with the same result.
+  Attend64RowsFn attend64_rows = nullptr;
+  Attend64RowsF16Fn attend64_rows_f16 = nullptr;
 };
 
 // Whether `table` has its own kernel for packed format `format` (an int PackedFormat).

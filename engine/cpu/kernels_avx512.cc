@@ -337,6 +337,37 @@ inline __m512 Scores16(const __m512* q, const E* const* k) {
                        _mm512_shuffle_f32x4(r3[0], r3[1], 0xDD));
 }
 
+// Live lanes' masks of a chunk of `count` (1..32) positions: its first and second 16.
+struct ChunkMasks {
+  __mmask16 live0, live1;
+};
+inline ChunkMasks MasksOf(int64_t count) {
+  return {static_cast<__mmask16>(count >= 16 ? 0xFFFF : (1u << count) - 1),
+          static_cast<__mmask16>(count >= 32 ? 0xFFFF
+                                 : count > 16 ? (1u << (count - 16)) - 1
+                                              : 0)};
+}
+
+// A query line's online-softmax step over one chunk: scaled scores s0 / s1 (dead lanes -inf) to
+// weights (dead lanes 0) stored at `weights`, the running maximum and sum updated. Returns the
+// factor the line's accumulator must be multiplied by (0 on the first chunk, 1 when the maximum
+// stays). Both attention kernels call this, so their arithmetic is the same.
+__attribute__((always_inline)) inline float SoftmaxChunk(__m512 s0, __m512 s1, __mmask16 live0,
+                                                         __mmask16 live1, float& running_max,
+                                                         float& running_sum, float* weights) {
+  const float chunk_max = HmaxF32(_mm512_max_ps(s0, s1));
+  const float new_max = running_max > chunk_max ? running_max : chunk_max;
+  const float correction = __builtin_expf(running_max - new_max);
+  const __m512 m = _mm512_set1_ps(new_max);
+  const __m512 e0 = _mm512_maskz_mov_ps(live0, ExpNonPositive(_mm512_sub_ps(s0, m)));
+  const __m512 e1 = _mm512_maskz_mov_ps(live1, ExpNonPositive(_mm512_sub_ps(s1, m)));
+  _mm512_store_ps(weights, e0);
+  _mm512_store_ps(weights + 16, e1);
+  running_sum = running_sum * correction + VF::Hsum(_mm512_add_ps(e0, e1));
+  running_max = new_max;
+  return correction;
+}
+
 template <int G, typename E>
 void Attend64Heads(const float* q, int64_t q_stride, const E* const* k, const E* const* v,
                    int64_t ctx, float scale, float* out, int64_t out_stride) {
@@ -353,9 +384,7 @@ void Attend64Heads(const float* q, int64_t q_stride, const E* const* k, const E*
   const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
   for (int64_t start = 0; start < ctx; start += kAttendChunk) {
     const int64_t count = ctx - start < kAttendChunk ? ctx - start : kAttendChunk;
-    const __mmask16 live0 = static_cast<__mmask16>(count >= 16 ? 0xFFFF : (1u << count) - 1);
-    const __mmask16 live1 =
-        static_cast<__mmask16>(count >= 32 ? 0xFFFF : count > 16 ? (1u << (count - 16)) - 1 : 0);
+    const auto [live0, live1] = MasksOf(count);
 #pragma GCC unroll 8
     for (int h = 0; h < G; ++h) {
       const float* qh = q + h * q_stride;
@@ -368,20 +397,12 @@ void Attend64Heads(const float* q, int64_t q_stride, const E* const* k, const E*
         s1 = _mm512_mask_blend_ps(live1, neg_inf,
                                   _mm512_mul_ps(Scores16(qv, k + start + 16), scale_v));
       }
-      const float chunk_max = HmaxF32(_mm512_max_ps(s0, s1));
-      const float new_max = running_max[h] > chunk_max ? running_max[h] : chunk_max;
-      const float correction = __builtin_expf(running_max[h] - new_max);  // 0 on the first chunk
-      const __m512 m = _mm512_set1_ps(new_max);
-      const __m512 e0 = _mm512_maskz_mov_ps(live0, ExpNonPositive(_mm512_sub_ps(s0, m)));
-      const __m512 e1 = _mm512_maskz_mov_ps(live1, ExpNonPositive(_mm512_sub_ps(s1, m)));
-      _mm512_store_ps(weights[h], e0);
-      _mm512_store_ps(weights[h] + 16, e1);
-      running_sum[h] = running_sum[h] * correction + VF::Hsum(_mm512_add_ps(e0, e1));
+      const float correction =
+          SoftmaxChunk(s0, s1, live0, live1, running_max[h], running_sum[h], weights[h]);
       if (correction != 1.0f) {
         const __m512 c = _mm512_set1_ps(correction);
         for (int i = 0; i < 4; ++i) acc[h][i] = _mm512_mul_ps(acc[h][i], c);
       }
-      running_max[h] = new_max;
     }
     for (int64_t j = 0; j < count; ++j) {
       const E* vj = v[start + j];
@@ -418,6 +439,218 @@ void Attend64Impl(const float* q, int64_t q_stride, int64_t heads, const E* cons
     case 6: Attend64Heads<6>(q, q_stride, k, v, ctx, scale, out, out_stride); break;
     default: break;
   }
+}
+
+// ---- attention over a prompt chunk's tokens, head_dim 64 (Attend64RowsFn) ------------------------
+// Per 16 keys, the rows are widened once and transposed (kt[d] = dimension d of the 16 keys), and
+// each query line's 16 scores are 64 multiply-adds of a broadcast query element into those
+// columns. Attend64Heads' lane i sums dimensions i, i+16, i+32, i+48 in that order and its tree
+// adds lanes (i, i+2) and (i+1, i+3) of each quarter, then the quarters as (0+1) + (2+3): the
+// columns are combined in exactly that order, so the scores (and all that follows) are the same
+// bits. Value rows are widened once per chunk and shared by every line of the call.
+
+// kt[d * 16 + j] = element d of row j, for 16 rows of 64 elements.
+template <typename E>
+inline void TransposeKeys16(const E* const* k, float* kt) {
+#pragma GCC unroll 4
+  for (int quarter = 0; quarter < 4; ++quarter) {
+    __m512 r[16], t[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) r[j] = LoadKv(k[j] + 16 * quarter);
+    // Per 128-bit lane: t[2i] = [a0 b0 a1 b1], t[2i+1] = [a2 b2 a3 b3] of rows a = 2i, b = 2i+1.
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // Per 128-bit lane L: r[4i + e] = element 4L + e of rows 4i .. 4i+3.
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+      const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+      r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+      r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+      r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+      r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    // Column 4L + e gathers lane L of r[e], r[4 + e], r[8 + e], r[12 + e].
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; ++e) {
+      const __m512 v = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88);   // lanes 0, 2 | 0, 2
+      const __m512 w = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xDD);   // lanes 1, 3 | 1, 3
+      const __m512 v2 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88);
+      const __m512 w2 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xDD);
+      float* col = kt + (16 * quarter + e) * 16;
+      _mm512_store_ps(col + 0 * 64, _mm512_shuffle_f32x4(v, v2, 0x88));   // L = 0
+      _mm512_store_ps(col + 1 * 64, _mm512_shuffle_f32x4(w, w2, 0x88));   // L = 1
+      _mm512_store_ps(col + 2 * 64, _mm512_shuffle_f32x4(v, v2, 0xDD));   // L = 2
+      _mm512_store_ps(col + 3 * 64, _mm512_shuffle_f32x4(w, w2, 0xDD));   // L = 3
+    }
+  }
+}
+
+// Scores16 of the G query lines at q + h * 64 against the 16 keys transposed in kt, bit for
+// bit, into scores[h]; each column of kt is loaded once for the G lines. Kept out of line: its
+// caller's registers are taken by the value loop.
+template <int G>
+__attribute__((noinline)) void ScoresTransposed16(const float* q, const float* kt,
+                                                  __m512* scores) {
+  // lanes[h] = Dot64's lane i of line h: dimensions i, i+16, i+32, i+48 in that order.
+  auto lane = [&](int i, __m512* lanes) __attribute__((always_inline)) {
+    __m512 k0 = _mm512_load_ps(kt + 16 * i), k1 = _mm512_load_ps(kt + 16 * (i + 16));
+    __m512 k2 = _mm512_load_ps(kt + 16 * (i + 32)), k3 = _mm512_load_ps(kt + 16 * (i + 48));
+    // In registers, loaded once for the G lines (left to itself the compiler folds the loads
+    // into every multiply-add and broadcasts the query elements separately: two loads each).
+    asm("" : "+v"(k0), "+v"(k1), "+v"(k2), "+v"(k3));
+#pragma GCC unroll 8
+    for (int h = 0; h < G; ++h) {
+      const float* qh = q + h * 64;
+      __m512 p = _mm512_mul_ps(_mm512_set1_ps(qh[i]), k0);
+      p = _mm512_fmadd_ps(_mm512_set1_ps(qh[i + 16]), k1, p);
+      p = _mm512_fmadd_ps(_mm512_set1_ps(qh[i + 32]), k2, p);
+      lanes[h] = _mm512_fmadd_ps(_mm512_set1_ps(qh[i + 48]), k3, p);
+    }
+  };
+  __m512 pair[2][G];  // quarters 0 + 1 and 2 + 3
+#pragma GCC unroll 4
+  for (int l = 0; l < 4; ++l) {
+    __m512 a[G], b[G], quarter[G];
+    lane(4 * l, a);
+    lane(4 * l + 2, b);
+#pragma GCC unroll 8
+    for (int h = 0; h < G; ++h) quarter[h] = _mm512_add_ps(a[h], b[h]);
+    lane(4 * l + 1, a);
+    lane(4 * l + 3, b);
+#pragma GCC unroll 8
+    for (int h = 0; h < G; ++h) {
+      quarter[h] = _mm512_add_ps(quarter[h], _mm512_add_ps(a[h], b[h]));
+      pair[l / 2][h] = l % 2 == 0 ? quarter[h] : _mm512_add_ps(pair[l / 2][h], quarter[h]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < G; ++h) scores[h] = _mm512_add_ps(pair[0][h], pair[1][h]);
+}
+
+template <int G, typename E>
+void Attend64RowsHeads(const float* q, int64_t q_token_stride, int64_t rows, const E* const* k,
+                       const E* const* v, int64_t first_ctx, float scale, float* out,
+                       int64_t out_token_stride) {
+  constexpr int64_t kMaxLines = kAttendMaxRows * G;
+  alignas(64) float acc[kMaxLines][64];
+  alignas(64) float weights[kMaxLines][kAttendChunk];
+  alignas(64) float kt[2][64 * 16];
+  alignas(64) float vf[kAttendChunk][64];
+  float running_max[kMaxLines], running_sum[kMaxLines];
+  for (int64_t line = 0; line < rows * G; ++line) {
+    for (int i = 0; i < 64; i += 16) _mm512_store_ps(acc[line] + i, _mm512_setzero_ps());
+    running_max[line] = -__builtin_inff();
+    running_sum[line] = 0.0f;
+  }
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  const int64_t last_ctx = first_ctx + rows - 1;
+  for (int64_t start = 0; start < last_ctx; start += kAttendChunk) {
+    const int64_t chunk = last_ctx - start < kAttendChunk ? last_ctx - start : kAttendChunk;
+    TransposeKeys16(k + start, kt[0]);
+    if (chunk > 16) TransposeKeys16(k + start + 16, kt[1]);
+    for (int64_t j = 0; j < chunk; ++j) {
+      const E* vj = v[start + j];
+      for (int i = 0; i < 4; ++i) _mm512_store_ps(vf[j] + 16 * i, LoadKv(vj + 16 * i));
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t ctx = first_ctx + r;
+      if (start >= ctx) continue;  // the earlier tokens of the call end before this chunk
+      const int64_t count = ctx - start < kAttendChunk ? ctx - start : kAttendChunk;
+      const auto [live0, live1] = MasksOf(count);
+      float* const acc_r = acc[r * G];
+      __m512 scores0[G], scores1[G];
+      ScoresTransposed16<G>(q + r * q_token_stride, kt[0], scores0);
+      if (live1 != 0) ScoresTransposed16<G>(q + r * q_token_stride, kt[1], scores1);
+#pragma GCC unroll 8
+      for (int h = 0; h < G; ++h) {
+        const int64_t line = r * G + h;
+        const __m512 s0 =
+            _mm512_mask_blend_ps(live0, neg_inf, _mm512_mul_ps(scores0[h], scale_v));
+        __m512 s1 = neg_inf;
+        if (live1 != 0) {
+          s1 = _mm512_mask_blend_ps(live1, neg_inf, _mm512_mul_ps(scores1[h], scale_v));
+        }
+        const float correction = SoftmaxChunk(s0, s1, live0, live1, running_max[line],
+                                              running_sum[line], weights[line]);
+        if (correction != 1.0f) {
+          const __m512 c = _mm512_set1_ps(correction);
+          for (int i = 0; i < 4; ++i) {
+            float* a = acc_r + h * 64 + 16 * i;
+            _mm512_store_ps(a, _mm512_mul_ps(_mm512_load_ps(a), c));
+          }
+        }
+      }
+      // The token's heads share each value row, as in Attend64Heads.
+      __m512 a[G][4];
+#pragma GCC unroll 8
+      for (int h = 0; h < G; ++h) {
+        for (int i = 0; i < 4; ++i) a[h][i] = _mm512_load_ps(acc_r + h * 64 + 16 * i);
+      }
+      for (int64_t j = 0; j < count; ++j) {
+        __m512 v0 = _mm512_load_ps(vf[j]), v1 = _mm512_load_ps(vf[j] + 16);
+        __m512 v2 = _mm512_load_ps(vf[j] + 32), v3 = _mm512_load_ps(vf[j] + 48);
+        asm("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3));  // once for the G lines
+#pragma GCC unroll 8
+        for (int h = 0; h < G; ++h) {
+          const __m512 w = _mm512_set1_ps(weights[r * G + h][j]);
+          a[h][0] = _mm512_fmadd_ps(w, v0, a[h][0]);
+          a[h][1] = _mm512_fmadd_ps(w, v1, a[h][1]);
+          a[h][2] = _mm512_fmadd_ps(w, v2, a[h][2]);
+          a[h][3] = _mm512_fmadd_ps(w, v3, a[h][3]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int h = 0; h < G; ++h) {
+        for (int i = 0; i < 4; ++i) _mm512_store_ps(acc_r + h * 64 + 16 * i, a[h][i]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+#pragma GCC unroll 8
+    for (int h = 0; h < G; ++h) {
+      const int64_t line = r * G + h;
+      const __m512 inv =
+          _mm512_set1_ps(running_sum[line] > 0.0f ? 1.0f / running_sum[line] : 0.0f);
+      for (int i = 0; i < 4; ++i) {
+        _mm512_storeu_ps(out + r * out_token_stride + h * 64 + 16 * i,
+                         _mm512_mul_ps(_mm512_load_ps(acc[line] + 16 * i), inv));
+      }
+    }
+  }
+}
+
+template <typename E>
+void Attend64RowsImpl(const float* q, int64_t q_token_stride, int64_t rows, int64_t heads,
+                      const E* const* k, const E* const* v, int64_t first_ctx, float scale,
+                      float* out, int64_t out_token_stride) {
+  using Fn = void (*)(const float*, int64_t, int64_t, const E* const*, const E* const*, int64_t,
+                      float, float*, int64_t);
+  static constexpr Fn kByHeads[kAttendMaxHeads + 1] = {
+      nullptr,
+      Attend64RowsHeads<1, E>,
+      Attend64RowsHeads<2, E>,
+      Attend64RowsHeads<3, E>,
+      Attend64RowsHeads<4, E>,
+      Attend64RowsHeads<5, E>,
+      Attend64RowsHeads<6, E>};
+  if (heads < 1 || heads > kAttendMaxHeads || rows < 1 || rows > kAttendMaxRows) return;
+  kByHeads[heads](q, q_token_stride, rows, k, v, first_ctx, scale, out, out_token_stride);
+}
+
+void Attend64Rows(const float* q, int64_t q_token_stride, int64_t rows, int64_t heads,
+                  const float* const* k, const float* const* v, int64_t first_ctx, float scale,
+                  float* out, int64_t out_token_stride) {
+  Attend64RowsImpl(q, q_token_stride, rows, heads, k, v, first_ctx, scale, out, out_token_stride);
+}
+void Attend64RowsF16(const float* q, int64_t q_token_stride, int64_t rows, int64_t heads,
+                     const uint16_t* const* k, const uint16_t* const* v, int64_t first_ctx,
+                     float scale, float* out, int64_t out_token_stride) {
+  Attend64RowsImpl(q, q_token_stride, rows, heads, k, v, first_ctx, scale, out, out_token_stride);
 }
 
 // QuantizeRowQ8Act on two 512-bit registers a block, bit for bit as kernels_avx2.cc's
@@ -459,6 +692,8 @@ const KernelTable kTable = {
     F16ToF32,
     F32ToF16,
     Attend64F16,
+    Attend64Rows,
+    Attend64RowsF16,
 };
 
 }  // namespace

@@ -82,16 +82,36 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
   const bool f16 = p.kv_type == DType::kF16;
   if ((f16 ? kt.attend64_f16 != nullptr : kt.attend64 != nullptr) && d == 64 &&
       group <= kAttendMaxHeads) {
-    // One item per (token, KV head): its query heads share every key and value load.
+    // One item per (run, KV head): a run is up to kAttendMaxRows tokens of one sequence at
+    // consecutive positions (a prompt chunk's) where the table has the tile kernel, else one
+    // token; its tokens' query heads share every key and value load.
+    const bool tiles = f16 ? kt.attend64_rows_f16 != nullptr : kt.attend64_rows != nullptr;
+    struct Run {
+      int64_t first = 0, rows = 0;
+    };
+    std::vector<Run> runs;
+    runs.reserve(static_cast<size_t>(p.num_tokens));
+    for (int64_t t = 0; t < p.num_tokens;) {
+      int64_t rows = 1;
+      while (tiles && rows < kAttendMaxRows && t + rows < p.num_tokens &&
+             p.token_seq[t + rows] == p.token_seq[t] &&
+             p.token_pos[t + rows] == p.token_pos[t] + rows) {
+        ++rows;
+      }
+      runs.push_back({t, rows});
+      t += rows;
+    }
     static constexpr float kZeros[64] = {};
     static constexpr uint16_t kZeroHalves[64] = {};
     auto work = [&](int64_t begin, int64_t end) {
       thread_local std::vector<const void*> keys, values;
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t t = item / p.num_kv_heads;
+        const Run run = runs[static_cast<size_t>(item / p.num_kv_heads)];
         const int64_t g = item % p.num_kv_heads;
+        const int64_t t = run.first;
         const int64_t seq = p.token_seq[t];
-        const int64_t ctx = static_cast<int64_t>(p.token_pos[t]) + 1;
+        const int64_t first_ctx = static_cast<int64_t>(p.token_pos[t]) + 1;
+        const int64_t ctx = first_ctx + run.rows - 1;  // the run's last token's
         const int64_t padded = (ctx + kAttendChunk - 1) / kAttendChunk * kAttendChunk;
         keys.resize(static_cast<size_t>(padded));
         values.resize(static_cast<size_t>(padded));
@@ -115,7 +135,17 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
         std::fill(values.begin() + ctx, values.end(), zeros);
         const float* q = p.q + t * p.q_token_stride + g * group * d;
         float* out = p.out + t * p.out_token_stride + g * group * d;
-        if (f16) {
+        if (run.rows > 1 && f16) {
+          kt.attend64_rows_f16(q, p.q_token_stride, run.rows, group,
+                               reinterpret_cast<const uint16_t* const*>(keys.data()),
+                               reinterpret_cast<const uint16_t* const*>(values.data()), first_ctx,
+                               scale, out, p.out_token_stride);
+        } else if (run.rows > 1) {
+          kt.attend64_rows(q, p.q_token_stride, run.rows, group,
+                           reinterpret_cast<const float* const*>(keys.data()),
+                           reinterpret_cast<const float* const*>(values.data()), first_ctx, scale,
+                           out, p.out_token_stride);
+        } else if (f16) {
           kt.attend64_f16(q, d, group, reinterpret_cast<const uint16_t* const*>(keys.data()),
                           reinterpret_cast<const uint16_t* const*>(values.data()), ctx, scale,
                           out, d);
@@ -125,7 +155,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
         }
       }
     };
-    RunItems(context, p.num_tokens * p.num_kv_heads, work);
+    RunItems(context, static_cast<int64_t>(runs.size()) * p.num_kv_heads, work);
     return absl::OkStatus();
   }
 

@@ -1,6 +1,7 @@
 #include "engine/cpu/paged_attention.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -153,6 +154,63 @@ TEST(PagedAttentionLongTest, MatchesTheReferenceOverManyChunks) {
                 << " key_scale " << key_scale << " element " << i << " (token "
                 << i / p.out_token_stride << ")";
           }
+        }
+      }
+    }
+  }
+}
+
+// A prompt chunk's tokens go to the tile kernel (Attend64RowsFn) in runs of up to 8; each
+// token's output must be bit for bit what the step gives when that token is the only one (the
+// one-token kernel), for every group size, both cache types, chunks that start anywhere relative
+// to the 32-position chunks, and with a pool (so that how a prompt is split never changes a
+// result).
+TEST(PagedAttentionTilesTest, PromptChunksEqualTheirTokensOneByOne) {
+  const std::vector<int64_t> lens = {70, 45, 200, 9};
+  std::vector<std::pair<int32_t, int32_t>> tokens;
+  for (int32_t pos = 0; pos < 70; ++pos) tokens.push_back({0, pos});    // a whole prompt
+  tokens.push_back({3, 8});                                             // a decode token
+  for (int32_t pos = 20; pos < 45; ++pos) tokens.push_back({1, pos});   // across a chunk edge
+  for (int32_t pos = 150; pos < 200; ++pos) tokens.push_back({2, pos});
+  ThreadPool pool({.num_threads = 3});
+  for (int64_t group : {1, 2, 3, 4, 5, 6, 7}) {
+    std::mt19937 rng(static_cast<uint32_t>(group + 40));
+    Batch batch = MakeBatch(16, group, 64, rng, lens, tokens, 6.0f);
+    for (DType kv_type : {DType::kF32, DType::kF16}) {
+      for (Isa isa : kAllIsas) {
+        if (!IsaSupported(isa, HostCpuFeatures())) continue;
+        PagedAttentionParams p = batch.Params(kv_type);
+        std::vector<float> whole(batch.out.size(), std::numeric_limits<float>::quiet_NaN());
+        p.out = whole.data();
+        ASSERT_TRUE(PagedAttention(p, {.pool = &pool, .isa = isa}).ok());
+        std::vector<float> alone(batch.out.size(), std::numeric_limits<float>::quiet_NaN());
+        for (int64_t t = 0; t < p.num_tokens; ++t) {
+          PagedAttentionParams one = p;
+          one.q = p.q + t * p.q_token_stride;
+          one.out = alone.data() + t * p.out_token_stride;
+          one.token_seq = p.token_seq + t;
+          one.token_pos = p.token_pos + t;
+          one.num_tokens = 1;
+          ASSERT_TRUE(PagedAttention(one, {.isa = isa}).ok());
+        }
+        for (int64_t t = 0; t < p.num_tokens; ++t) {
+          for (int64_t i = 0; i < p.num_heads * p.head_dim; ++i) {
+            const float a = whole[t * p.out_token_stride + i];
+            const float b = alone[t * p.out_token_stride + i];
+            ASSERT_EQ(std::bit_cast<uint32_t>(a), std::bit_cast<uint32_t>(b))
+                << IsaName(isa) << " " << DTypeName(kv_type) << " group " << group << " token "
+                << t << " (sequence " << p.token_seq[t] << " position " << p.token_pos[t]
+                << ") element " << i << ": " << a << " vs " << b;
+          }
+        }
+        // And both are the attention the reference computes.
+        std::vector<float> expected(batch.out.size());
+        p.out = expected.data();
+        ASSERT_TRUE(PagedAttentionReference(p).ok());
+        for (size_t i = 0; i < whole.size(); ++i) {
+          ASSERT_NEAR(whole[i], expected[i], 1e-5f)
+              << IsaName(isa) << " " << DTypeName(kv_type) << " group " << group << " element "
+              << i;
         }
       }
     }
