@@ -12,8 +12,10 @@
 //                                         F32 or F16 cache (4 sequences stay in cache memory,
 //                                         32 at ctx 512 do not: 50 MiB in F32, as a decode step
 //                                         of a batch reads); bytes_per_second = K and V bytes read
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -83,111 +85,98 @@ void BM_MatMul(benchmark::State& state, Isa isa, DType type, int64_t m, int64_t 
       benchmark::Counter::kIsRate);
 }
 
+// SmolLM2-135M's attention shape (9 heads / 3 KV heads × 64, 16-token blocks) over `num_seqs`
+// sequences of `context` cached positions, their blocks in order, random K/V held only in
+// kv_type; one query token per (sequence, position) of `tokens`, all of its elements `q_value`
+// or, when that is NaN, random.
+struct AttentionCase {
+  static constexpr int64_t kHeads = 9, kKvHeads = 3, kHeadDim = 64, kBlockSize = 16;
+  static constexpr int64_t kTokenStride = kKvHeads * kHeadDim;
+  std::vector<float> k_f32, v_f32, q, out;
+  std::vector<uint16_t> k_f16, v_f16;
+  std::vector<int32_t> tables, seq, pos;
+  PagedAttentionParams params;
+
+  AttentionCase(DType kv_type, int64_t num_seqs, int64_t context,
+                const std::vector<std::pair<int32_t, int32_t>>& tokens, float q_value,
+                uint32_t seed) {
+    const int64_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+    const size_t elements = static_cast<size_t>(num_seqs * blocks_per_seq * kBlockSize *
+                                                kTokenStride);
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    const bool f16 = kv_type == DType::kF16;
+    for (std::vector<float>* cache : {&k_f32, &v_f32}) {
+      cache->resize(elements);
+      for (float& x : *cache) x = dist(rng);
+    }
+    if (f16) {  // only the cache being read stays resident
+      for (auto [from, to] : {std::pair{&k_f32, &k_f16}, std::pair{&v_f32, &v_f16}}) {
+        to->resize(elements);
+        for (size_t i = 0; i < elements; ++i) (*to)[i] = FloatToHalf((*from)[i]);
+        *from = {};
+      }
+    }
+    tables.resize(static_cast<size_t>(num_seqs * blocks_per_seq));
+    for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
+    for (auto [s, p] : tokens) {
+      seq.push_back(s);
+      pos.push_back(p);
+    }
+    q.resize(tokens.size() * kHeads * kHeadDim);
+    for (float& x : q) x = std::isnan(q_value) ? dist(rng) : q_value;
+    out.resize(q.size());
+    params = PagedAttentionParams{
+        .q = q.data(),
+        .q_token_stride = kHeads * kHeadDim,
+        .out = out.data(),
+        .out_token_stride = kHeads * kHeadDim,
+        .k_cache = f16 ? static_cast<const void*>(k_f16.data()) : k_f32.data(),
+        .v_cache = f16 ? static_cast<const void*>(v_f16.data()) : v_f32.data(),
+        .kv_type = kv_type,
+        .block_stride = kBlockSize * kTokenStride,
+        .token_stride = kTokenStride,
+        .kv_head_stride = kHeadDim,
+        .block_size = kBlockSize,
+        .block_tables = tables.data(),
+        .max_blocks_per_seq = blocks_per_seq,
+        .token_seq = seq.data(),
+        .token_pos = pos.data(),
+        .num_tokens = static_cast<int64_t>(tokens.size()),
+        .num_heads = kHeads,
+        .num_kv_heads = kKvHeads,
+        .head_dim = kHeadDim};
+  }
+};
+
 void BM_PagedAttentionDecode(benchmark::State& state, Isa isa, DType kv_type, int64_t context,
                              int64_t num_seqs) {
-  const int64_t num_heads = 9, num_kv_heads = 3, head_dim = 64, block_size = 16;
-  const int64_t blocks_per_seq = (context + block_size - 1) / block_size;
-  const int64_t token_stride = num_kv_heads * head_dim;
-  const int64_t block_stride = block_size * token_stride;
-  std::mt19937 rng(2);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> k_cache(static_cast<size_t>(num_seqs * blocks_per_seq * block_stride));
-  std::vector<float> v_cache(k_cache.size());
-  for (float& v : k_cache) v = dist(rng);
-  for (float& v : v_cache) v = dist(rng);
-  std::vector<int32_t> tables(static_cast<size_t>(num_seqs * blocks_per_seq));
-  for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
-  std::vector<int32_t> seq(num_seqs), pos(num_seqs, static_cast<int32_t>(context - 1));
-  for (int32_t s = 0; s < num_seqs; ++s) seq[s] = s;
-  std::vector<uint16_t> k_half(k_cache.size()), v_half(v_cache.size());
-  for (size_t i = 0; i < k_cache.size(); ++i) {
-    k_half[i] = FloatToHalf(k_cache[i]);
-    v_half[i] = FloatToHalf(v_cache[i]);
-  }
-  const bool f16 = kv_type == DType::kF16;
-  if (f16) {  // only the cache being read stays resident
-    k_cache = {};
-    v_cache = {};
-  } else {
-    k_half = {};
-    v_half = {};
-  }
-  std::vector<float> q(static_cast<size_t>(num_seqs * num_heads * head_dim), 0.1f);
-  std::vector<float> out(q.size());
-  const PagedAttentionParams p{.q = q.data(),
-                               .q_token_stride = num_heads * head_dim,
-                               .out = out.data(),
-                               .out_token_stride = num_heads * head_dim,
-                               .k_cache = f16 ? static_cast<const void*>(k_half.data())
-                                              : k_cache.data(),
-                               .v_cache = f16 ? static_cast<const void*>(v_half.data())
-                                              : v_cache.data(),
-                               .kv_type = kv_type,
-                               .block_stride = block_stride,
-                               .token_stride = token_stride,
-                               .kv_head_stride = head_dim,
-                               .block_size = block_size,
-                               .block_tables = tables.data(),
-                               .max_blocks_per_seq = blocks_per_seq,
-                               .token_seq = seq.data(),
-                               .token_pos = pos.data(),
-                               .num_tokens = num_seqs,
-                               .num_heads = num_heads,
-                               .num_kv_heads = num_kv_heads,
-                               .head_dim = head_dim};
+  std::vector<std::pair<int32_t, int32_t>> tokens;
+  for (int32_t s = 0; s < num_seqs; ++s) tokens.push_back({s, static_cast<int32_t>(context - 1)});
+  AttentionCase c(kv_type, num_seqs, context, tokens, 0.1f, 2);
   for (auto _ : state) {
-    if (!PagedAttention(p, {.isa = isa}).ok()) {
+    if (!PagedAttention(c.params, {.isa = isa}).ok()) {
       state.SkipWithError("PagedAttention failed");
       break;
     }
-    benchmark::DoNotOptimize(out.data());
+    benchmark::DoNotOptimize(c.out.data());
   }
-  state.SetBytesProcessed(state.iterations() * 2 * num_seqs * context * token_stride *
-                          (f16 ? 2 : 4));
+  state.SetBytesProcessed(state.iterations() * 2 * num_seqs * context *
+                          AttentionCase::kTokenStride * (kv_type == DType::kF16 ? 2 : 4));
 }
 
 // A prompt chunk of `chunk` tokens of one sequence at positions context - chunk .. context - 1
-// over an F16 cache, 9 heads / 3 KV heads × 64: `whole` as one step sees it (the chunk's tokens go
-// to the tile kernel where the ISA has one), otherwise one PagedAttention call per token (the
-// one-token kernel): the same bits, two speeds. FLOPS = the multiply-adds of q·k and p·v, × 2.
+// over an F16 cache: `whole` as one step sees it (the chunk's tokens go to the tile kernel where
+// the ISA has one), otherwise one PagedAttention call per token (the one-token kernel): the same
+// bits, two speeds. FLOPS = the multiply-adds of q·k and p·v, × 2.
 void BM_PagedAttentionPrompt(benchmark::State& state, Isa isa, int64_t chunk, int64_t context,
                              bool whole) {
-  const int64_t num_heads = 9, num_kv_heads = 3, head_dim = 64, block_size = 16;
-  const int64_t blocks = (context + block_size - 1) / block_size;
-  const int64_t token_stride = num_kv_heads * head_dim;
-  const int64_t block_stride = block_size * token_stride;
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<uint16_t> k_cache(static_cast<size_t>(blocks * block_stride));
-  std::vector<uint16_t> v_cache(k_cache.size());
-  for (uint16_t& h : k_cache) h = FloatToHalf(dist(rng));
-  for (uint16_t& h : v_cache) h = FloatToHalf(dist(rng));
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
-  std::vector<int32_t> seq(static_cast<size_t>(chunk), 0), pos(static_cast<size_t>(chunk));
-  for (int64_t t = 0; t < chunk; ++t) pos[t] = static_cast<int32_t>(context - chunk + t);
-  std::vector<float> q(static_cast<size_t>(chunk * num_heads * head_dim));
-  for (float& x : q) x = dist(rng);
-  std::vector<float> out(q.size());
-  const PagedAttentionParams p{.q = q.data(),
-                               .q_token_stride = num_heads * head_dim,
-                               .out = out.data(),
-                               .out_token_stride = num_heads * head_dim,
-                               .k_cache = k_cache.data(),
-                               .v_cache = v_cache.data(),
-                               .kv_type = DType::kF16,
-                               .block_stride = block_stride,
-                               .token_stride = token_stride,
-                               .kv_head_stride = head_dim,
-                               .block_size = block_size,
-                               .block_tables = table.data(),
-                               .max_blocks_per_seq = blocks,
-                               .token_seq = seq.data(),
-                               .token_pos = pos.data(),
-                               .num_tokens = chunk,
-                               .num_heads = num_heads,
-                               .num_kv_heads = num_kv_heads,
-                               .head_dim = head_dim};
+  std::vector<std::pair<int32_t, int32_t>> tokens;
+  for (int64_t t = 0; t < chunk; ++t) {
+    tokens.push_back({0, static_cast<int32_t>(context - chunk + t)});
+  }
+  AttentionCase c(DType::kF16, 1, context, tokens, std::numeric_limits<float>::quiet_NaN(), 3);
+  const PagedAttentionParams& p = c.params;
   for (auto _ : state) {
     for (int64_t t = 0; t < (whole ? 1 : chunk); ++t) {
       PagedAttentionParams one = p;
@@ -203,11 +192,12 @@ void BM_PagedAttentionPrompt(benchmark::State& state, Isa isa, int64_t chunk, in
         return;
       }
     }
-    benchmark::DoNotOptimize(out.data());
+    benchmark::DoNotOptimize(c.out.data());
   }
   const int64_t positions = chunk * (context - chunk) + chunk * (chunk + 1) / 2;
   state.counters["FLOPS"] = benchmark::Counter(
-      static_cast<double>(state.iterations() * positions * num_heads * head_dim * 4),
+      static_cast<double>(state.iterations() * positions * AttentionCase::kHeads *
+                          AttentionCase::kHeadDim * 4),
       benchmark::Counter::kIsRate);
 }
 

@@ -441,7 +441,7 @@ void Attend64Impl(const float* q, int64_t q_stride, int64_t heads, const E* cons
   }
 }
 
-// ---- attention over a prompt chunk's tokens, head_dim 64 (Attend64RowsFn) ------------------------
+// ---- attention over a prompt chunk's tokens, head_dim 64 (Attend64RowsFn) -----------------------
 // Per 16 keys, the rows are widened once and transposed (kt[d] = dimension d of the 16 keys), and
 // each query line's 16 scores are 64 multiply-adds of a broadcast query element into those
 // columns. Attend64Heads' lane i sums dimensions i, i+16, i+32, i+48 in that order and its tree
