@@ -368,6 +368,22 @@ __attribute__((always_inline)) inline float SoftmaxChunk(__m512 s0, __m512 s1, _
   return correction;
 }
 
+// acc[h] += weights[h][j] · value row (v0 v1 v2 v3) for the G query heads of a KV head.
+template <int G>
+__attribute__((always_inline)) inline void AccumulateValue(const float (*weights)[kAttendChunk],
+                                                            int64_t j, __m512 v0, __m512 v1,
+                                                            __m512 v2, __m512 v3,
+                                                            __m512 (*acc)[4]) {
+#pragma GCC unroll 8
+  for (int h = 0; h < G; ++h) {
+    const __m512 w = _mm512_set1_ps(weights[h][j]);
+    acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
+    acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
+    acc[h][2] = _mm512_fmadd_ps(w, v2, acc[h][2]);
+    acc[h][3] = _mm512_fmadd_ps(w, v3, acc[h][3]);
+  }
+}
+
 template <int G, typename E>
 void Attend64Heads(const float* q, int64_t q_stride, const E* const* k, const E* const* v,
                    int64_t ctx, float scale, float* out, int64_t out_stride) {
@@ -408,14 +424,7 @@ void Attend64Heads(const float* q, int64_t q_stride, const E* const* k, const E*
       const E* vj = v[start + j];
       const __m512 v0 = LoadKv(vj), v1 = LoadKv(vj + 16);
       const __m512 v2 = LoadKv(vj + 32), v3 = LoadKv(vj + 48);
-#pragma GCC unroll 8
-      for (int h = 0; h < G; ++h) {
-        const __m512 w = _mm512_set1_ps(weights[h][j]);
-        acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
-        acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
-        acc[h][2] = _mm512_fmadd_ps(w, v2, acc[h][2]);
-        acc[h][3] = _mm512_fmadd_ps(w, v3, acc[h][3]);
-      }
+      AccumulateValue<G>(weights, j, v0, v1, v2, v3, acc);
     }
   }
 #pragma GCC unroll 8
@@ -595,14 +604,7 @@ void Attend64RowsHeads(const float* q, int64_t q_token_stride, int64_t rows, con
         __m512 v0 = _mm512_load_ps(vf[j]), v1 = _mm512_load_ps(vf[j] + 16);
         __m512 v2 = _mm512_load_ps(vf[j] + 32), v3 = _mm512_load_ps(vf[j] + 48);
         asm("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3));  // once for the G lines
-#pragma GCC unroll 8
-        for (int h = 0; h < G; ++h) {
-          const __m512 w = _mm512_set1_ps(weights[r * G + h][j]);
-          a[h][0] = _mm512_fmadd_ps(w, v0, a[h][0]);
-          a[h][1] = _mm512_fmadd_ps(w, v1, a[h][1]);
-          a[h][2] = _mm512_fmadd_ps(w, v2, a[h][2]);
-          a[h][3] = _mm512_fmadd_ps(w, v3, a[h][3]);
-        }
+        AccumulateValue<G>(weights + r * G, j, v0, v1, v2, v3, a);
       }
 #pragma GCC unroll 8
       for (int h = 0; h < G; ++h) {
