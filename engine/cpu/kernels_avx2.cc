@@ -172,6 +172,79 @@ inline __m256 Scores8(const __m256* q, const E* const* k) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+// One query head's scores over a chunk of `count` (1..32) positions, scaled, 8 at a time from
+// score(g) (positions 8g .. 8g+7); dead lanes and groups -inf. Returns their lane-wise maximum.
+template <typename ScoreFn>
+__attribute__((always_inline)) inline __m256 ChunkScores8(int64_t count, __m256 scale_v,
+                                                          ScoreFn score, __m256* s) {
+  const __m256 neg_inf = _mm256_set1_ps(-__builtin_inff());
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 m = neg_inf;
+  for (int g = 0; g < kAttendChunk / 8; ++g) {
+    const int64_t live = count - 8 * g;  // positions of this group inside the context
+    if (live <= 0) {
+      s[g] = neg_inf;
+      continue;
+    }
+    const __m256 mask = _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(live)), lane));
+    s[g] = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(score(g), scale_v), mask);
+    m = _mm256_max_ps(m, s[g]);
+  }
+  return m;
+}
+
+// The online-softmax step of that head: weights (dead lanes 0) to `weights`, the running maximum
+// and sum updated; returns the factor its accumulator is multiplied by (0 on the first chunk).
+__attribute__((always_inline)) inline float SoftmaxChunk8(const __m256* s, __m256 m,
+                                                          float& running_max, float& running_sum,
+                                                          float* weights) {
+  const __m256 neg_inf = _mm256_set1_ps(-__builtin_inff());
+  const float chunk_max = Hmax8(m);
+  const float new_max = running_max > chunk_max ? running_max : chunk_max;
+  const float correction = __builtin_expf(running_max - new_max);
+  const __m256 mv = _mm256_set1_ps(new_max);
+  __m256 sum = _mm256_setzero_ps();
+  for (int g = 0; g < kAttendChunk / 8; ++g) {
+    // exp(-inf - max) must be 0, not ExpNonPositive8's floor.
+    const __m256 live = _mm256_cmp_ps(s[g], neg_inf, _CMP_NEQ_OQ);
+    const __m256 e = _mm256_and_ps(live, ExpNonPositive8(_mm256_sub_ps(s[g], mv)));
+    _mm256_store_ps(weights + 8 * g, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  running_sum = running_sum * correction + Hsum8(sum);
+  running_max = new_max;
+  return correction;
+}
+
+// acc = acc · c + Σ weights[j] · row(j) over j < count: one query head's 64 accumulators, kept in
+// memory between chunks (16 registers hold one head's).
+template <typename RowFn>
+__attribute__((always_inline)) inline void AccumulateValues8(float* acc, float c,
+                                                             const float* weights, int64_t count,
+                                                             RowFn row) {
+  __m256 a[8];
+  const __m256 cv = _mm256_set1_ps(c);
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) a[i] = _mm256_mul_ps(_mm256_load_ps(acc + 8 * i), cv);
+  for (int64_t j = 0; j < count; ++j) {
+    const auto* vj = row(j);
+    const __m256 w = _mm256_set1_ps(weights[j]);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(w, LoadKv(vj + 8 * i), a[i]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) _mm256_store_ps(acc + 8 * i, a[i]);
+}
+
+// out = acc / sum (0 when nothing was summed), 64 floats.
+inline void StoreNormalized8(const float* acc, float sum, float* out) {
+  const __m256 inv = _mm256_set1_ps(sum > 0.0f ? 1.0f / sum : 0.0f);
+  for (int i = 0; i < 8; ++i) {
+    _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(_mm256_load_ps(acc + 8 * i), inv));
+  }
+}
+
 template <typename E>
 void Attend64Impl(const float* q, int64_t q_stride, int64_t heads, const E* const* k,
                   const E* const* v, int64_t ctx, float scale, float* out, int64_t out_stride) {
@@ -183,8 +256,6 @@ void Attend64Impl(const float* q, int64_t q_stride, int64_t heads, const E* cons
     running_sum[h] = 0.0f;
   }
   const __m256 scale_v = _mm256_set1_ps(scale);
-  const __m256 neg_inf = _mm256_set1_ps(-__builtin_inff());
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t start = 0; start < ctx; start += kAttendChunk) {
     const int64_t count = ctx - start < kAttendChunk ? ctx - start : kAttendChunk;
     for (int64_t h = 0; h < heads; ++h) {
@@ -192,51 +263,119 @@ void Attend64Impl(const float* q, int64_t q_stride, int64_t heads, const E* cons
       __m256 qv[8];
       for (int i = 0; i < 8; ++i) qv[i] = _mm256_loadu_ps(qh + 8 * i);
       __m256 s[kAttendChunk / 8];
-      __m256 m = neg_inf;
-      for (int g = 0; g < kAttendChunk / 8; ++g) {
-        const int64_t live = count - 8 * g;  // positions of this group inside the context
-        if (live <= 0) {
-          s[g] = neg_inf;
-          continue;
-        }
-        const __m256 mask = _mm256_castsi256_ps(
-            _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(live)), lane));
-        s[g] = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(Scores8(qv, k + start + 8 * g), scale_v),
-                                mask);
-        m = _mm256_max_ps(m, s[g]);
-      }
-      const float chunk_max = Hmax8(m);
-      const float new_max = running_max[h] > chunk_max ? running_max[h] : chunk_max;
-      const float correction = __builtin_expf(running_max[h] - new_max);  // 0 on the first chunk
-      const __m256 mv = _mm256_set1_ps(new_max);
-      __m256 sum = _mm256_setzero_ps();
-      for (int g = 0; g < kAttendChunk / 8; ++g) {
-        // exp(-inf - max) must be 0, not ExpNonPositive8's floor.
-        const __m256 live = _mm256_cmp_ps(s[g], neg_inf, _CMP_NEQ_OQ);
-        const __m256 e = _mm256_and_ps(live, ExpNonPositive8(_mm256_sub_ps(s[g], mv)));
-        _mm256_store_ps(weights + 8 * g, e);
-        sum = _mm256_add_ps(sum, e);
-      }
-      running_sum[h] = running_sum[h] * correction + Hsum8(sum);
-      running_max[h] = new_max;
-      __m256 a[8];
-      const __m256 c = _mm256_set1_ps(correction);
-      for (int i = 0; i < 8; ++i) a[i] = _mm256_mul_ps(_mm256_load_ps(acc[h] + 8 * i), c);
-      for (int64_t j = 0; j < count; ++j) {
-        const E* vj = v[start + j];
-        const __m256 w = _mm256_set1_ps(weights[j]);
-        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(w, LoadKv(vj + 8 * i), a[i]);
-      }
-      for (int i = 0; i < 8; ++i) _mm256_store_ps(acc[h] + 8 * i, a[i]);
+      const __m256 m = ChunkScores8(
+          count, scale_v, [&](int g) { return Scores8(qv, k + start + 8 * g); }, s);
+      const float c = SoftmaxChunk8(s, m, running_max[h], running_sum[h], weights);
+      AccumulateValues8(acc[h], c, weights, count, [&](int64_t j) { return v[start + j]; });
     }
   }
-  for (int64_t h = 0; h < heads; ++h) {
-    const __m256 inv = _mm256_set1_ps(running_sum[h] > 0.0f ? 1.0f / running_sum[h] : 0.0f);
-    for (int i = 0; i < 8; ++i) {
-      _mm256_storeu_ps(out + h * out_stride + 8 * i,
-                       _mm256_mul_ps(_mm256_load_ps(acc[h] + 8 * i), inv));
+  for (int64_t h = 0; h < heads; ++h) StoreNormalized8(acc[h], running_sum[h], out + h * out_stride);
+}
+
+// ---- attention over a prompt chunk's tokens, head_dim 64 (Attend64RowsFn) ----------------------
+// kernels_avx512.cc's plan on 256-bit registers: per 8 keys, the rows widened once and transposed
+// (kt[d] = dimension d of the 8 keys), each query head's 8 scores 64 multiply-adds of broadcast
+// query elements into those columns, combined as Scores8 adds its lanes (Dot64x8's two chains per
+// lane, then lanes (0+1) + (2+3) and (4+5) + (6+7), then the two halves), so every output is bit
+// for bit Attend64's for that token alone. Values are widened once per chunk for all the tokens.
+
+// kt[d * 8 + j] = element d of row j, for 8 rows of 64 elements.
+template <typename E>
+inline void TransposeKeys8(const E* const* k, float* kt) {
+  for (int block = 0; block < 8; ++block) {  // dimensions 8 · block .. 8 · block + 7
+    __m256 r[8], t[8];
+    for (int j = 0; j < 8; ++j) r[j] = LoadKv(k[j] + 8 * block);
+    for (int i = 0; i < 4; ++i) {  // [a0 b0 a1 b1 | a4 b4 a5 b5], [a2 b2 a3 b3 | a6 b6 a7 b7]
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {  // r[4i + e] = elements e and 4 + e of rows 4i .. 4i+3
+      r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+      r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+      r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+      r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    float* col = kt + 8 * 8 * block;
+    for (int e = 0; e < 4; ++e) {
+      _mm256_store_ps(col + 8 * e, _mm256_permute2f128_ps(r[e], r[4 + e], 0x20));
+      _mm256_store_ps(col + 8 * (4 + e), _mm256_permute2f128_ps(r[e], r[4 + e], 0x31));
     }
   }
+}
+
+// Scores8 of query head q against the 8 keys transposed in kt, bit for bit.
+inline __m256 ScoresTransposed8(const float* q, const float* kt) {
+  auto lane = [&](int i) {  // Dot64x8's lane i: its two chains, then their sum
+    __m256 p0 = _mm256_mul_ps(_mm256_set1_ps(q[i]), _mm256_load_ps(kt + 8 * i));
+    __m256 p1 = _mm256_mul_ps(_mm256_set1_ps(q[i + 8]), _mm256_load_ps(kt + 8 * (i + 8)));
+    for (int d = 16; d < 64; d += 16) {
+      p0 = _mm256_fmadd_ps(_mm256_set1_ps(q[i + d]), _mm256_load_ps(kt + 8 * (i + d)), p0);
+      p1 = _mm256_fmadd_ps(_mm256_set1_ps(q[i + d + 8]), _mm256_load_ps(kt + 8 * (i + d + 8)),
+                           p1);
+    }
+    return _mm256_add_ps(p0, p1);
+  };
+  const __m256 low = _mm256_add_ps(_mm256_add_ps(lane(0), lane(1)), _mm256_add_ps(lane(2), lane(3)));
+  const __m256 high =
+      _mm256_add_ps(_mm256_add_ps(lane(4), lane(5)), _mm256_add_ps(lane(6), lane(7)));
+  return _mm256_add_ps(low, high);
+}
+
+template <typename E>
+void Attend64RowsImpl(const float* q, int64_t q_token_stride, int64_t rows, int64_t heads,
+                      const E* const* k, const E* const* v, int64_t first_ctx, float scale,
+                      float* out, int64_t out_token_stride) {
+  if (heads < 1 || heads > kAttendMaxHeads || rows < 1 || rows > kAttendMaxRows) return;
+  constexpr int64_t kMaxLines = kAttendMaxRows * kAttendMaxHeads;
+  alignas(32) float acc[kMaxLines][64];
+  alignas(32) float weights[kAttendChunk];
+  alignas(32) float kt[kAttendChunk / 8][64 * 8];
+  alignas(32) float vf[kAttendChunk][64];
+  float running_max[kMaxLines], running_sum[kMaxLines];
+  const int64_t lines = rows * heads;
+  for (int64_t line = 0; line < lines; ++line) {
+    for (int i = 0; i < 64; i += 8) _mm256_store_ps(acc[line] + i, _mm256_setzero_ps());
+    running_max[line] = -__builtin_inff();
+    running_sum[line] = 0.0f;
+  }
+  const __m256 scale_v = _mm256_set1_ps(scale);
+  const int64_t last_ctx = first_ctx + rows - 1;
+  for (int64_t start = 0; start < last_ctx; start += kAttendChunk) {
+    const int64_t chunk = last_ctx - start < kAttendChunk ? last_ctx - start : kAttendChunk;
+    for (int64_t g = 0; 8 * g < chunk; ++g) TransposeKeys8(k + start + 8 * g, kt[g]);
+    for (int64_t j = 0; j < chunk; ++j) {
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(vf[j] + 8 * i, LoadKv(v[start + j] + 8 * i));
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t ctx = first_ctx + r;
+      if (start >= ctx) continue;  // the earlier tokens of the call end before this chunk
+      const int64_t count = ctx - start < kAttendChunk ? ctx - start : kAttendChunk;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t line = r * heads + h;
+        const float* qh = q + r * q_token_stride + h * 64;
+        __m256 s[kAttendChunk / 8];
+        const __m256 m = ChunkScores8(
+            count, scale_v, [&](int g) { return ScoresTransposed8(qh, kt[g]); }, s);
+        const float c = SoftmaxChunk8(s, m, running_max[line], running_sum[line], weights);
+        AccumulateValues8(acc[line], c, weights, count, [&](int64_t j) { return vf[j]; });
+      }
+    }
+  }
+  for (int64_t line = 0; line < lines; ++line) {
+    StoreNormalized8(acc[line], running_sum[line],
+                     out + (line / heads) * out_token_stride + (line % heads) * 64);
+  }
+}
+
+void Attend64Rows(const float* q, int64_t q_token_stride, int64_t rows, int64_t heads,
+                  const float* const* k, const float* const* v, int64_t first_ctx, float scale,
+                  float* out, int64_t out_token_stride) {
+  Attend64RowsImpl(q, q_token_stride, rows, heads, k, v, first_ctx, scale, out, out_token_stride);
+}
+void Attend64RowsF16(const float* q, int64_t q_token_stride, int64_t rows, int64_t heads,
+                     const uint16_t* const* k, const uint16_t* const* v, int64_t first_ctx,
+                     float scale, float* out, int64_t out_token_stride) {
+  Attend64RowsImpl(q, q_token_stride, rows, heads, k, v, first_ctx, scale, out, out_token_stride);
 }
 
 // ---- activation quantization ------------------------------------------------------------------
@@ -292,6 +431,8 @@ const KernelTable kTable = {
     F16ToF32,
     F32ToF16,
     Attend64F16,
+    Attend64Rows,
+    Attend64RowsF16,
 };
 
 float VF::Hsum(T v) { return Hsum8(v); }

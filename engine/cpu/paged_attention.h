@@ -11,7 +11,7 @@
 // result; the q·k and p·v inner loops run on the active ISA. Threaded over (token, head) pairs.
 // With AVX2 or AVX-512 and head_dim 64 (up to 6 query heads per KV head), one pass per (token,
 // KV head) serves all its query heads at once, 8 or 16 positions per step (kernel_table.h's
-// Attend64Fn); with AVX-512, up to 8 tokens of one sequence at consecutive positions (a prompt
+// Attend64Fn); likewise up to 8 tokens of one sequence at consecutive positions (a prompt
 // chunk's) share one pass as well, each key chunk widened and transposed once for all of them
 // (Attend64RowsFn), with every output bit for bit what its token alone gives. The cache may hold
 // F32 or F16 elements (kv_type); F16 is widened as it is read.
