@@ -58,6 +58,7 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
   constexpr int kGroups = kPackedGroups<kQ4>;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* base = tile + b * kBlockBytes;
@@ -73,17 +74,21 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
     if constexpr (kQ4) {
       const __m256i low = _mm256_set1_epi8(0x0F);
       __m256i w[8];
+#pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * c));
         w[c] = _mm256_and_si256(v, low);
         w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
       }
+#pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const BlockQ8Act& xb = x[r * xs + b];
         __m256i s16 = _mm256_maddubs_epi16(w[0], Bcast4(xb.qs));
+#pragma GCC unroll 4
         for (int c = 1; c < 4; ++c) {
           s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[c], Bcast4(xb.qs + 4 * c)));
         }
+#pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
           s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[c + 4], Bcast4(xb.qs + 16 + 4 * c)));
         }
@@ -93,9 +98,11 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
         acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb.s), acc[r]);
       }
     } else {
+#pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const BlockQ8Act& xb = x[r * xs + b];
         __m256i sum = _mm256_setzero_si256();
+#pragma GCC unroll 8
         for (int g = 0; g < 8; ++g) {
           const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * g));
           const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
@@ -108,6 +115,7 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
     }
   }
   const int64_t first = 8 * half;
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     if (rows >= first + 8) {
       _mm256_storeu_ps(y + r * ys + first, acc[r]);
