@@ -644,17 +644,6 @@ void Attend64RowsImpl(const float* q, int64_t q_token_stride, int64_t rows, int6
   kByHeads[heads](q, q_token_stride, rows, k, v, first_ctx, scale, out, out_token_stride);
 }
 
-void Attend64Rows(const float* q, int64_t q_token_stride, int64_t rows, int64_t heads,
-                  const float* const* k, const float* const* v, int64_t first_ctx, float scale,
-                  float* out, int64_t out_token_stride) {
-  Attend64RowsImpl(q, q_token_stride, rows, heads, k, v, first_ctx, scale, out, out_token_stride);
-}
-void Attend64RowsF16(const float* q, int64_t q_token_stride, int64_t rows, int64_t heads,
-                     const uint16_t* const* k, const uint16_t* const* v, int64_t first_ctx,
-                     float scale, float* out, int64_t out_token_stride) {
-  Attend64RowsImpl(q, q_token_stride, rows, heads, k, v, first_ctx, scale, out, out_token_stride);
-}
-
 // QuantizeRowQ8Act on two 512-bit registers a block, bit for bit as kernels_avx2.cc's
 // QuantizeQ8Act (whose comment gives the reasons): the maximum ignores NaN in any order, the scale
 // is the same scalar division, cvtps2dq rounds to nearest even, and vpmovsdb only narrows codes
