@@ -387,6 +387,7 @@ void QuantizeQ8Act(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums) {
   QuantizeBlocks(x, out, k, sums, [&](const float* xb, int8_t* qs) {
     __m256 v[4];
     __m256 m = _mm256_setzero_ps();
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       v[i] = _mm256_loadu_ps(xb + 8 * i);
       m = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), m);
@@ -394,6 +395,7 @@ void QuantizeQ8Act(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums) {
     const float d = Hmax8(m) / 127.0f;
     const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
     __m256i q[4];
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       q[i] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)), lo),
                               hi);
