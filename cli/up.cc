@@ -29,8 +29,13 @@ ABSL_FLAG(std::string, policy, "kv_aware", "`tandem up`: placement policy of the
 ABSL_FLAG(int32_t, worker_threads, 1, "`tandem up`: kernel threads per worker");
 ABSL_FLAG(int64_t, worker_kv_cache_mb, 256, "`tandem up`: KV cache memory per worker, MiB");
 ABSL_FLAG(int64_t, worker_max_prefill_tokens, 128,
-          "`tandem up`: most prompt tokens per engine step on every worker (0: the step budget); "
-          "bounds how long a higher-priority prompt waits behind long lower ones");
+          "`tandem up`: most prompt tokens per engine step on prefill workers, and on decode "
+          "workers when there are none (0: the step budget); bounds how long a higher-priority "
+          "prompt waits behind long lower ones");
+ABSL_FLAG(int64_t, decode_max_prefill_tokens, 32,
+          "`tandem up`: most prompt tokens per engine step on decode workers beside prefill "
+          "workers (0: the step budget); they compute the prompts the router keeps local between "
+          "their streams' tokens, and smaller pieces keep those streams' TPOT steady");
 ABSL_FLAG(std::string, worker_kv_dtype, "f16",
           "`tandem up`: KV cache element type of every worker, f16 or f32");
 
@@ -164,19 +169,25 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
       "--metrics_listen=127.0.0.1:0",
       absl::StrCat("--threads=", absl::GetFlag(FLAGS_worker_threads)),
       absl::StrCat("--kv_cache_mb=", absl::GetFlag(FLAGS_worker_kv_cache_mb)),
-      absl::StrCat("--kv_dtype=", absl::GetFlag(FLAGS_worker_kv_dtype)),
-      absl::StrCat("--max_prefill_tokens=", absl::GetFlag(FLAGS_worker_max_prefill_tokens))};
+      absl::StrCat("--kv_dtype=", absl::GetFlag(FLAGS_worker_kv_dtype))};
+  // A decode worker beside prefill workers prefills only what the router keeps local, in steps
+  // its streams share; alone (aggregated) it prefills everything, like a prefill worker.
+  const int64_t decode_prefill_cap = prefill > 0 ? absl::GetFlag(FLAGS_decode_max_prefill_tokens)
+                                                 : absl::GetFlag(FLAGS_worker_max_prefill_tokens);
   std::vector<Child*> workers;
   for (int i = 0; i < prefill; ++i) {
     std::vector<std::string> argv = {absl::StrCat(bin_dir, "/tandem-prefill"),
                                      absl::StrCat("--worker_id=prefill-", i)};
     argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+    argv.push_back(absl::StrCat("--max_prefill_tokens=",
+                                absl::GetFlag(FLAGS_worker_max_prefill_tokens)));
     workers.push_back(start(absl::StrCat("prefill-", i), argv));
   }
   for (int i = 0; i < decode; ++i) {
     std::vector<std::string> argv = {absl::StrCat(bin_dir, "/tandem-decode"),
                                      absl::StrCat("--worker_id=decode-", i)};
     argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+    argv.push_back(absl::StrCat("--max_prefill_tokens=", decode_prefill_cap));
     workers.push_back(start(absl::StrCat("decode-", i), argv));
   }
   auto fail = [&](const std::string& why) {

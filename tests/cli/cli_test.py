@@ -123,6 +123,15 @@ def test_up_starts_a_cluster_that_answers_and_stops_cleanly():
         children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
                                    text=True).stdout.split()
         assert len(children) == 3, children  # router, prefill and decode worker
+        # Prompt pieces: 128 tokens a step on the prefill worker, 32 on the decode worker, whose
+        # steps carry its streams' tokens.
+        argv = {}
+        for pid in children:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode().split("\0")
+            argv[os.path.basename(args[0])] = args
+        assert "--max_prefill_tokens=128" in argv["tandem-prefill"], argv
+        assert "--max_prefill_tokens=32" in argv["tandem-decode"], argv
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
         assert p.returncode == 0
