@@ -187,6 +187,7 @@ def main():
             print("\nslo / best other: not comparable -- "
                   f"{'no policy' if slo == 0 else 'only slo'} reached 90% in the swept range; "
                   "sweep lower rates")
+    if "slo" in runs:
         (ttft_abs, ttft_bias), (tpot_abs, tpot_bias), n = prediction_errors(runs["slo"])
         if ttft_abs is not None:
             print(f"slo prediction error over {n} requests, median |error|: TTFT "
