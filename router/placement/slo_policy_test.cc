@@ -586,6 +586,36 @@ TEST(SloPolicyTest, WhatAStreamHasSeenSoFarCounts) {
   EXPECT_FALSE(d.meets_slo);
 }
 
+TEST(SloPolicyTest, ANewStreamSharesItsStepsOnlyWithWhatOutlastsIt) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", WithContextCost(1e-6));
+  // d0 decodes 3 streams the router placed and holds 1 it placed whose prompt is still queued
+  // elsewhere, over 1000 context tokens in all: two chats with 2 of 32 tokens left, one that has
+  // just begun (0 of 32 decoded), and a not-started 8-token one. A 32-token request of 100 prompt
+  // tokens shares 2/32 + 2/32 + 32/32 + 8/32 = 1.375 of them over its window: batch 2.375, their
+  // context in the same proportion, 1.375 / 4 * 1000 = 343.75, plus its own 100. TPOT
+  // 0.010 + 0.002375 + 443.75e-6.
+  ClusterView cluster = {
+      .workers = {Worker("d0", Role::kDecode).Seqs(3).Placed(1, 0).Active(1000)}};
+  cluster.workers[0].running_groups = {
+      {.tpot_ms = 50, .max_tokens = 32, .decoded_tokens = 30, .decode_seconds = 0.3},
+      {.tpot_ms = 50, .max_tokens = 32, .decoded_tokens = 30, .decode_seconds = 0.3},
+      {.tpot_ms = 50, .max_tokens = 32, .decoded_tokens = 0, .decode_seconds = 0},
+      {.tpot_ms = 50, .max_tokens = 8, .decoded_tokens = 0, .decode_seconds = 0}};
+  Request request = Prompt(100);
+  request.max_tokens = 32;
+  Decision d = PlaceOrDie(*policy, request, cluster);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.010 + 0.002375 + 443.75e-6, kTol);
+  // A request of 4 tokens outlasts none of them: each counts min(1, left / 4): 0.5 + 0.5 + 1 + 1.
+  request.max_tokens = 4;
+  d = PlaceOrDie(*policy, request, cluster);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.010 + 0.004 + (100 + 750) * 1e-6, kTol);
+  // Streams whose progress the router does not know count whole: batch 5, all the context.
+  cluster.workers[0].running_groups.clear();
+  request.max_tokens = 32;
+  d = PlaceOrDie(*policy, request, cluster);
+  EXPECT_NEAR(d.predicted_tpot_seconds, 0.010 + 0.005 + 1100e-6, kTol);
+}
+
 TEST(SloPolicyTest, EqualWorkersAreChosenAtRandom) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
   const ClusterView cluster = {.workers = {Worker("d0", Role::kDecode), Worker("d1", Role::kDecode),
