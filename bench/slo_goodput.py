@@ -1,7 +1,8 @@
 """slo_goodput: the goodput of every placement policy on a mixed workload (issue 8's benchmark).
 
   .venv/bin/python bench/slo_goodput.py [--bin build/release/bin] [--rates 0.5,1,1.5,2]
-      [--num-requests 40] [--seeds 1] [--policies round_robin,least_loaded,kv_aware,slo] [--out DIR]
+      [--num-requests 40 | --duration S] [--seeds 1]
+      [--policies round_robin,least_loaded,kv_aware,slo] [--out DIR]
 
 For each policy it starts a local cluster with `tandem up` (1 prefill + 2 decode workers, one
 thread each, the policy given) and sweeps the offered rate with `tandem bench` over gRPC, on the
@@ -59,7 +60,9 @@ def run_policy(args, policy, dataset, out, seed=1):
                "--up", f"prefill_workers=1 decode_workers=2 policy={policy}",
                "--protocol", "grpc", "--dataset", str(dataset),
                *[x for c in CLASSES for x in ("--slo-class", c)],
-               "--rates", args.rates, "--num-requests", str(args.num_requests),
+               "--rates", args.rates,
+               *(("--duration", str(args.duration)) if args.duration
+                 else ("--num-requests", str(args.num_requests))),
                "--seed", str(seed), "--warmup", "4", "--result-json", str(result),
                "--plot-dir", str(out / name), "--label", policy,
                "--no-progress"]
@@ -140,6 +143,9 @@ def main():
     ap.add_argument("--bin", default=str(ROOT / "build" / "release" / "bin"))
     ap.add_argument("--rates", default="0.5,1,1.5,2")
     ap.add_argument("--num-requests", type=int, default=40)
+    ap.add_argument("--duration", type=float, default=0,
+                    help="seconds of arrivals per rate instead of --num-requests: a sustained "
+                         "rate, whose queues can outgrow the objectives, not a burst")
     ap.add_argument("--seeds", type=int, default=1,
                     help="arrival seeds per policy (1..N), pooled; a fresh cluster for each")
     ap.add_argument("--policies", default="round_robin,least_loaded,kv_aware,slo")
@@ -153,7 +159,9 @@ def main():
     # rates climbed from 11% to 80% across a sweep), which made later rates easier and favoured
     # cache-aware placement. With 20 entries per request sent, rates share ~1/20 of their prompts.
     rates = [r for r in args.rates.split(",") if r.strip()]
-    write_dataset(dataset, max(200, 20 * len(rates) * (args.num_requests + 4)), seed=7)
+    per_rate = (max(float(r) for r in rates) * args.duration if args.duration
+                else args.num_requests)
+    write_dataset(dataset, max(200, int(20 * len(rates) * (per_rate + 4))), seed=7)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
     runs = {p: pooled([run_policy(args, p, dataset, out, seed)["runs"][0]

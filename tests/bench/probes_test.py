@@ -65,3 +65,24 @@ def test_slo_goodput_sweeps_two_policies_and_compares_them(tmp_path):
         assert len(requests) == 6, requests
     slo_requests = json.loads((tmp_path / "slo.json").read_text())["runs"][0]["rates"][0]["requests"]
     assert any(r.get("predicted_tpot_ms") for r in slo_requests if r.get("ok")), slo_requests
+
+
+def test_slo_goodput_alone_over_a_duration_prints_its_errors(tmp_path):
+    """slo alone, arrivals for a fixed time at each rate (a sustained rate rather than a fixed
+    burst): each rate sends what its Poisson arrivals in that time give, and slo's prediction
+    errors are printed with no other policy to compare."""
+    bin_dir = os.environ.get("TANDEM_BIN_DIR")
+    assert bin_dir, "TANDEM_BIN_DIR must name the folder with tandem and its workers"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "slo_goodput.py"), "--bin", bin_dir,
+         "--rates", "2,4", "--duration", "3", "--policies", "slo", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    table = result.stdout[result.stdout.index("slo_goodput: SLO attainment"):]
+    assert "slo / best other:" not in table, table
+    assert re.search(r"slo prediction error over \d+ requests, median \|error\|: TTFT \d+%",
+                     table), table
+    rates = json.loads((tmp_path / "slo.json").read_text())["runs"][0]["rates"]
+    counts = [len(r["requests"]) for r in rates]
+    # Poisson arrivals over 3 s: about 6 and 12; the higher rate sends more (not a fixed count).
+    assert 1 <= counts[0] < counts[1] <= 30, counts
