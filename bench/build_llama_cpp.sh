@@ -29,11 +29,18 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
+# For this CPU, without llama.cpp's AMX kernels: their Q4_1 matrix product crashes (SIGSEGV in
+# ggml_backend_amx_mul_mat) on AMX hosts here, as in scripts/setup.sh's llama-cpp-python. A build
+# made with other flags is made again.
+ARCH_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 BIN_DIR="${CACHE_ROOT}/build/bin"
-if [[ -x "${BIN_DIR}/llama-bench" && -x "${BIN_DIR}/llama-batched-bench" ]]; then
+STAMP="${CACHE_ROOT}/build/.tandem-arch-flags"
+if [[ -x "${BIN_DIR}/llama-bench" && -x "${BIN_DIR}/llama-batched-bench" &&
+      "$(cat "${STAMP}" 2>/dev/null)" == "${ARCH_FLAGS}" ]]; then
   echo "${BIN_DIR}"
   exit 0
 fi
+rm -rf "${CACHE_ROOT}/build"
 
 mkdir -p "${CACHE_ROOT}"
 if [[ -z "${SDIST}" ]]; then
@@ -65,8 +72,10 @@ GENERATOR=()
 command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 cmake -S "${SRC_DIR}" -B "${CACHE_ROOT}/build" "${GENERATOR[@]}" \
   -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
+  -DCMAKE_C_FLAGS="${ARCH_FLAGS}" -DCMAKE_CXX_FLAGS="${ARCH_FLAGS}" \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DGGML_OPENMP=ON >&2
 cmake --build "${CACHE_ROOT}/build" --parallel "${JOBS}" \
   --target llama-bench llama-batched-bench >&2
+echo "${ARCH_FLAGS}" >"${STAMP}"
 echo "${BIN_DIR}"

@@ -29,6 +29,12 @@ MODEL_SUMS="$ROOT/scripts/models.sha256"
 REQUIREMENTS="$ROOT/scripts/requirements.txt"
 REFERENCE_REQUIREMENTS="$ROOT/scripts/requirements-reference.txt"
 WHEELHOUSE="${TANDEM_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/wheels}"
+# How llama-cpp-python is compiled: for this CPU (-march=native), without llama.cpp's AMX kernels,
+# whose Q4_1 matrix product crashes (SIGSEGV in ggml_backend_amx_mul_mat) on AMX hosts here. The
+# wheels live under a folder named for this, and the environment's stamp includes it, so a change
+# rebuilds them and reinstalls.
+WHEEL_BUILD="native-no-amx"
+WHEEL_CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates curl
@@ -91,14 +97,15 @@ python_for_venv() {
 # Packages pinned in `file` that PyPI has only as source are built into the wheelhouse once.
 build_source_wheels() {
   local file="$1" spec name version
-  mkdir -p "$WHEELHOUSE"
+  mkdir -p "$WHEELHOUSE/$WHEEL_BUILD"
   while read -r spec; do
     name="${spec%%==*}"
     version="${spec#*==}"
-    if ! ls "$WHEELHOUSE/${name//-/_}-${version}-"*.whl >/dev/null 2>&1; then
-      say "Python environment: compiling $spec from source once (several minutes), into $WHEELHOUSE"
-      "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$WHEELHOUSE" \
-        "$spec" ||
+    if ! ls "$WHEELHOUSE/$WHEEL_BUILD/${name//-/_}-${version}-"*.whl >/dev/null 2>&1; then
+      say "Python environment: compiling $spec from source once (several minutes), into $WHEELHOUSE/$WHEEL_BUILD"
+      CFLAGS="$WHEEL_CFLAGS" CXXFLAGS="$WHEEL_CFLAGS" \
+        "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps --no-cache-dir \
+        -w "$WHEELHOUSE/$WHEEL_BUILD" "$spec" ||
         die "could not build $spec from source" \
           "see the compiler's message above; a C++ compiler and CMake are needed (Debian build-essential, cmake)"
     fi
@@ -107,7 +114,8 @@ build_source_wheels() {
 
 setup_venv() {
   local stamp="$VENV/.tandem-requirements.sha256" want
-  want="$(cat "$REQUIREMENTS" "$REFERENCE_REQUIREMENTS" | sha256sum | cut -d' ' -f1)"
+  want="$( (cat "$REQUIREMENTS" "$REFERENCE_REQUIREMENTS"; echo "$WHEEL_BUILD") | sha256sum |
+    cut -d' ' -f1)"
   if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     say "Python environment: $VENV is up to date"
     return
@@ -121,8 +129,12 @@ setup_venv() {
   fi
   build_source_wheels "$REFERENCE_REQUIREMENTS"
   say "Python environment: installing scripts/requirements.txt and scripts/requirements-reference.txt"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --find-links "$WHEELHOUSE" \
-    -r "$REQUIREMENTS" -r "$REFERENCE_REQUIREMENTS" ||
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    --find-links "$WHEELHOUSE/$WHEEL_BUILD" --force-reinstall --no-deps \
+    $(grep -E '^llama-cpp-python==' "$REFERENCE_REQUIREMENTS") ||
+    die "pip could not install llama-cpp-python from $WHEELHOUSE/$WHEEL_BUILD" "see pip's message above"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    --find-links "$WHEELHOUSE/$WHEEL_BUILD" -r "$REQUIREMENTS" -r "$REFERENCE_REQUIREMENTS" ||
     die "pip could not install the Python requirements (scripts/requirements*.txt)" \
       "see pip's message above; check that PyPI is reachable from this machine"
   printf '%s\n' "$want" >"$stamp"
