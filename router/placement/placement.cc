@@ -122,6 +122,11 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
           absl::StrCat("placement: worker '", w.id, "' has ", q.tokens, " tokens in ", q.prompts,
                        " prompts queued at priority ", q.priority, " (< 0)"));
     }
+    if (q.placed_tokens < 0 || q.placed_tokens > q.tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement: worker '", w.id, "' has ", q.placed_tokens, " placed of ", q.tokens,
+          " tokens queued at priority ", q.priority, " (not within [0, tokens])"));
+    }
   }
   for (const auto& [name, value] : {std::pair<absl::string_view, double>{"ttft_correction",
                                                                           w.ttft_correction},

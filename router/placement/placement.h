@@ -125,6 +125,10 @@ struct QueuedClass {
   int32_t priority = 0;
   int64_t tokens = 0;   // prompt tokens not computed yet; >= 0
   int64_t prompts = 0;  // prompts they belong to; >= 0
+  // The part of `tokens` the router placed there that the worker's last load sample does not
+  // show yet (WorkerCandidate::placed_prefill_tokens of this class): prompts that reached the
+  // worker after the step it was then in had begun. In [0, tokens].
+  int64_t placed_tokens = 0;
 };
 
 // One worker as placement sees it: plain numbers, so that tests and the simulator build them by

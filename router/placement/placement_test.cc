@@ -210,6 +210,8 @@ TEST_P(EveryPolicyTest, InvalidClusterViews) {
       [](WorkerCandidate& w) { w.step_elapsed_seconds = std::nan(""); },
       [](WorkerCandidate& w) { w.max_tokens_per_step = -1; },
       [](WorkerCandidate& w) { w.kv_bytes_per_token = -1; },
+      [](WorkerCandidate& w) { w.queued_by_priority = {{.tokens = 10, .placed_tokens = -1}}; },
+      [](WorkerCandidate& w) { w.queued_by_priority = {{.tokens = 10, .placed_tokens = 11}}; },
   };
   for (auto set_negative : negatives) {
     WorkerCandidate w = Worker("d0", Role::kDecode);

@@ -104,10 +104,10 @@ class SloPolicy final : public PolicyBase {
  private:
   // The prompt prefilled on one worker, from the moment it could start.
   struct PrefillPrediction {
-    // Behind the prompts queued there that go first (reported + placed): those of its priority
-    // and above, or else the chunk of a lower one in the step in progress.
+    // Until its first step starts (ScheduleOn): the step in progress, and the steps that the
+    // prompts queued there that go first (reported + placed, its priority and above) fill alone.
     double queue_wait = 0;
-    // The prompt's own uncached tokens, with the chunks of lower prompts that share its steps.
+    // Its steps: its uncached tokens, and the queued ones that share those steps.
     double compute = 0;
     // One step of its prompt: what a request of higher priority arriving meanwhile waits for.
     double first_step = 0;
@@ -226,21 +226,114 @@ class SloPolicy final : public PolicyBase {
   struct Queue {
     PrefillShape ahead;
     PrefillShape below;
+    // Of their tokens, those placed by the router that the worker's last sample did not show.
+    int64_t ahead_placed = 0;
+    int64_t below_placed = 0;
   };
   Queue QueueFor(const WorkerCandidate& w, int32_t priority) const {
     Queue q = {.ahead = ShapeOf(w), .below = ShapeOf(w)};
     if (w.queued_by_priority.empty()) {  // not known by class: all of it goes first
       q.ahead.uncached_tokens = PrefillQueue(w);
       q.ahead.queued_prompts = QueuedPrompts(w);
+      q.ahead_placed = std::min(w.placed_prefill_tokens, q.ahead.uncached_tokens);
       return q;
     }
     for (const QueuedClass& c : w.queued_by_priority) {
-      PrefillShape& shape = c.priority >= priority ? q.ahead : q.below;
+      const bool ahead = c.priority >= priority;
+      PrefillShape& shape = ahead ? q.ahead : q.below;
       shape.uncached_tokens += c.tokens;
       shape.queued_prompts += c.prompts;
+      (ahead ? q.ahead_placed : q.below_placed) += c.placed_tokens;
     }
     return q;
   }
+
+  // When the prompt's first step starts and how long its steps take, step by step as the
+  // worker's scheduler takes prompts (engine/sched: by priority, first come first served within
+  // a class, several prompts in one step up to its chunk of prompt tokens). The step in progress
+  // goes on with what the last sample showed queued, highest class first (a prompt placed since
+  // reached the worker after it began); the sample's elapsed time may be steps past it, which
+  // follow one another while that queue lasts. Of the prompts of the request's class and above
+  // left after it, the steps they fill alone go first; the prompt shares the next with the rest
+  // of them, and lower prompts fill what its last step leaves. Each step costs its fixed part
+  // (base, the sequences decoding) and its prompt tokens, each of those with the attention of a
+  // token of its queue's average prompt (the request's own: exactly). Counting the queue ahead
+  // as steps of its own before the prompt's predicted a step too many whenever it was waiting
+  // rather than in progress, and none of the step in progress.
+  struct Schedule {
+    double wait = 0;     // until the prompt's first step starts
+    double compute = 0;  // its steps
+  };
+  Schedule ScheduleOn(const WorkerCandidate& w, const Queue& q, const PrefillShape& own) const {
+    const StepProfile& profile = ProfileOf(w);
+    const double correction = w.ttft_correction;
+    const int64_t chunk = PrefillChunkTokens(own);
+    const double decoding = static_cast<double>(
+        std::clamp<int64_t>(own.decode_seqs, 0, std::max<int64_t>(own.token_budget, 1)));
+    const double fixed =
+        profile.StepSeconds(0, decoding, static_cast<double>(own.decode_context_tokens));
+    // Context a queued prompt token attends to, on average: (L + 1) / 2 for prompts of the
+    // queue's average length L.
+    auto per_token = [](const PrefillShape& queue) {
+      if (queue.uncached_tokens <= 0) return 0.0;
+      const double prompts = static_cast<double>(
+          std::clamp<int64_t>(queue.queued_prompts, 1, queue.uncached_tokens));
+      return (static_cast<double>(queue.uncached_tokens) / prompts + 1) / 2;
+    };
+    const double ahead_context = per_token(q.ahead);
+    const double below_context = per_token(q.below);
+    // Seconds of steps holding `ahead` and `below` tokens of the queues, and `attended` more
+    // context, uncorrected.
+    auto steps_seconds = [&](int64_t steps, int64_t ahead, int64_t below, double attended) {
+      return static_cast<double>(steps) * fixed +
+             profile.prefill_token_seconds * static_cast<double>(ahead + below) +
+             profile.prompt_context_token_seconds *
+                 (static_cast<double>(ahead) * ahead_context +
+                  static_cast<double>(below) * below_context + attended);
+    };
+
+    int64_t ahead = q.ahead.uncached_tokens;
+    int64_t below = q.below.uncached_tokens;
+    Schedule out;
+    {
+      int64_t shown_ahead = std::max<int64_t>(ahead - q.ahead_placed, 0);
+      int64_t shown_below = std::max<int64_t>(below - q.below_placed, 0);
+      // 0 between two steps: with prompts shown queued, one is about to start (the request
+      // reaches the worker after it has).
+      double elapsed = w.step_elapsed_seconds;
+      // (Bounded: past this many steps the worker is taken as done with what it showed.)
+      for (int i = 0; i < kMaxStepsBehind && shown_ahead + shown_below > 0; ++i) {
+        const int64_t from_ahead = std::min(chunk, shown_ahead);
+        const int64_t from_below = std::min(chunk - from_ahead, shown_below);
+        shown_ahead -= from_ahead;
+        shown_below -= from_below;
+        ahead -= from_ahead;
+        below -= from_below;
+        const double step = steps_seconds(1, from_ahead, from_below, 0) * correction;
+        if (elapsed < step) {
+          out.wait = step - elapsed;
+          break;
+        }
+        elapsed -= step;
+      }
+    }
+    const int64_t own_tokens = std::max<int64_t>(own.uncached_tokens, 1);
+    const int64_t alone = ahead / chunk;
+    const int64_t with_own = ahead - alone * chunk;
+    out.wait += steps_seconds(alone, alone * chunk, 0, 0) * correction;
+    const int64_t own_steps = 1 + CeilDiv(std::max<int64_t>(own_tokens - (chunk - with_own), 0),
+                                          chunk);
+    const int64_t fill = std::min(below, own_steps * chunk - with_own - own_tokens);
+    const double cached = static_cast<double>(std::max<int64_t>(own.cached_tokens, 0));
+    const double end = cached + static_cast<double>(own_tokens);
+    const double own_attended = (end * (end + 1) - cached * (cached + 1)) / 2;
+    out.compute = (steps_seconds(own_steps, with_own, fill, own_attended) +
+                   profile.prefill_token_seconds * static_cast<double>(own_tokens)) *
+                  correction;
+    return out;
+  }
+  static constexpr int kMaxStepsBehind = 4096;
+  static int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
   // One step of `shape`'s prompt tokens: the first chunk of them.
   static double FirstStepSeconds(const StepProfile& profile, PrefillShape shape) {
@@ -276,26 +369,9 @@ class SloPolicy final : public PolicyBase {
     all.queued_prompts += q.below.queued_prompts;
 
     PrefillPrediction p;
-    // The step in progress computes part of the queue and has run this long already: steps of
-    // the prompts that go first while there are any (the worker takes them first), then chunks
-    // of lower ones, of which the request waits out the one in progress.
-    double wait = q.ahead.uncached_tokens > 0
-                      ? QueuedPrefillSeconds(profile, q.ahead) * correction - elapsed
-                      : 0.0;
-    if (wait <= 0 && q.below.uncached_tokens > 0) {
-      wait = StepLeft(FirstStepSeconds(profile, q.below) * correction, PrefillSteps(q.below),
-                      q.ahead.uncached_tokens > 0 ? -wait : elapsed);
-    }
-    p.queue_wait = std::max(wait, 0.0);
-    // Lower prompts in progress take what the request's last step leaves of a step's prompt
-    // tokens.
-    const int64_t own_tokens = std::max<int64_t>(own.uncached_tokens, 1);
-    const int64_t last_step = own_tokens - (PrefillSteps(own) - 1) * PrefillChunkTokens(own);
-    const int64_t shared = std::min(q.below.uncached_tokens,
-                                    std::max<int64_t>(PrefillChunkTokens(own) - last_step, 0));
-    p.compute = (PrefillSeconds(profile, own) +
-                 profile.prefill_token_seconds * static_cast<double>(shared)) *
-                correction;
+    const Schedule schedule = ScheduleOn(worker, q, own);
+    p.queue_wait = schedule.wait;
+    p.compute = schedule.compute;
     p.first_step = FirstStepSeconds(profile, own) * correction;
     p.stall = std::max(QueuedPrefillSeconds(profile, all) * correction - elapsed, 0.0);
     p.after = QueuedPrefillSeconds(profile, q.below) * correction;

@@ -118,8 +118,8 @@ TEST(SloPolicyTest, LocalUntilItWouldStallTheRunningStreamsThenRemote) {
   // Locally the prompt shares each step with 20 decode tokens: chunks of 492, each step
   // 0.010 + 0.020 + its chunk * 1e-4. With this request the batch steps in 0.010 + 0.021 = 0.031;
   // a local prefill of C seconds raises the streams' mean TPOT to 0.031 + C / 10.
-  // 190 tokens: C = 0.049, streams 0.0359 <= 0.040, far better than remote
-  // (0.96 + 0.029 + 0.0019 = 0.9909).
+  // 190 tokens: C = 0.049, streams 0.0359 <= 0.040, far better than remote (p0's queue and the
+  // prompt are 16 steps of at most 512 tokens, 0.16 + 0.819, + 0.0019 of transfer = 0.9809).
   Decision d = PlaceOrDie(*policy, Prompt(190), cluster);
   EXPECT_EQ(d.decode_worker, "d0");
   EXPECT_TRUE(d.local_prefill);
@@ -132,13 +132,16 @@ TEST(SloPolicyTest, LocalUntilItWouldStallTheRunningStreamsThenRemote) {
   EXPECT_NEAR(d.headroom, 0.1025, kTol);
 
   // 500 tokens: 2 chunks, C = 2 * 0.030 + 0.05 = 0.11; the streams would average 0.042 > 0.040:
-  // remote, 0.96 wait + 0.010 + 0.05 prefill + 500 * 10 us transfer = 1.025, a predicted miss.
+  // remote, a predicted miss. p0's queue fills 15 steps of 512 alone (0.0612 each, 0.918); the
+  // prompt's first 192 tokens share the 16th with its last 320, its other 308 take one more
+  // step: 0.02 + 0.082 = 0.102 of its own; + 500 * 10 us transfer: 1.025 (the 16 queue steps
+  // and a step of the prompt alone, as before, but the shared step is not waiting).
   d = PlaceOrDie(*policy, Prompt(500), cluster);
   EXPECT_FALSE(d.local_prefill);
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
   EXPECT_THAT(Ids(d), ElementsAre("p0"));
   EXPECT_NEAR(d.predicted_ttft_seconds, 1.025, kTol);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0.96, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.918, kTol);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.031, kTol);
   // min(1 - 1.025, 0.38 for the request, (0.04 - 0.031) / 0.04 for the streams).
   EXPECT_NEAR(d.headroom, -0.025, kTol);
@@ -211,10 +214,14 @@ TEST(SloPolicyTest, ARemotePrefillWaitsForTheDecodeWorkersStepBoundaries) {
 TEST(SloPolicyTest, TheStepInProgressShortensTheQueueWait) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
   ClusterView cluster = {.workers = {Worker("d0", Role::kDecode).Queue(4000)}};
-  // Queue: 4000 tokens in chunks of 512, 8 steps: 0.08 + 0.4 = 0.48; the prompt: 0.010 + 0.01.
+  // Queue: 4000 tokens in chunks of 512: seven steps of 0.0612 (the first about to start, or the
+  // one in progress) are waiting; the prompt shares the eighth with the last 416 (0.01 + 0.0516)
+  // and its last 4 tokens take a step more (0.01 + 0.0004): 0.4284 + 0.0716 = 0.5 in all, as
+  // 8 steps of the queue and one of the prompt. 0.03 s into the first step leaves 0.0312 of it;
+  // 1 s is past the whole queue (0.48): the prompt alone, 0.010 + 0.01.
   const struct {
     double step_elapsed, wait, ttft;
-  } cases[] = {{0, 0.48, 0.5}, {0.03, 0.45, 0.47}, {1, 0, 0.02}};
+  } cases[] = {{0, 0.4284, 0.5}, {0.03, 0.3984, 0.47}, {1, 0, 0.02}};
   for (const auto& c : cases) {
     cluster.workers[0].step_elapsed_seconds = c.step_elapsed;
     const Decision d = PlaceOrDie(*policy, Prompt(100), cluster);
@@ -269,18 +276,19 @@ TEST(SloPolicyTest, APrefillWorkerThatKeepsTheTtftGetsThePromptEvenIfLocalIsFast
 TEST(SloPolicyTest, ALongLocalPrefillLeavesADecodeWorkerFreeForTheNextArrivals) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
   // 5000 tokens: 10 steps, 0.1 + 0.5 = 0.6 s on an idle worker, longer than half the default
-  // 1 s TTFT objective. p0 has 20000 tokens queued (40 steps, 0.4 + 2.0 = 2.4 s): remote
-  // 2.4 + 0.6 + 0.05 of transfer = 3.05 s, a predicted miss.
+  // 1 s TTFT objective. p0 has 20000 tokens queued: with the prompt, 25000 tokens in 49 steps
+  // of at most 512 (the prompt shares the queue's last one), 0.49 + 2.5, + 0.05 of transfer =
+  // 3.04 s, a predicted miss.
   const WorkerCandidate busy_p0 = Worker("p0", Role::kPrefill).Queue(20000);
-  // d1 has 600 prompt tokens queued (2 steps, 0.02 + 0.06 = 0.08 s); d0 none. Locally on d0 the
-  // prompt would leave no decode worker free for the next arrivals; on d1 it leaves d0:
-  // d1, local, 0.68.
+  // d1 has 600 prompt tokens queued; d0 none. Locally on d0 the prompt would leave no decode
+  // worker free for the next arrivals; on d1 it leaves d0: d1, local, 5600 tokens in 11 steps,
+  // 0.11 + 0.56 = 0.67.
   Decision d = PlaceOrDie(*policy, Prompt(5000),
                           {.workers = {Worker("d0", Role::kDecode),
                                        Worker("d1", Role::kDecode).Queue(600), busy_p0}});
   EXPECT_EQ(d.decode_worker, "d1");
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.68, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.67, kTol);
   // Both free: either may take it, locally.
   d = PlaceOrDie(*policy, Prompt(5000),
                  {.workers = {Worker("d0", Role::kDecode), Worker("d1", Role::kDecode), busy_p0}});
@@ -292,21 +300,22 @@ TEST(SloPolicyTest, ALongLocalPrefillLeavesADecodeWorkerFreeForTheNextArrivals) 
                  {.workers = {Worker("d0", Role::kDecode).Queue(600),
                               Worker("d1", Role::kDecode).Queue(600), busy_p0}});
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.0612 + 3.05, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.0612 + 3.04, kTol);
   EXPECT_FALSE(d.meets_slo);
-  // A short prompt holds nobody long: local on either (100 tokens, 0.02 s, + 0.08 on d1).
+  // A short prompt holds nobody long: local on either (100 tokens, 0.02 s; on d1 the 700 tokens
+  // in 2 steps, 0.09).
   d = PlaceOrDie(*policy, Prompt(100),
                  {.workers = {Worker("d0", Role::kDecode).Queue(600),
                               Worker("d1", Role::kDecode).Queue(600), busy_p0}});
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.1, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.09, kTol);
 }
 
 TEST(SloPolicyTest, AfterHigherPriorityRequestsALowerPriorityPrefillHoldsADecodeWorkerOneStep) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
   // The cluster of the test above, but the decode workers take up to 8192 tokens a step: 5000
   // tokens are one step of 0.01 + 0.5 = 0.51 s on d0; on d1 after its 600 queued tokens (one
-  // step, 0.07 s), 0.58. Remote on d0 3.05 s (p0's queue 2.4 + 0.6 + 0.05 of transfer).
+  // step, 0.07 s), 0.58. Remote on d0 3.04 s (as in the test above).
   const Worker p0 = Worker("p0", Role::kPrefill).Queue(20000);
   const ClusterView view = {.workers = {Worker("d0", Role::kDecode).Budget(8192),
                                         Worker("d1", Role::kDecode).Budget(8192).Queue(600), p0}};
@@ -320,7 +329,7 @@ TEST(SloPolicyTest, AfterHigherPriorityRequestsALowerPriorityPrefillHoldsADecode
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.58, kTol);
   // After a priority-1 chat whose TTFT objective is 0.8 s, a priority-0 prompt may hold a decode
   // worker's steps for 0.4 s at most: what a chat arriving next waits for, the worker taking
-  // prompts by priority, is one step of it, here 0.51 s on either. Remote on d0, 3.05 s, within
+  // prompts by priority, is one step of it, here 0.51 s on either. Remote on d0, 3.04 s, within
   // its own 6 s objective.
   Request chat = WithSlo(Prompt(40), 800, 50);
   chat.priority = 1;
@@ -328,11 +337,11 @@ TEST(SloPolicyTest, AfterHigherPriorityRequestsALowerPriorityPrefillHoldsADecode
   d = PlaceOrDie(*policy, low, view);
   EXPECT_EQ(d.decode_worker, "d0");
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 3.05, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 3.04, kTol);
   EXPECT_TRUE(d.meets_slo);
   // Workers that cut a prompt into chunks of 512 tokens hold a chat for one chunk's step, 0.0612
-  // s: the prompt prefills locally in the background, on d0 (10 steps, 0.1 + 0.5 = 0.6 s; on d1
-  // 0.08 + 0.6).
+  // s: the prompt prefills locally in the background, on d0 (10 steps, 0.1 + 0.5 = 0.6 s; on d1,
+  // behind its 600 tokens, 11 steps, 0.67).
   const ClusterView chunked = {
       .workers = {Worker("d0", Role::kDecode).Budget(8192).PrefillCap(512),
                   Worker("d1", Role::kDecode).Budget(8192).PrefillCap(512).Queue(600), p0}};
@@ -376,28 +385,66 @@ TEST(SloPolicyTest, AHigherPriorityRequestWaitsOnlyForItsClassAndAboveAndOneChun
   EXPECT_NEAR(d.predicted_wait_seconds, 0.0612, kTol);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.011 + 0.6 / 99, kTol);
   // With d0 into a chunk's step it waits for the rest of that one: 0.03 s in, 0.0312 left;
-  // 0.08 s in is 0.0188 s into the second of the 10 steps, 0.0424 left; 1 s in is past them all.
+  // 0.08 s in is 0.0188 s into the second of the 10 steps, 0.0424 left. 1 s in is past them all
+  // (0.6): no wait, and no lower tokens left to share its step with, 0.014.
   const struct {
-    double step_elapsed, wait;
-  } in_progress[] = {{0.03, 0.0312}, {0.08, 0.0424}, {1, 0}};
+    double step_elapsed, wait, ttft;
+  } in_progress[] = {
+      {0.03, 0.0312, 0.0312 + 0.0612}, {0.08, 0.0424, 0.0424 + 0.0612}, {1, 0, 0.014}};
   for (const auto& c : in_progress) {
     ClusterView busy = known;
     busy.workers[0].step_elapsed_seconds = c.step_elapsed;
     d = PlaceOrDie(*policy, chat, busy);
     EXPECT_NEAR(d.predicted_wait_seconds, c.wait, kTol) << c.step_elapsed;
-    EXPECT_NEAR(d.predicted_ttft_seconds, c.wait + 0.0612, kTol) << c.step_elapsed;
+    EXPECT_NEAR(d.predicted_ttft_seconds, c.ttft, kTol) << c.step_elapsed;
   }
-  // Of its own class, it waits for the whole of it: 10 steps, 0.1 + 0.5, then 0.014.
+  // Of its own class, it waits for the whole of it: the step about to start and 8 more of 512,
+  // 9 * 0.0612 = 0.5508; it shares the tenth with the last 392 tokens: 0.01 + 0.0432. 0.604.
   Request same = Prompt(40);
   same.priority = 0;
   d = PlaceOrDie(*policy, same, known);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.614, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.604, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.5508, kTol);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.011, kTol);
   // A worker that does not report its queue by class: every queued token goes first.
   const ClusterView unknown = {
       .workers = {Worker("d0", Role::kDecode).PrefillCap(512).Queue(5000)}};
   d = PlaceOrDie(*policy, chat, unknown);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.614, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.604, kTol);
+}
+
+// The step in progress holds what the worker's last load sample showed queued; prompts the
+// router placed since reached the worker after it began: they wait for it, then go first.
+TEST(SloPolicyTest, PromptsPlacedSinceTheSampleWaitForTheStepInProgress) {
+  std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
+  // d0 prefills in chunks of 512 (a full step 0.01 + 0.0512 = 0.0612), 0.03 s into one; queued:
+  // a 5000-token priority-0 prompt, and 600 tokens of priority-1 prompts, `placed` of them placed
+  // by the router since the sample.
+  auto view = [](int64_t placed) {
+    WorkerCandidate w = Worker("d0", Role::kDecode)
+                            .PrefillCap(512)
+                            .Classes({{.priority = 1, .tokens = 600, .prompts = 2,
+                                       .placed_tokens = placed},
+                                      {.priority = 0, .tokens = 5000, .prompts = 1}});
+    w.queued_prefill_tokens -= placed;
+    w.placed_prefill_tokens = placed;
+    w.placed_prompts = placed > 0 ? 2 : 0;
+    w.step_elapsed_seconds = 0.03;
+    return ClusterView{.workers = {w}};
+  };
+  Request chat = Prompt(40);
+  chat.priority = 1;
+  // Shown, the 600 tokens went first into the step in progress (512 of them): a 40-token
+  // priority-1 chat waits for its 0.0312 s left, then shares a step with their last 88 and 384
+  // tokens of the long prompt, 0.0612.
+  Decision d = PlaceOrDie(*policy, chat, view(0));
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.0312, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.0924, kTol);
+  // Placed since, they are not in it: the step in progress is the long prompt's (0.0312 left);
+  // 512 of them fill the next alone (0.0612), and the chat shares the one after with the last 88.
+  d = PlaceOrDie(*policy, chat, view(600));
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.0924, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.1536, kTol);
 }
 
 TEST(SloPolicyTest, LocalWhenTheRemoteMissesAndTheDecodeWorkersQueueIsShorterThanTheTransfer) {
@@ -414,12 +461,13 @@ TEST(SloPolicyTest, LocalWhenTheRemoteMissesAndTheDecodeWorkersQueueIsShorterTha
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.19384, kTol);
   // 16000 tokens: remote 2.08 would not keep half of the 2.5 s objective, and the transfer (0.16)
-  // now costs more than the queue (0.12): local, 0.12 + 32 * 0.010 + 1.6 = 2.04 (d0 is the only
-  // decode worker, so its long local prefill makes no arrival wait that could go elsewhere).
+  // now costs more than the queue (0.12): local, 17000 tokens in 34 steps, 0.34 + 1.7 = 2.04 (d0
+  // is the only decode worker, so its long local prefill makes no arrival wait that could go
+  // elsewhere). It waits for the queue's first step only; its first tokens share the second.
   d = PlaceOrDie(*policy, Prompt(16000), cluster);
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
   EXPECT_NEAR(d.predicted_ttft_seconds, 2.04, kTol);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0.12, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.0612, kTol);
 }
 
 TEST(SloPolicyTest, AvoidsAnOverloadedDecodeWorker) {
@@ -521,17 +569,19 @@ TEST(SloPolicyTest, CountsLoadTheRouterPlaced) {
           Worker("d0", Role::kDecode).Seqs(2).Placed(2, 1024).Active(3000).PlacedDecode(1000),
       }};
   // Steps carry 4 decode tokens and 4000 tokens of their context: a fixed 0.010 + 0.004 + 0.004.
-  // Queue: 1024 tokens of the 2 placed prompts in chunks of 508, 3 steps: 0.054 + 1024 * 1e-4,
-  // and two prompts of 512 attending to 512 * 513 / 2 each: 0.054 + 0.1024 + 0.262656.
-  // The prompt: 100 tokens, one step: 0.018 + 0.01 + 1e-6 * 100 * 101 / 2 = 0.03305.
+  // Queue: 1024 tokens of the 2 placed prompts in chunks of 508, each token attending to 256.5
+  // on average (prompts of 512). Placed, they are not in a step in progress: two steps of 508
+  // go first, 0.036 + 1016 * (1e-4 + 1e-6 * 256.5) = 0.398204; the prompt shares the third with
+  // the last 8: 0.018 + 108 * 1e-4 + 1e-6 * (8 * 256.5 + 100 * 101 / 2) = 0.035902.
   const Decision d = PlaceOrDie(*policy, Prompt(100), cluster);
-  EXPECT_NEAR(d.predicted_wait_seconds, 0.419056, kTol);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.419056 + 0.03305, kTol);
+  EXPECT_NEAR(d.predicted_wait_seconds, 0.398204, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.398204 + 0.035902, kTol);
   // 5 sequences, 3000 + 1000 + 100 tokens of context: 0.010 + 0.005 + 0.0041.
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.0191, kTol);
-  // min(1 - 0.452106, (0.05 - 0.0191) / 0.05, and the streams, which the queued prompts stall
-  // too: (0.05 - (0.0191 + (0.419056 + 0.03305) / 50)) / 0.05).
-  EXPECT_NEAR(d.headroom, 0.4371576, kTol);
+  // min(1 - 0.434106, (0.05 - 0.0191) / 0.05, and the streams, which the whole queue stalls too
+  // (3 steps: 0.054 + 0.1024 + 2 * 1e-6 * 512 * 513 / 2 = 0.419056): (0.05 - (0.0191 +
+  // (0.419056 + 0.035902) / 50)) / 0.05).
+  EXPECT_NEAR(d.headroom, 0.4360168, kTol);
 }
 
 TEST(SloPolicyTest, ABatchAboveTheTokenBudgetDecodesSlower) {
@@ -572,8 +622,8 @@ TEST(SloPolicyTest, WhatAStreamHasSeenSoFarCounts) {
   streams(9, 0.41);
   d = PlaceOrDie(*policy, Prompt(190), cluster);
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
-  EXPECT_NEAR(d.predicted_ttft_seconds, 0.9909, kTol);
-  EXPECT_NEAR(d.headroom, 1 - 0.9909, kTol);
+  EXPECT_NEAR(d.predicted_ttft_seconds, 0.9809, kTol);
+  EXPECT_NEAR(d.headroom, 1 - 0.9809, kTol);
   // The same streams with no time behind them would have allowed it.
   streams(9, 0.27);
   EXPECT_EQ(PlaceOrDie(*policy, Prompt(190), cluster).reason, PrefillReason::kPredictedLocal);

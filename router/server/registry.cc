@@ -340,6 +340,9 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
                                              .tokens = p.load.prefill_tokens,
                                              .prompts = p.load.prompts},
                       &c.queued_by_priority);
+        for (placement::QueuedClass& q : c.queued_by_priority) {
+          if (q.priority == p.priority) q.placed_tokens += p.load.prefill_tokens;
+        }
       }
     }
     by_id[c.id] = w.get();
