@@ -448,4 +448,27 @@ absl::Status LatencyCorrection::Observe(double observed_seconds, double predicte
 
 double LatencyCorrection::factor() const { return std::exp(log_factor_); }
 
+// ----------------------------------------------------------------------------------------------
+// ClassedLatencyCorrection
+
+absl::StatusOr<ClassedLatencyCorrection> ClassedLatencyCorrection::Create(
+    const LatencyCorrectionOptions& options) {
+  ASSIGN_OR_RETURN(LatencyCorrection overall, LatencyCorrection::Create(options));
+  return ClassedLatencyCorrection(overall);
+}
+
+absl::Status ClassedLatencyCorrection::Observe(int32_t priority, double observed_seconds,
+                                               double predicted_seconds) {
+  // Validated by the worker-wide one first, so that a refused observation creates no class.
+  const LatencyCorrection before = overall_;
+  RETURN_IF_ERROR(overall_.Observe(observed_seconds, predicted_seconds));
+  auto [it, added] = by_priority_.try_emplace(priority, before);
+  return it->second.Observe(observed_seconds, predicted_seconds);
+}
+
+double ClassedLatencyCorrection::factor(int32_t priority) const {
+  auto it = by_priority_.find(priority);
+  return it != by_priority_.end() ? it->second.factor() : overall_.factor();
+}
+
 }  // namespace tandem::placement

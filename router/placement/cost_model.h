@@ -302,6 +302,39 @@ class LatencyCorrection {
   int64_t observations_ = 0;
 };
 
+// A LatencyCorrection per priority class of one worker's predictions, beside one over all of
+// them. What the step model leaves out differs by class: a lower class also waits for the
+// higher-class prompts that reach the worker after it and go first, a higher one for none of
+// them. One factor for both took the average, and was wrong for each (docs/slo.md). A class uses
+// its own factor from its first observation on, which starts from the worker-wide one (what its
+// predictions had until then). Thread-compatible; copyable.
+class ClassedLatencyCorrection {
+ public:
+  // INVALID_ARGUMENT for options out of range (LatencyCorrection::Create).
+  static absl::StatusOr<ClassedLatencyCorrection> Create(const LatencyCorrectionOptions& options);
+
+  // A request of `priority` observed `observed_seconds` where the uncorrected prediction said
+  // `predicted_seconds`: teaches its class and the worker-wide factor. INVALID_ARGUMENT (nothing
+  // changes) unless both are finite and > 0.
+  absl::Status Observe(int32_t priority, double observed_seconds, double predicted_seconds);
+
+  // What to multiply an uncorrected prediction for a request of `priority` by: its class's
+  // factor once it has one, else the worker-wide one.
+  double factor(int32_t priority) const;
+  // Over every request, whatever its class.
+  const LatencyCorrection& overall() const { return overall_; }
+  // The classes observed so far, by priority.
+  const absl::flat_hash_map<int32_t, LatencyCorrection>& by_priority() const {
+    return by_priority_;
+  }
+
+ private:
+  explicit ClassedLatencyCorrection(LatencyCorrection overall) : overall_(overall) {}
+
+  LatencyCorrection overall_;
+  absl::flat_hash_map<int32_t, LatencyCorrection> by_priority_;
+};
+
 }  // namespace tandem::placement
 
 #endif  // TANDEM_ROUTER_PLACEMENT_COST_MODEL_H_

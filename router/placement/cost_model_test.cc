@@ -657,5 +657,43 @@ TEST(LatencyCorrectionTest, RefusesInvalidObservations) {
   EXPECT_EQ(c.observations(), 0);
 }
 
+TEST(ClassedLatencyCorrectionTest, EachClassLearnsItsOwnFactorFromTheWorkersOne) {
+  absl::StatusOr<ClassedLatencyCorrection> made =
+      ClassedLatencyCorrection::Create({.alpha = 0.5, .max_factor = 4.0});
+  ASSERT_TRUE(made.ok()) << made.status();
+  ClassedLatencyCorrection c = *made;
+  EXPECT_EQ(c.factor(0), 1.0);
+  // A priority-1 request observed twice its prediction: the worker's factor and the new class's
+  // (from the worker's 1) both become sqrt(2); priority 0, with none of its own, has the
+  // worker's.
+  ASSERT_TRUE(c.Observe(1, 0.2, 0.1).ok());
+  EXPECT_NEAR(c.factor(1), std::sqrt(2.0), 1e-12);
+  EXPECT_NEAR(c.factor(0), std::sqrt(2.0), 1e-12);
+  // Then a priority-0 one at half its prediction: its class starts from the worker's sqrt(2),
+  // 0.5 * log sqrt(2) + 0.5 * log 0.5 = log 2^-0.25, as does the worker's; priority 1 keeps its
+  // own.
+  ASSERT_TRUE(c.Observe(0, 0.05, 0.1).ok());
+  EXPECT_NEAR(c.factor(0), std::pow(2.0, -0.25), 1e-12);
+  EXPECT_NEAR(c.overall().factor(), std::pow(2.0, -0.25), 1e-12);
+  EXPECT_NEAR(c.factor(1), std::sqrt(2.0), 1e-12);
+  // Classes that stay apart settle apart, where one factor would sit between them.
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_TRUE(c.Observe(1, 0.9, 1.0).ok());
+    ASSERT_TRUE(c.Observe(0, 1.5, 1.0).ok());
+  }
+  EXPECT_NEAR(c.factor(1), 0.9, 1e-9);
+  EXPECT_NEAR(c.factor(0), 1.5, 1e-9);
+  EXPECT_GT(c.overall().factor(), 0.9);
+  EXPECT_LT(c.overall().factor(), 1.5);
+  EXPECT_NEAR(c.factor(7), c.overall().factor(), 1e-12);  // a class not seen yet
+  EXPECT_EQ(c.by_priority().size(), 2u);
+  // A refused observation creates no class and changes nothing.
+  EXPECT_EQ(c.Observe(5, -1, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.by_priority().size(), 2u);
+  EXPECT_EQ(c.overall().observations(), 202);
+  EXPECT_EQ(ClassedLatencyCorrection::Create({.alpha = 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tandem::placement

@@ -20,8 +20,9 @@
 namespace tandem::router {
 
 struct Registry::Worker {
-  Worker(std::string address, placement::StepCostModel cost, placement::LatencyCorrection latency)
-      : address(std::move(address)), cost(std::move(cost)), ttft(latency), tpot(latency) {}
+  Worker(std::string address, placement::StepCostModel cost,
+         placement::ClassedLatencyCorrection ttft, placement::LatencyCorrection tpot)
+      : address(std::move(address)), cost(std::move(cost)), ttft(std::move(ttft)), tpot(tpot) {}
 
   std::string address;
   WorkerView view;           // guarded by Registry::mu_
@@ -79,9 +80,9 @@ struct Registry::Worker {
   // nothing is subtracted.
   int64_t reported_finished = 0;
   // Corrections of the slo policy's predictions for this worker, learned from what requests then
-  // observed: the TTFT of prompts it prefilled, the TPOT of streams it decoded. Kept across
-  // reconnects, like `cost`. Guarded by Registry::mu_.
-  placement::LatencyCorrection ttft;
+  // observed: the TTFT of prompts it prefilled (by priority class), the TPOT of streams it
+  // decoded. Kept across reconnects, like `cost`. Guarded by Registry::mu_.
+  placement::ClassedLatencyCorrection ttft;
   placement::LatencyCorrection tpot;
 };
 
@@ -94,6 +95,16 @@ placement::TransferModel MakeTransferModel(const placement::TransferModelOptions
 }
 
 // The learned correction factors, by worker and kind (ttft, tpot).
+prometheus::Family<prometheus::Gauge>& ClassCorrectionGauges() {
+  static auto& family = prometheus::BuildGauge()
+                            .Name("tandem_router_ttft_correction_by_priority")
+                            .Help("Factor the slo policy multiplies its TTFT predictions for the "
+                                  "prompts a worker prefills by, for requests of one priority "
+                                  "class, learned from their observed TTFTs; 1 is none")
+                            .Register(ProcessMetrics());
+  return family;
+}
+
 prometheus::Family<prometheus::Gauge>& CorrectionGauges() {
   static auto& family = prometheus::BuildGauge()
                             .Name("tandem_router_latency_correction")
@@ -165,8 +176,10 @@ void Registry::AddWorker(const std::string& address) {
     slot->removed = false;
     return;
   }
-  slot = std::make_unique<Worker>(address, *placement::StepCostModel::Create(options_.cost_model),
-                                  *placement::LatencyCorrection::Create(options_.latency_correction));
+  slot = std::make_unique<Worker>(
+      address, *placement::StepCostModel::Create(options_.cost_model),
+      *placement::ClassedLatencyCorrection::Create(options_.latency_correction),
+      *placement::LatencyCorrection::Create(options_.latency_correction));
   Worker* w = slot.get();
   w->thread = std::thread([this, w] { Watch(w); });
 }
@@ -311,7 +324,7 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
     placement::WorkerCandidate& c = *candidate;
     if (avoid.contains(c.id)) c.healthy = false;
     c.cost_model = &w->cost;
-    c.ttft_correction = w->ttft.factor();
+    c.ttft_correction = w->ttft.factor(request.priority);
     c.tpot_correction = w->tpot.factor();
     // The step the worker was in at its last sample has gone on since (if it has ended, the next
     // sample says so within load_interval).
@@ -378,6 +391,7 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
           {.prefill_tokens = decision->uncached_tokens, .prompts = 1},
           std::max<int64_t>(request.prompt_tokens, 1));
   }
+  route.priority = request.priority;
   route.tpot_ms = decision->predicted ? static_cast<int64_t>(decision->tpot_slo_seconds * 1e3)
                                       : request.slo.tpot_ms;
   route.max_tokens = request.max_tokens;
@@ -512,31 +526,39 @@ void Registry::Release(Route& route) {
 
 void Registry::ObserveTtft(const Route& route, double seconds) {
   const placement::Decision& d = route.decision;
-  Observe(d.local_prefill || route.prefill.empty() ? route.decode_address
-                                                   : route.prefill[0].second,
-          &Worker::ttft, "ttft", seconds, d.predicted_ttft_seconds, d.ttft_correction, d.predicted);
+  if (!d.predicted || d.predicted_ttft_seconds <= 0 || !(seconds > 0)) return;
+  absl::MutexLock lock(&mu_);
+  Worker* w = FindLocked(d.local_prefill || route.prefill.empty() ? route.decode_address
+                                                                  : route.prefill[0].second);
+  if (w == nullptr) return;
+  if (absl::Status s =
+          w->ttft.Observe(route.priority, seconds, d.predicted_ttft_seconds / d.ttft_correction);
+      !s.ok()) {
+    LOG(WARNING) << "a ttft observation was refused: " << s;
+  }
+  if (w->view.worker_id().empty()) return;
+  CorrectionGauges()
+      .Add({{"worker", w->view.worker_id()}, {"kind", "ttft"}})
+      .Set(w->ttft.overall().factor());
+  ClassCorrectionGauges()
+      .Add({{"worker", w->view.worker_id()}, {"priority", absl::StrCat(route.priority)}})
+      .Set(w->ttft.factor(route.priority));
 }
 
 void Registry::ObserveTpot(const Route& route, double seconds) {
   const placement::Decision& d = route.decision;
-  Observe(route.decode_address, &Worker::tpot, "tpot", seconds, d.predicted_tpot_seconds,
-          d.tpot_correction, d.predicted);
-}
-
-void Registry::Observe(const std::string& address, placement::LatencyCorrection Worker::*which,
-                       const char* kind, double seconds, double predicted, double correction,
-                       bool has_prediction) {
-  if (!has_prediction || predicted <= 0 || !(seconds > 0)) return;
+  if (!d.predicted || d.predicted_tpot_seconds <= 0 || !(seconds > 0)) return;
   absl::MutexLock lock(&mu_);
-  Worker* w = FindLocked(address);
+  Worker* w = FindLocked(route.decode_address);
   if (w == nullptr) return;
-  placement::LatencyCorrection& c = w->*which;
-  if (absl::Status s = c.Observe(seconds, predicted / correction); !s.ok()) {
-    LOG(WARNING) << "a " << kind << " observation was refused: " << s;
+  if (absl::Status s = w->tpot.Observe(seconds, d.predicted_tpot_seconds / d.tpot_correction);
+      !s.ok()) {
+    LOG(WARNING) << "a tpot observation was refused: " << s;
   }
-  if (!w->view.worker_id().empty()) {
-    CorrectionGauges().Add({{"worker", w->view.worker_id()}, {"kind", kind}}).Set(c.factor());
-  }
+  if (w->view.worker_id().empty()) return;
+  CorrectionGauges()
+      .Add({{"worker", w->view.worker_id()}, {"kind", "tpot"}})
+      .Set(w->tpot.factor());
 }
 
 void Registry::ObserveTransfer(const std::string& prefill_worker, const std::string& decode_worker,

@@ -59,6 +59,8 @@ struct Route {
   // among the decode worker's running requests (placement::RunningGroup) until Release.
   int64_t tpot_ms = 0;
   int64_t max_tokens = 0;
+  // The request's priority: its TTFT teaches the correction of its class (ObserveTtft).
+  int32_t priority = 0;
   // PromptDone uncounted the prompt tokens; Release the rest.
   bool prompt_done = false;
   bool released = false;
@@ -93,8 +95,9 @@ class Registry {
   void Release(Route& route);
   // A request placed on `route` (with predictions: the slo policy) saw its first token `seconds`
   // after its placement, or decoded at `seconds` a token on average: teaches the TTFT correction
-  // of the worker that prefilled it, or the TPOT correction of its decode worker
-  // (placement::LatencyCorrection, against the prediction without the correction it included).
+  // of the worker that prefilled it (of its priority class), or the TPOT correction of its decode
+  // worker (placement::LatencyCorrection, against the prediction without the correction it
+  // included).
   void ObserveTtft(const Route& route, double seconds);
   void ObserveTpot(const Route& route, double seconds);
   // A prefill worker moved the KV of `tokens` prompt tokens to a decode worker, and the move took
@@ -120,11 +123,6 @@ class Registry {
   void Discover();
   void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Worker* FindLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ObserveTtft and ObserveTpot: teaches `which` correction of the worker at `address` that a
-  // request took `seconds` where the prediction said `predicted` with `correction` in it.
-  void Observe(const std::string& address, placement::LatencyCorrection Worker::*which,
-               const char* kind, double seconds, double predicted, double correction,
-               bool has_prediction) ABSL_LOCKS_EXCLUDED(mu_);
   // Uncounts the placements on `w` that its reports include by `now` (RegistryOptions::report_lag),
   // or, for prompts sent to a prefill worker, once its count of received prompt tokens (the load
   // sample's) shows them.
