@@ -84,6 +84,12 @@ def test_unloaded_requests_carry_predictions_of_the_right_size(pb, cluster):
                    if l.startswith("tandem_router_latency_correction{")]
     assert {l.split('kind="')[1].split('"')[0] for l in corrections} == {"ttft", "tpot"}, corrections
     assert all(0.25 <= float(l.split()[-1]) <= 4 for l in corrections), corrections
+    # ...and of the TTFT of these requests' class (priority 0, unset), on the worker that
+    # prefilled them.
+    by_class = [l for l in text.splitlines()
+                if l.startswith("tandem_router_ttft_correction_by_priority{")]
+    assert by_class and all('priority="0"' in l for l in by_class), by_class
+    assert all(0.25 <= float(l.split()[-1]) <= 4 for l in by_class), by_class
 
 
 def test_a_request_right_after_others_end_is_predicted_against_its_own_batch(pb, cluster):
