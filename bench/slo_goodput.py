@@ -12,7 +12,10 @@ TTFT <= 6 s, TPOT <= 300 ms). It prints, per policy, the SLO attainment at every
 goodput -- the highest rate whose attainment stays >= 90% (DistServe), interpolated between swept
 rates -- then slo's goodput over the best of the others (target >= 1.3x) and, for slo, the median
 relative error of its TTFT and TPOT predictions, absolute and signed (target <= 20%). Results and
-plots go to --out.
+plots go to --out: each sweep's own, and attainment_by_policy.png (every policy's pooled
+attainment against the rate) and slo_predictions.png (slo's observed against predicted TTFT and
+TPOT, request by request). --replot prints the summary and draws those two again from the
+results already in --out, running nothing.
 
 --seeds N repeats every policy's sweep with N arrival seeds (1..N; a fresh cluster each) and
 pools them: a rate's attainment is the mean over the seeds, the goodput is interpolated from those
@@ -33,6 +36,7 @@ import numpy
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from tandem_bench import workload  # noqa: E402
+from tandem_bench import plots  # noqa: E402
 from tandem_bench.metrics import distserve_goodput  # noqa: E402
 
 CLASSES = ["name=chat,weight=3,ttft_ms=1000,tpot_ms=150,priority=1",
@@ -150,23 +154,37 @@ def main():
                     help="arrival seeds per policy (1..N), pooled; a fresh cluster for each")
     ap.add_argument("--policies", default="round_robin,least_loaded,kv_aware,slo")
     ap.add_argument("--out", default="/tmp/slo_goodput")
+    ap.add_argument("--replot", action="store_true",
+                    help="run nothing: summarize and plot the result JSONs already in --out "
+                         "(POLICY.json, POLICY.seedN.json for --policies and --seeds)")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    dataset = out / "mixed.jsonl"
-    # Each rate samples its own requests from the file (tandem bench's per-rate streams); a file
-    # of 200 prompts made every rate after the first replay mostly cached prompts (prefix hit
-    # rates climbed from 11% to 80% across a sweep), which made later rates easier and favoured
-    # cache-aware placement. With 20 entries per request sent, rates share ~1/20 of their prompts.
-    rates = [r for r in args.rates.split(",") if r.strip()]
-    per_rate = (max(float(r) for r in rates) * args.duration if args.duration
-                else args.num_requests)
-    write_dataset(dataset, max(200, int(20 * len(rates) * (per_rate + 4))), seed=7)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
-    runs = {p: pooled([run_policy(args, p, dataset, out, seed)["runs"][0]
-                       for seed in range(1, args.seeds + 1)])
-            for p in args.policies.split(",")}
+    if args.replot:
+        def load(policy, seed):
+            name = policy if seed == 1 else f"{policy}.seed{seed}"
+            path = out / f"{name}.json"
+            if not path.exists():
+                ap.error(f"--replot: {path} does not exist")
+            return json.loads(path.read_text())["runs"][0]
+        runs = {p: pooled([load(p, seed) for seed in range(1, args.seeds + 1)])
+                for p in args.policies.split(",")}
+    else:
+        dataset = out / "mixed.jsonl"
+        # Each rate samples its own requests from the file (tandem bench's per-rate streams); a
+        # file of 200 prompts made every rate after the first replay mostly cached prompts (prefix
+        # hit rates climbed from 11% to 80% across a sweep), which made later rates easier and
+        # favoured cache-aware placement. With 20 entries per request sent, rates share ~1/20 of
+        # their prompts.
+        rates = [r for r in args.rates.split(",") if r.strip()]
+        per_rate = (max(float(r) for r in rates) * args.duration if args.duration
+                    else args.num_requests)
+        write_dataset(dataset, max(200, int(20 * len(rates) * (per_rate + 4))), seed=7)
+        runs = {p: pooled([run_policy(args, p, dataset, out, seed)["runs"][0]
+                           for seed in range(1, args.seeds + 1)])
+                for p in args.policies.split(",")}
 
     rates = [r["rate"] for r in next(iter(runs.values()))["rates"]]
     print("\nslo_goodput: SLO attainment (both objectives) by offered rate, and DistServe goodput"
@@ -209,6 +227,10 @@ def main():
                 print(f"  TPOT with hindsight (each stream's true mean batch and the prompts its "
                       f"worker computed meanwhile, fitted to this run): median |error| "
                       f"{floor * 100:.0f}%")
+    plots.attainment_vs_rate([{**run, "label": policy} for policy, run in runs.items()],
+                             out / "attainment_by_policy.png", 0.9)
+    if "slo" in runs:
+        plots.predicted_vs_observed(runs["slo"], out / "slo_predictions.png")
     print(f"\nresults and plots: {out}")
 
 

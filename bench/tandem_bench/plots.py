@@ -5,6 +5,9 @@
   attainment_vs_rate.png  SLO attainment against the offered rate, the target line and each run's
                           DistServe goodput (only when requests had SLOs)
 
+and, called on their own, predicted_vs_observed (one run's latency predictions, request by
+request).
+
 A run here is a dict as in the result JSON: {"label", "rates": [{"rate", "summary",
 "requests"}], "distserve_goodput"}. Infinite rates are left out of the "versus rate" figures.
 """
@@ -110,6 +113,43 @@ def attainment_vs_rate(runs, path, target):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("SLO attainment versus rate")
+    _save(fig, path)
+
+
+def predicted_vs_observed(run, path):
+    """Each request's observed TTFT and TPOT against what placement predicted for it (log-log),
+    with the diagonal and the +-20% band; requests without predictions are left out."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+    for ax, (key, title) in zip(axes, (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"))):
+        pairs = [(r[f"predicted_{key}"], r[key]) for point in run["rates"]
+                 for r in point["requests"]
+                 if r.get("ok") and r.get(key) and r.get(f"predicted_{key}")]
+        if not pairs:
+            continue
+        classes = sorted({r.get("slo_class") or "" for point in run["rates"]
+                          for r in point["requests"]})
+        for name in classes:
+            xs = [r[f"predicted_{key}"] for point in run["rates"] for r in point["requests"]
+                  if (r.get("slo_class") or "") == name and r.get("ok") and r.get(key)
+                  and r.get(f"predicted_{key}")]
+            ys = [r[key] for point in run["rates"] for r in point["requests"]
+                  if (r.get("slo_class") or "") == name and r.get("ok") and r.get(key)
+                  and r.get(f"predicted_{key}")]
+            ax.scatter(xs, ys, s=4, alpha=0.35, label=name or "requests")
+        low = min(min(p) for p in pairs)
+        high = max(max(p) for p in pairs)
+        line = [low, high]
+        ax.plot(line, line, color="black", linewidth=1, label="observed = predicted")
+        ax.plot(line, [v / 0.8 for v in line], color="gray", linestyle="--", linewidth=1,
+                label="error +-20% of observed")
+        ax.plot(line, [v / 1.2 for v in line], color="gray", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"predicted {title}")
+        ax.set_ylabel(f"observed {title}")
+        ax.set_title(f"{title}: observed against predicted")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8, markerscale=3)
     _save(fig, path)
 
 

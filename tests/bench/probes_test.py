@@ -65,6 +65,23 @@ def test_slo_goodput_sweeps_two_policies_and_compares_them(tmp_path):
         assert len(requests) == 6, requests
     slo_requests = json.loads((tmp_path / "slo.json").read_text())["runs"][0]["rates"][0]["requests"]
     assert any(r.get("predicted_tpot_ms") for r in slo_requests if r.get("ok")), slo_requests
+    for png in ("attainment_by_policy.png", "slo_predictions.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    # --replot summarizes the same results again and redraws the figures, running nothing.
+    (tmp_path / "attainment_by_policy.png").unlink()
+    replot = [sys.executable, str(ROOT / "bench" / "slo_goodput.py"), "--replot", "--seeds", "2",
+              "--policies", "round_robin,slo"]
+    again = subprocess.run([*replot, "--out", str(tmp_path)], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, f"stdout:\n{again.stdout}\nstderr:\n{again.stderr}"
+    assert "tandem up" not in again.stdout, again.stdout
+    assert again.stdout[again.stdout.index("slo_goodput: SLO attainment"):] == table, again.stdout
+    assert (tmp_path / "attainment_by_policy.png").exists()
+    empty = tmp_path / "empty"
+    missing = subprocess.run([*replot, "--out", str(empty)], capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 2 and "round_robin.json does not exist" in missing.stderr, (
+        missing.stderr)
 
 
 def test_slo_goodput_alone_over_a_duration_prints_its_errors(tmp_path):
