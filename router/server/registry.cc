@@ -94,35 +94,35 @@ placement::TransferModel MakeTransferModel(const placement::TransferModelOptions
   return *std::move(model);
 }
 
+prometheus::Family<prometheus::Gauge>& GaugeFamily(const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(ProcessMetrics());
+}
+
 // The learned correction factors, by worker and kind (ttft, tpot).
-prometheus::Family<prometheus::Gauge>& ClassCorrectionGauges() {
-  static auto& family = prometheus::BuildGauge()
-                            .Name("tandem_router_ttft_correction_by_priority")
-                            .Help("Factor the slo policy multiplies its TTFT predictions for the "
-                                  "prompts a worker prefills by, for requests of one priority "
-                                  "class, learned from their observed TTFTs; 1 is none")
-                            .Register(ProcessMetrics());
+prometheus::Family<prometheus::Gauge>& CorrectionGauges() {
+  static auto& family = GaugeFamily(
+      "tandem_router_latency_correction",
+      "Factor the slo policy multiplies a worker's predictions by, learned from observed "
+      "latencies (kind: ttft of the prompts it prefills, tpot of the streams it decodes); 1 is "
+      "none");
   return family;
 }
 
-prometheus::Family<prometheus::Gauge>& CorrectionGauges() {
-  static auto& family = prometheus::BuildGauge()
-                            .Name("tandem_router_latency_correction")
-                            .Help("Factor the slo policy multiplies a worker's predictions by, "
-                                  "learned from observed latencies (kind: ttft of the prompts it "
-                                  "prefills, tpot of the streams it decodes); 1 is none")
-                            .Register(ProcessMetrics());
+// The TTFT factors of each priority class, by worker and priority.
+prometheus::Family<prometheus::Gauge>& ClassCorrectionGauges() {
+  static auto& family = GaugeFamily(
+      "tandem_router_ttft_correction_by_priority",
+      "Factor the slo policy multiplies its TTFT predictions for the prompts a worker prefills "
+      "by, for requests of one priority class, learned from their observed TTFTs; 1 is none");
   return family;
 }
 
 // How much slower or faster than its step model each worker's latest steps ran.
 prometheus::Family<prometheus::Gauge>& StepSpeedGauges() {
-  static auto& family = prometheus::BuildGauge()
-                            .Name("tandem_router_step_speed_ratio")
-                            .Help("Observed over predicted duration of a worker's latest engine "
-                                  "steps (a moving average over about ten steps): how well its "
-                                  "step model fits now; 1 is as fitted")
-                            .Register(ProcessMetrics());
+  static auto& family = GaugeFamily(
+      "tandem_router_step_speed_ratio",
+      "Observed over predicted duration of a worker's latest engine steps (a moving average over "
+      "about ten steps): how well its step model fits now; 1 is as fitted");
   return family;
 }
 
