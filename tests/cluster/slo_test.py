@@ -9,6 +9,7 @@ requests it admits keep their objectives (TPOT within the predictions' 20%); nor
 memory stays bounded; and the metrics account for all of it."""
 import json
 import os
+import subprocess
 import threading
 import time
 import urllib.request
@@ -90,6 +91,13 @@ def test_unloaded_requests_carry_predictions_of_the_right_size(pb, cluster):
                 if l.startswith("tandem_router_ttft_correction_by_priority{")]
     assert by_class and all('priority="0"' in l for l in by_class), by_class
     assert all(0.25 <= float(l.split()[-1]) <= 4 for l in by_class), by_class
+    # The router's exposition, these families with it, is valid for Prometheus' own promtool
+    # (exit 3 lists lint problems: only the colons of vLLM's names, kept on purpose).
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                           text=True)
+    problems = [l for l in (check.stdout + check.stderr).splitlines() if l.strip()]
+    assert check.returncode in (0, 3), problems
+    assert all(p.startswith("vllm:") and "should not contain ':'" in p for p in problems), problems
 
 
 def test_a_request_right_after_others_end_is_predicted_against_its_own_batch(pb, cluster):
