@@ -462,8 +462,8 @@ absl::Status ClassedLatencyCorrection::Observe(int32_t priority, double observed
   // Validated by the worker-wide one first, so that a refused observation creates no class.
   const LatencyCorrection before = overall_;
   RETURN_IF_ERROR(overall_.Observe(observed_seconds, predicted_seconds));
-  auto [it, added] = by_priority_.try_emplace(priority, before);
-  return it->second.Observe(observed_seconds, predicted_seconds);
+  return by_priority_.try_emplace(priority, before)
+      .first->second.Observe(observed_seconds, predicted_seconds);
 }
 
 double ClassedLatencyCorrection::factor(int32_t priority) const {
