@@ -57,8 +57,13 @@ def write_dataset(path, count, seed):
             f.write(json.dumps(record) + "\n")
 
 
+def result_name(policy, seed):
+    """A sweep's name in --out: POLICY (its .json and plot folder), POLICY.seed2, ..."""
+    return policy if seed == 1 else f"{policy}.seed{seed}"
+
+
 def run_policy(args, policy, dataset, out, seed=1):
-    name = policy if seed == 1 else f"{policy}.seed{seed}"  # POLICY.json, POLICY.seed2.json, ...
+    name = result_name(policy, seed)
     result = out / f"{name}.json"
     command = [str(pathlib.Path(args.bin) / "tandem"), "bench",
                "--up", f"prefill_workers=1 decode_workers=2 policy={policy}",
@@ -164,8 +169,7 @@ def main():
         ap.error("--seeds must be >= 1")
     if args.replot:
         def load(policy, seed):
-            name = policy if seed == 1 else f"{policy}.seed{seed}"
-            path = out / f"{name}.json"
+            path = out / f"{result_name(policy, seed)}.json"
             if not path.exists():
                 ap.error(f"--replot: {path} does not exist")
             return json.loads(path.read_text())["runs"][0]

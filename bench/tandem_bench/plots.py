@@ -121,21 +121,15 @@ def predicted_vs_observed(run, path):
     with the diagonal and the +-20% band; requests without predictions are left out."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     for ax, (key, title) in zip(axes, (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"))):
-        pairs = [(r[f"predicted_{key}"], r[key]) for point in run["rates"]
-                 for r in point["requests"]
-                 if r.get("ok") and r.get(key) and r.get(f"predicted_{key}")]
-        if not pairs:
+        rows = [(r.get("slo_class") or "", r[f"predicted_{key}"], r[key])
+                for point in run["rates"] for r in point["requests"]
+                if r.get("ok") and r.get(key) and r.get(f"predicted_{key}")]
+        if not rows:
             continue
-        classes = sorted({r.get("slo_class") or "" for point in run["rates"]
-                          for r in point["requests"]})
-        for name in classes:
-            xs = [r[f"predicted_{key}"] for point in run["rates"] for r in point["requests"]
-                  if (r.get("slo_class") or "") == name and r.get("ok") and r.get(key)
-                  and r.get(f"predicted_{key}")]
-            ys = [r[key] for point in run["rates"] for r in point["requests"]
-                  if (r.get("slo_class") or "") == name and r.get("ok") and r.get(key)
-                  and r.get(f"predicted_{key}")]
-            ax.scatter(xs, ys, s=4, alpha=0.35, label=name or "requests")
+        for name in sorted({c for c, _, _ in rows}):
+            ax.scatter([x for c, x, _ in rows if c == name], [y for c, _, y in rows if c == name],
+                       s=4, alpha=0.35, label=name or "requests")
+        pairs = [(x, y) for _, x, y in rows]
         low = min(min(p) for p in pairs)
         high = max(max(p) for p in pairs)
         line = [low, high]
