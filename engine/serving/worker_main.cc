@@ -20,10 +20,12 @@ void BlockTerminationSignals() {
 }
 
 absl::Status ServeUntilSignal(const std::string& listen, const std::vector<grpc::Service*>& services,
-                              const std::function<void(int port)>& on_ready, absl::Duration grace) {
+                              const std::function<void(int port)>& on_ready,
+                              const KeepaliveOptions& keepalive, absl::Duration grace) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  ApplyKeepalive(keepalive, &builder);
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   for (grpc::Service* s : services) builder.RegisterService(s);

@@ -39,6 +39,12 @@ ABSL_FLAG(int64_t, max_prefill_tokens, 0,
 ABSL_FLAG(int64_t, max_requests, 1024, "Requests held at once (running, waiting); more are refused");
 ABSL_FLAG(bool, prefix_caching, true, "Reuse the KV of earlier prompts that share a prefix");
 ABSL_FLAG(std::string, model_id, "", "Model id served and hashed into block hashes; empty: the file name");
+ABSL_FLAG(int64_t, keepalive_time_ms, 2000,
+          "gRPC keepalive: idle time after which a ping checks that a peer (the router, a prefill "
+          "worker) still answers, ms; also the shortest ping interval accepted from clients");
+ABSL_FLAG(int64_t, keepalive_timeout_ms, 2000,
+          "gRPC keepalive: how long a ping may go unanswered before the connection is closed and "
+          "its calls fail (a dead peer is found within time + timeout), ms");
 ABSL_FLAG(bool, calibrate, true,
           "Run a few requests of known shapes before serving, so that the router's cost model "
           "(the slo policy) starts from this machine's step times");
@@ -64,6 +70,12 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   const int64_t kv_mb = absl::GetFlag(FLAGS_kv_cache_mb);
   if (kv_mb <= 0 || absl::GetFlag(FLAGS_threads) < 0) {
     return absl::InvalidArgumentError("--kv_cache_mb must be positive and --threads >= 0");
+  }
+  f.keepalive.time = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_time_ms));
+  f.keepalive.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_timeout_ms));
+  if (absl::Status s = ValidateKeepalive(f.keepalive); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--keepalive_time_ms / --keepalive_timeout_ms: ",
+                                                   s.message()));
   }
   EngineLoop::Options& o = f.loop;
   o.engine.forward.num_threads = absl::GetFlag(FLAGS_threads);
@@ -117,7 +129,7 @@ int RunWorkerProcess(
       std::printf("%s %s listening on port %d (model %s, metrics port %d)\n", role,
                   w.flags.worker_id.c_str(), port, w.loop->model_id().c_str(), ProcessMetricsPort());
       std::fflush(stdout);
-    });
+    }, w.flags.keepalive);
   }
   if (!status.ok()) {
     std::fprintf(stderr, "%s: %s\n", role, status.ToString().c_str());
