@@ -49,6 +49,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     {
       absl::MutexLock lock(&service_->mu_);
       id_ = service_->next_id_++;
+      service_->live_[id_] = self;
       if (!request_.request_id().empty() &&
           !service_->calls_.try_emplace(request_.request_id(), self).second) {
         return End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
@@ -102,11 +103,24 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   }
 
   void OnDone() override {
-    if (registered_) {
+    {
       absl::MutexLock lock(&service_->mu_);
-      service_->calls_.erase(request_.request_id());
+      if (registered_) service_->calls_.erase(request_.request_id());
+      service_->live_.erase(id_);
     }
     self_.reset();  // the last callback still holding the call frees it
+  }
+
+  // From the heartbeat thread: a stream with nothing written for `interval` and nothing to
+  // write sends a heartbeat.
+  void Heartbeat(absl::Time now, absl::Duration interval) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || writing_ || end_.has_value() || !deltas_.empty()) return;
+      if (now - last_write_at_ < interval) return;
+      heartbeat_ = true;
+    }
+    Pump();
   }
 
  private:
@@ -258,9 +272,15 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       } else if (!deltas_.empty()) {
         writing_ = true;
         BuildResponse();
+      } else if (heartbeat_) {
+        writing_ = true;
+        response_.Clear();
+        response_.set_heartbeat(true);
       } else {
         return;
       }
+      heartbeat_ = false;  // whatever is written says the worker is alive
+      last_write_at_ = absl::Now();
     }
     if (finish.has_value()) {
       Finish(*finish);
@@ -359,6 +379,9 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   absl::Time first_delta_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_delta_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   double local_prompt_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  // A heartbeat is due (Heartbeat), and when the latest write started (from the call's start).
+  bool heartbeat_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_write_at_ ABSL_GUARDED_BY(mu_) = start_;
   // When the latest prefill call went out.
   absl::Time prefill_sent_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Every prefill call made, kept so that Abort can cancel the one in flight.
@@ -366,13 +389,46 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
 };
 
 DecodeService::DecodeService(EngineLoop* loop, Options options)
-    : loop_(loop), options_(std::move(options)) {}
+    : loop_(loop), options_(std::move(options)) {
+  CHECK_OK(ValidateKeepalive(options_.keepalive));
+  CHECK(options_.heartbeat > absl::ZeroDuration()) << "heartbeat must be positive";
+  if (options_.heartbeat != absl::InfiniteDuration()) {
+    heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  }
+}
+
+DecodeService::~DecodeService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+}
+
+void DecodeService::HeartbeatLoop() {
+  const absl::Duration period = options_.heartbeat / 4;
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
+    std::vector<std::shared_ptr<GenerateCall>> calls;
+    calls.reserve(live_.size());
+    for (const auto& [id, weak] : live_) {
+      if (std::shared_ptr<GenerateCall> call = weak.lock(); call != nullptr) {
+        calls.push_back(std::move(call));
+      }
+    }
+    mu_.Unlock();
+    const absl::Time now = absl::Now();
+    for (const auto& call : calls) call->Heartbeat(now, options_.heartbeat);
+    calls.clear();  // a call's last reference may go here: outside the lock, which OnDone takes
+    mu_.Lock();
+  }
+}
 
 v1::Prefill::Stub* DecodeService::PrefillStub(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
   if (stub == nullptr) {
-    stub = v1::Prefill::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    stub = v1::Prefill::NewStub(CreateKeepaliveChannel(address, options_.keepalive));
   }
   return stub.get();
 }

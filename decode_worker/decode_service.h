@@ -12,9 +12,11 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/keepalive.h"
 #include "engine/serving/engine_loop.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -29,10 +31,18 @@ class DecodeService final : public v1::Decode::CallbackService {
     v1::KvPoolDescriptor kv_pool;
     // Used when the request carries no prefill_timeout_ms.
     absl::Duration default_prefill_timeout = absl::Seconds(30);
+    // A stream that has had nothing to send for this long sends a heartbeat
+    // (DecodeResponse.heartbeat), so that the router can tell it from a silent worker. > 0;
+    // InfiniteDuration: never.
+    absl::Duration heartbeat = absl::Seconds(1);
+    // Of the channels to the prefill workers (common/keepalive.h).
+    KeepaliveOptions keepalive = {};
   };
 
-  // `loop` must outlive the service.
+  // `loop` must outlive the service. Starts the heartbeat thread.
   DecodeService(EngineLoop* loop, Options options);
+  // Stops the heartbeat thread. Call after the server has shut down.
+  ~DecodeService() override;
 
   grpc::ServerWriteReactor<v1::DecodeResponse>* Generate(grpc::CallbackServerContext* context,
                                                         const v1::DecodeRequest* request) override;
@@ -43,12 +53,18 @@ class DecodeService final : public v1::Decode::CallbackService {
  private:
   class GenerateCall;
   v1::Prefill::Stub* PrefillStub(const std::string& address);
+  // Every options_.heartbeat / 4: a heartbeat on each stream silent for options_.heartbeat.
+  void HeartbeatLoop();
 
   EngineLoop* const loop_;
   const Options options_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<std::string, std::shared_ptr<GenerateCall>> calls_ ABSL_GUARDED_BY(mu_);
+  // Every stream from Begin until gRPC's OnDone, by call id (for heartbeats).
+  absl::flat_hash_map<uint64_t, std::weak_ptr<GenerateCall>> live_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread heartbeat_thread_;
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
 };

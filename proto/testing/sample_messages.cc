@@ -390,6 +390,9 @@ std::vector<SampleMessage> AllSampleMessages() {
 
   samples.push_back(Sample("decode_request", SampleDecodeRequest()));
   samples.push_back(Sample("decode_response", SampleDecodeResponse()));
+  v1::DecodeResponse heartbeat;
+  heartbeat.set_heartbeat(true);
+  samples.push_back(Sample("decode_heartbeat", heartbeat));
   samples.push_back(Sample("prefill_request", SamplePrefillRequest()));
   samples.push_back(Sample("prefill_response", SamplePrefillResponse()));
 

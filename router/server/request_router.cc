@@ -65,6 +65,17 @@ struct RouterMetrics {
       .Name("tandem_router_migrations_total")
       .Help("Requests moved to another decode worker after theirs failed, by reason")
       .Register(ProcessMetrics());
+  prometheus::Family<prometheus::Counter>& stalled = prometheus::BuildCounter()
+      .Name("tandem_router_stalled_streams_total")
+      .Help("Decode streams that sent neither a token nor a heartbeat for the stall timeout, by "
+            "what became of their request: migrated (to another decode worker) or failed "
+            "(ended with UNAVAILABLE)")
+      .Register(ProcessMetrics());
+  prometheus::Family<prometheus::Counter>& broken = prometheus::BuildCounter()
+      .Name("tandem_router_decode_stream_failures_total")
+      .Help("Decode streams that broke before their last token, by cause: keepalive (a ping went "
+            "unanswered), stalled (silent past the stall timeout), other")
+      .Register(ProcessMetrics());
   prometheus::Histogram& ttft = Histogram("tandem_router_time_to_first_token_seconds",
                                           "From arrival at the router to the first token", RequestLatencyBuckets());
   prometheus::Histogram& itl = Histogram("tandem_router_inter_token_latency_seconds",
@@ -122,19 +133,32 @@ bool Migratable(const grpc::Status& status) {
 class DecodeRelay;
 
 // One Decode.Generate stream to one decode worker, with gRPC's callback API. Alive until OnDone.
-class DecodeAttempt final : public grpc::ClientReadReactor<v1::DecodeResponse> {
+// Watched for silence (StallWatch) from Begin until OnDone: every message, heartbeats too, counts.
+class DecodeAttempt final : public grpc::ClientReadReactor<v1::DecodeResponse>,
+                            public StallWatch::Stream {
  public:
-  explicit DecodeAttempt(std::shared_ptr<DecodeRelay> relay) : relay_(std::move(relay)) {}
+  DecodeAttempt(std::shared_ptr<DecodeRelay> relay, absl::Time now)
+      : Stream(now), relay_(std::move(relay)) {}
 
   void Begin(v1::Decode::Stub* stub, const v1::DecodeRequest& request, absl::Time deadline,
-             std::shared_ptr<DecodeAttempt> self) {
-    self_ = std::move(self);
+             std::shared_ptr<DecodeAttempt> self, StallWatch& watch) {
+    self_ = self;
+    watch.Add(std::move(self));
     if (deadline != absl::InfiniteFuture()) context_.set_deadline(absl::ToChronoTime(deadline));
     stub->async()->Generate(&context_, &request, this);
     StartRead(&response_);
     StartCall();
   }
   void Cancel() { context_.TryCancel(); }
+
+  // The worker was silent for too long: the stream is cancelled here, and OnDone sees stalled().
+  void OnStalled(absl::Duration silent_for) override {
+    silent_for_ms_.store(absl::ToInt64Milliseconds(silent_for), std::memory_order_relaxed);
+    stalled_.store(true, std::memory_order_release);
+    context_.TryCancel();
+  }
+  bool stalled() const { return stalled_.load(std::memory_order_acquire); }
+  int64_t silent_for_ms() const { return silent_for_ms_.load(std::memory_order_relaxed); }
 
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
@@ -144,6 +168,8 @@ class DecodeAttempt final : public grpc::ClientReadReactor<v1::DecodeResponse> {
   grpc::ClientContext context_;
   v1::DecodeResponse response_;
   std::shared_ptr<DecodeAttempt> self_;
+  std::atomic<bool> stalled_{false};
+  std::atomic<int64_t> silent_for_ms_{0};
 };
 
 // Relays one request to its decode worker and the responses to a sink. When the decode worker
@@ -168,6 +194,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
         route_(std::move(route)) {}
 
   void Begin(v1::Decode::Stub* stub) { StartAttempt(stub, request_); }
+  Clock* clock() const { return router_->clock(); }
 
   void Cancel() override {
     std::shared_ptr<DecodeAttempt> attempt;
@@ -251,17 +278,36 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
     sink_->OnResponse(out);
   }
 
-  void OnAttemptDone(const grpc::Status& status) {
+  // `stalled`: the router cancelled the stream because the worker had been silent for
+  // `silent_for_ms` (StallWatch); `status` then says CANCELLED.
+  void OnAttemptDone(grpc::Status status, bool stalled, int64_t silent_for_ms) {
     router_->registry().Release(route_);
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
       cancelled = cancelled_;
     }
+    if (!status.ok() && !cancelled && !finished_) {
+      const char* cause = stalled ? "stalled"
+                          : IsKeepaliveFailure(status.error_message()) ? "keepalive"
+                                                                       : "other";
+      Metrics().broken.Add({{"cause", cause}}).Increment();
+    }
+    if (stalled && !cancelled && !finished_) {
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            absl::StrCat("decode worker ", route_.decision.decode_worker,
+                                         " sent neither a token nor a heartbeat for ",
+                                         silent_for_ms, " ms"));
+    }
     if (!status.ok() && !cancelled && !finished_ && Migratable(status)) {
-      const absl::Status moved = Migrate(status);
+      const absl::Status moved = Migrate(status, stalled);
+      if (stalled) {
+        Metrics().stalled.Add({{"outcome", moved.ok() ? "migrated" : "failed"}}).Increment();
+      }
       if (moved.ok()) return;
       LOG(WARNING) << "request " << request_.request_id() << ": " << moved;
+      // The worker is lost and the request cannot go on elsewhere: say why, retryable.
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(moved.message()));
     }
     const char* outcome = status.ok()                                        ? "ok"
                           : status.error_code() == grpc::StatusCode::CANCELLED ? "cancelled"
@@ -276,19 +322,19 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
 
  private:
   void StartAttempt(v1::Decode::Stub* stub, const v1::DecodeRequest& request) {
-    auto attempt = std::make_shared<DecodeAttempt>(shared_from_this());
+    auto attempt = std::make_shared<DecodeAttempt>(shared_from_this(), router_->clock()->Now());
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
       attempt_ = attempt;
       cancelled = cancelled_;
     }
-    attempt->Begin(stub, request, deadline_, attempt);
+    attempt->Begin(stub, request, deadline_, attempt, router_->stall_watch());
     if (cancelled) attempt->Cancel();  // Cancel() saw the previous attempt
   }
 
   // Places the request again, away from the workers that failed it, and resumes it there.
-  absl::Status Migrate(const grpc::Status& why) {
+  absl::Status Migrate(const grpc::Status& why, bool stalled) {
     const std::string& failed = route_.decision.decode_worker;
     if (migrations_ >= max_migrations_) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -309,7 +355,8 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
                                        ") and the request cannot move: ", route.status().message()));
     }
     ++migrations_;
-    Metrics().migrations.Add({{"reason", grpc::StatusCode::CANCELLED == why.error_code()
+    Metrics().migrations.Add({{"reason", stalled ? "stream_stalled"
+                                         : grpc::StatusCode::CANCELLED == why.error_code()
                                              ? "stream_cancelled"
                                              : "worker_failed"}})
         .Increment();
@@ -388,12 +435,14 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
 
 void DecodeAttempt::OnReadDone(bool ok) {
   if (!ok) return;  // OnDone follows
-  relay_->OnResponse(response_);
+  Touch(relay_->clock()->Now());
+  if (!response_.heartbeat()) relay_->OnResponse(response_);  // a heartbeat only says "alive"
   StartRead(&response_);
 }
 
 void DecodeAttempt::OnDone(const grpc::Status& status) {
-  relay_->OnAttemptDone(status);
+  Done();
+  relay_->OnAttemptDone(status, stalled(), silent_for_ms());
   relay_.reset();
   self_.reset();  // may destroy this
 }
@@ -423,6 +472,15 @@ absl::StatusOr<std::unique_ptr<RequestRouter>> RequestRouter::Create(const Route
     ASSIGN_OR_RETURN(placement::Admission admission, placement::Admission::Create(options.admission));
     router->admission_.emplace(std::move(admission));
   }
+  if (options.stream_stall_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the stream stall timeout must be positive");
+  }
+  RETURN_IF_ERROR(ValidateKeepalive(options.keepalive));
+  router->stall_watch_ = std::make_unique<StallWatch>(
+      StallWatch::Options{.timeout = options.stream_stall_timeout,
+                          .period = std::min(absl::Milliseconds(250), options.stream_stall_timeout / 4),
+                          .clock = options.clock});
+  router->stall_watch_->Start();
   router->admission_thread_ = std::thread([raw = router.get()] { raw->AdmissionLoop(); });
   return router;
 }
@@ -753,8 +811,7 @@ absl::StatusOr<Route> RequestRouter::PlaceLocked(const placement::Request& reque
       .Increment();
   auto& slot = stubs_[route->decode_address];
   if (slot == nullptr) {
-    slot = v1::Decode::NewStub(
-        grpc::CreateChannel(route->decode_address, grpc::InsecureChannelCredentials()));
+    slot = v1::Decode::NewStub(CreateKeepaliveChannel(route->decode_address, options_.keepalive));
   }
   *stub = slot.get();
   return route;

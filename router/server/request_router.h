@@ -17,11 +17,14 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/keepalive.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "router/placement/admission.h"
 #include "router/placement/placement.h"
 #include "router/server/registry.h"
+#include "router/server/stall_watch.h"
 #include "tandem/v1/inference.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -71,6 +74,16 @@ struct RouterOptions {
   placement::AdmissionOptions admission = {};
   // How often the admission queue is looked at again for requests that now fit.
   absl::Duration admission_poll = absl::Milliseconds(10);
+  // Of the channels to the decode workers (common/keepalive.h): a cut link fails their streams
+  // within keepalive.time + keepalive.timeout, and the requests move.
+  KeepaliveOptions keepalive = {};
+  // A decode worker that sends neither a token nor a heartbeat for this long on a stream is taken
+  // to have failed for it: the request moves to another decode worker, or ends with UNAVAILABLE
+  // (router/server/stall_watch.h). Above the workers' --stream_heartbeat_ms; InfiniteDuration:
+  // never.
+  absl::Duration stream_stall_timeout = absl::Seconds(6);
+  // The stall watch's time. Must outlive the router.
+  Clock* clock = RealClock();
 };
 
 class QueuedCall;
@@ -112,6 +125,10 @@ class RequestRouter {
   // Queued requests (admission), for tests and metrics.
   int64_t QueuedRequests();
 
+  // The relays' decode streams, watched for silence.
+  StallWatch& stall_watch() { return *stall_watch_; }
+  Clock* clock() const { return options_.clock; }
+
  private:
   friend class QueuedCall;
   RequestRouter(const RouterOptions& options, Registry* registry);
@@ -143,6 +160,7 @@ class RequestRouter {
   uint64_t next_admission_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread admission_thread_;
+  std::unique_ptr<StallWatch> stall_watch_;
 };
 
 }  // namespace tandem::router
