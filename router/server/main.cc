@@ -61,6 +61,21 @@ ABSL_FLAG(int32_t, max_migrations, 2,
           "How many times a request may move to another decode worker after its own failed "
           "mid-stream (0: never; the client then gets the error)");
 
+ABSL_FLAG(int64_t, keepalive_time_ms, 2000,
+          "gRPC keepalive of the channels to the workers: idle time after which a ping checks "
+          "that a worker still answers, ms");
+ABSL_FLAG(int64_t, keepalive_timeout_ms, 2000,
+          "gRPC keepalive: how long a ping may go unanswered before the connection is closed "
+          "(its streams then move to other decode workers), ms; a cut link is found within "
+          "time + timeout");
+ABSL_FLAG(int64_t, stream_stall_timeout_ms, 6000,
+          "A decode worker that sends neither a token nor a heartbeat on a stream for this long "
+          "is taken to have failed for it: the request moves to another decode worker, or ends "
+          "with UNAVAILABLE (above the workers' --stream_heartbeat_ms), ms");
+ABSL_FLAG(int64_t, worker_liveness_timeout_ms, 3000,
+          "A worker whose WatchState stream brings nothing (load samples come every 100 ms) for "
+          "this long takes no requests until it answers again with a fresh snapshot, ms");
+
 namespace tandem::router {
 namespace {
 
@@ -78,6 +93,21 @@ absl::Status Run() {
   registry_options.addresses =
       absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipWhitespace());
   registry_options.dns_name = absl::GetFlag(FLAGS_workers_dns);
+  const KeepaliveOptions keepalive{
+      .time = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_time_ms)),
+      .timeout = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_timeout_ms))};
+  if (absl::Status s = ValidateKeepalive(keepalive); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keepalive_time_ms / --keepalive_timeout_ms: ", s.message()));
+  }
+  if (absl::GetFlag(FLAGS_stream_stall_timeout_ms) <= 0 ||
+      absl::GetFlag(FLAGS_worker_liveness_timeout_ms) <= 0) {
+    return absl::InvalidArgumentError(
+        "--stream_stall_timeout_ms and --worker_liveness_timeout_ms must be positive");
+  }
+  registry_options.keepalive = keepalive;
+  registry_options.liveness_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_worker_liveness_timeout_ms));
   if (registry_options.addresses.empty() && registry_options.dns_name.empty()) {
     return absl::InvalidArgumentError("give --workers or --workers_dns");
   }
@@ -107,6 +137,8 @@ absl::Status Run() {
   options.model_path = *model_path;
   options.policy = absl::GetFlag(FLAGS_policy);
   options.max_migrations = absl::GetFlag(FLAGS_max_migrations);
+  options.keepalive = keepalive;
+  options.stream_stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_stream_stall_timeout_ms));
   options.policy_options.default_ttft_ms = absl::GetFlag(FLAGS_default_ttft_ms);
   options.policy_options.default_tpot_ms = absl::GetFlag(FLAGS_default_tpot_ms);
   options.policy_options.remote_prefill_headroom = absl::GetFlag(FLAGS_remote_prefill_headroom);
@@ -137,7 +169,7 @@ absl::Status Run() {
                 http != nullptr ? http->port() : 0, absl::GetFlag(FLAGS_policy).c_str(),
                 absl::StrJoin(registry_options.addresses, ",").c_str());
     std::fflush(stdout);
-  });
+  }, keepalive);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "common/by_priority.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -32,6 +33,11 @@ struct Registry::Worker {
   bool connected = false;    // guarded by Registry::mu_: the stream is up and gave a snapshot
   bool removed = false;      // guarded by Registry::mu_: discovery dropped it
   grpc::ClientContext* context = nullptr;  // guarded by Registry::mu_: the open stream
+  // When the open stream started or last brought a message (the router's clock); whether the
+  // liveness check cancelled it. Guarded by Registry::mu_.
+  absl::Time heard_at = absl::InfinitePast();
+  bool silenced = false;
+  bool healthy = false;  // guarded by Registry::mu_: as last exported
   std::thread thread;
 
   // What the router placed here and still counts in `view` (its placed load), by DecodeKey or
@@ -117,6 +123,37 @@ prometheus::Family<prometheus::Gauge>& ClassCorrectionGauges() {
   return family;
 }
 
+// Whether each worker takes requests, and how often that changed.
+prometheus::Family<prometheus::Gauge>& HealthGauges() {
+  static auto& family = GaugeFamily(
+      "tandem_router_worker_healthy",
+      "1 while the worker takes requests (its WatchState stream is up, gave a snapshot and "
+      "brought something within the liveness timeout), else 0; by worker address");
+  return family;
+}
+
+prometheus::Family<prometheus::Counter>& CounterFamily(const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(ProcessMetrics());
+}
+
+prometheus::Family<prometheus::Counter>& HealthTransitions() {
+  static auto& family = CounterFamily(
+      "tandem_router_worker_health_transitions_total",
+      "Times a worker became healthy (to=healthy: joined, or re-admitted after a fresh "
+      "snapshot) or unhealthy (to=unhealthy: lost), by worker address");
+  return family;
+}
+
+// Why WatchState streams of healthy workers ended.
+prometheus::Family<prometheus::Counter>& ConnectionLosses() {
+  static auto& family = CounterFamily(
+      "tandem_router_worker_connection_lost_total",
+      "WatchState streams of healthy workers that ended, by worker address and cause: "
+      "keepalive (a ping went unanswered), liveness (nothing came for the liveness timeout), "
+      "closed (the worker ended the stream or its connection), resync (missed KV events)");
+  return family;
+}
+
 // How much slower or faster than its step model each worker's latest steps ran.
 prometheus::Family<prometheus::Gauge>& StepSpeedGauges() {
   static auto& family = GaugeFamily(
@@ -154,6 +191,9 @@ Registry::Registry(RegistryOptions options)
   absl::MutexLock lock(&mu_);
   for (const std::string& a : options_.addresses) AddWorker(a);
   if (!options_.dns_name.empty()) dns_thread_ = std::thread([this] { Discover(); });
+  if (options_.liveness_timeout != absl::InfiniteDuration()) {
+    liveness_thread_ = std::thread([this] { CheckLiveness(); });
+  }
 }
 
 Registry::~Registry() {
@@ -168,6 +208,32 @@ Registry::~Registry() {
   }
   for (Worker* w : all) w->thread.join();
   if (dns_thread_.joinable()) dns_thread_.join();
+  if (liveness_thread_.joinable()) liveness_thread_.join();
+}
+
+void Registry::CheckLiveness() {
+  const absl::Duration period = std::max(options_.liveness_timeout / 4, absl::Milliseconds(10));
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
+    const absl::Time now = absl::Now();
+    for (auto& [address, w] : workers_) {
+      if (w->context == nullptr || w->silenced || now - w->heard_at <= options_.liveness_timeout) {
+        continue;
+      }
+      LOG(WARNING) << "worker " << address << " sent nothing for "
+                   << absl::FormatDuration(now - w->heard_at) << "; taking it for lost";
+      w->silenced = true;
+      w->context->TryCancel();
+    }
+  }
+}
+
+void Registry::SetHealthy(Worker* w, bool healthy) {
+  if (w->healthy == healthy) return;
+  w->healthy = healthy;
+  HealthGauges().Add({{"worker", w->address}}).Set(healthy ? 1 : 0);
+  HealthTransitions().Add({{"worker", w->address}, {"to", healthy ? "healthy" : "unhealthy"}})
+      .Increment();
 }
 
 void Registry::AddWorker(const std::string& address) {
@@ -186,7 +252,7 @@ void Registry::AddWorker(const std::string& address) {
 
 void Registry::Watch(Worker* w) {
   absl::Duration backoff = options_.min_backoff;
-  auto channel = grpc::CreateChannel(w->address, grpc::InsecureChannelCredentials());
+  auto channel = CreateKeepaliveChannel(w->address, options_.keepalive);
   auto stub = v1::WorkerState::NewStub(channel);
   while (true) {
     grpc::ClientContext context;
@@ -194,6 +260,8 @@ void Registry::Watch(Worker* w) {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       w->context = &context;
+      w->heard_at = absl::Now();  // a stream that brings no snapshot in time is cancelled too
+      w->silenced = false;
     }
     v1::WatchStateRequest request;
     request.set_subscriber("router");
@@ -202,14 +270,17 @@ void Registry::Watch(Worker* w) {
     std::unique_ptr<grpc::ClientReader<v1::WorkerStateUpdate>> stream =
         stub->WatchState(&context, request);
     v1::WorkerStateUpdate update;
+    bool resync = false;
     while (stream->Read(&update)) {
       absl::MutexLock lock(&mu_);
+      const absl::Time received = absl::Now();
+      w->heard_at = received;
       if (absl::Status s = w->view.Apply(update); !s.ok()) {
         LOG(WARNING) << "worker " << w->address << ": " << s << "; re-subscribing";
+        resync = true;
         context.TryCancel();
         break;
       }
-      const absl::Time received = absl::Now();
       if (update.has_load() || update.has_snapshot()) w->load_received_at = received;
       if (update.has_load()) {
         ObserveSteps(update.load(), w->cost);
@@ -237,8 +308,9 @@ void Registry::Watch(Worker* w) {
         }
         ObserveSteps(load, w->cost);
       }
-      if (!w->connected && w->view.ready()) {
+      if (!w->connected && w->view.ready() && !w->silenced) {
         w->connected = true;
+        SetHealthy(w, true);
         backoff = options_.min_backoff;
         const placement::StepProfile& p = w->cost.profile();
         LOG(INFO) << "worker " << w->view.worker_id() << " at " << w->address << " joined ("
@@ -256,8 +328,15 @@ void Registry::Watch(Worker* w) {
       absl::MutexLock lock(&mu_);
       w->context = nullptr;
       if (w->connected) {
-        LOG(WARNING) << "worker " << w->address << " lost: " << status.error_message();
+        const char* cause = w->silenced                              ? "liveness"
+                            : resync                                 ? "resync"
+                            : IsKeepaliveFailure(status.error_message()) ? "keepalive"
+                                                                     : "closed";
+        LOG(WARNING) << "worker " << w->address << " lost (" << cause
+                     << "): " << status.error_message();
+        if (!stopping_) ConnectionLosses().Add({{"worker", w->address}, {"cause", cause}}).Increment();
       }
+      SetHealthy(w, false);
       // A lost worker takes no requests until it answers again with a fresh snapshot.
       if (w->connected) transfers_.ForgetWorker(w->view.worker_id());
       w->connected = false;
@@ -318,7 +397,7 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
   placement::ClusterView view;
   absl::flat_hash_map<std::string, Worker*> by_id;
   for (auto& [address, w] : workers_) {
-    if (!w->connected || w->removed || !w->view.ready()) continue;
+    if (!w->connected || w->removed || w->silenced || !w->view.ready()) continue;
     std::optional<placement::WorkerCandidate> candidate = ToCandidate(w->view);
     if (!candidate.has_value()) continue;
     placement::WorkerCandidate& c = *candidate;
@@ -591,7 +670,7 @@ bool Registry::Ready() { return Model().has_value(); }
 std::optional<Registry::ModelInfo> Registry::Model() {
   absl::MutexLock lock(&mu_);
   for (auto& [address, w] : workers_) {
-    if (w->connected && w->view.ready() && w->view.role() != v1::ROLE_PREFILL) {
+    if (w->connected && !w->silenced && w->view.ready() && w->view.role() != v1::ROLE_PREFILL) {
       return ModelInfo{.model_id = w->view.model_id(), .block_size = w->view.block_size(),
                        .max_context = w->view.max_context()};
     }
@@ -604,7 +683,8 @@ std::vector<WorkerSummary> Registry::Workers() {
   std::vector<WorkerSummary> out;
   for (auto& [address, w] : workers_) {
     out.push_back({.address = address, .worker_id = w->view.worker_id(), .role = w->view.role(),
-                   .ready = w->connected && w->view.ready(), .load = w->view.load()});
+                   .ready = w->connected && !w->silenced && w->view.ready(),
+                   .load = w->view.load()});
   }
   return out;
 }

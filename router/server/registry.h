@@ -1,7 +1,10 @@
 // The router's live view of the cluster: discovers workers (a static address list, or a DNS name
 // re-resolved periodically, e.g. a Kubernetes headless Service), follows each one's WatchState
 // stream on a thread of its own (snapshot first, then events and load; reconnects with backoff),
-// and places requests under one lock with a placement policy.
+// and places requests under one lock with a placement policy. A worker is healthy (placed on)
+// while its stream is up, has given a snapshot, and brought something within the liveness
+// timeout; a cut link is found by keepalive or that timeout, and the worker is re-admitted by the
+// snapshot of a new stream once it answers again.
 #ifndef TANDEM_ROUTER_SERVER_REGISTRY_H_
 #define TANDEM_ROUTER_SERVER_REGISTRY_H_
 
@@ -14,6 +17,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/keepalive.h"
 #include "router/placement/placement.h"
 #include "router/registry/worker_view.h"
 
@@ -44,6 +48,13 @@ struct RegistryOptions {
   absl::Duration report_lag = absl::Milliseconds(150);
   // How fast each worker's TTFT and TPOT corrections follow the observed latencies.
   placement::LatencyCorrectionOptions latency_correction = {};
+  // Of the WatchState channels (common/keepalive.h).
+  KeepaliveOptions keepalive = {};
+  // A worker whose WatchState stream brings nothing (no snapshot, event or load sample, which
+  // come every load_interval) for this long is taken for lost: it takes no requests, and the
+  // router subscribes again (its fresh snapshot re-admits it). Several load_intervals;
+  // InfiniteDuration: only a broken stream loses a worker.
+  absl::Duration liveness_timeout = absl::Seconds(3);
 };
 
 // Where a request goes, with what the registry counted for it.
@@ -121,6 +132,10 @@ class Registry {
   struct Worker;
   void Watch(Worker* worker);
   void Discover();
+  // Every liveness_timeout / 4: cancels the streams of workers silent for liveness_timeout.
+  void CheckLiveness();
+  // The worker's health gauge and transition counter (docs/metrics.md).
+  void SetHealthy(Worker* w, bool healthy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Worker* FindLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Uncounts the placements on `w` that its reports include by `now` (RegistryOptions::report_lag),
@@ -144,6 +159,7 @@ class Registry {
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread dns_thread_;
+  std::thread liveness_thread_;
 };
 
 }  // namespace tandem::router

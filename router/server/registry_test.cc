@@ -1,0 +1,268 @@
+// The registry against a worker that stops answering without closing anything: a WatchState
+// server on loopback behind a TCP relay that can be frozen (it keeps every socket open and moves
+// no byte, as a cut link does), or a server that keeps its stream open and goes silent. The worker
+// must be taken for lost and stop taking requests, then be re-admitted once it answers again.
+#include "router/server/registry.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::router {
+namespace {
+
+// Relays TCP connections from a loopback port to `target_port`, one thread per direction. While
+// frozen it moves nothing and accepts nothing new, and keeps every socket open; connections made
+// while frozen are never served, like those whose packets a cut link dropped. Thaw serves new
+// connections again.
+class FreezableRelay {
+ public:
+  explicit FreezableRelay(int target_port) : target_port_(target_port) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int one = 1;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(listen(listen_fd_, 16), 0);
+    socklen_t len = sizeof(addr);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~FreezableRelay() {
+    stopping_ = true;
+    accept_thread_.join();  // then nothing adds to threads_
+    for (auto& t : threads_) t.join();
+    for (int fd : fds_) close(fd);
+    close(listen_fd_);
+  }
+  int port() const { return port_; }
+  void Freeze() { ++generation_; }  // connections of earlier generations stop for good
+  void Thaw() { frozen_generation_ = generation_.load(); }
+  bool frozen() const { return generation_ != frozen_generation_; }
+
+ private:
+  void AcceptLoop() {
+    while (!stopping_) {
+      if (frozen()) {  // new connections wait in the backlog
+        absl::SleepFor(absl::Milliseconds(20));
+        continue;
+      }
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (poll(&p, 1, 20) <= 0) continue;
+      const int client = accept(listen_fd_, nullptr, nullptr);
+      if (client < 0) continue;
+      const int server = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<uint16_t>(target_port_));
+      if (connect(server, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        close(client);
+        close(server);
+        continue;
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        fds_.push_back(client);
+        fds_.push_back(server);
+      }
+      const int generation = generation_;
+      threads_.emplace_back([=, this] { Pipe(client, server, generation); });
+      threads_.emplace_back([=, this] { Pipe(server, client, generation); });
+    }
+  }
+  // Moves bytes until the connection closes, the relay stops, or it is frozen.
+  void Pipe(int from, int to, int generation) {
+    char buffer[16384];
+    while (!stopping_) {
+      if (generation_ != generation) {  // frozen: hold the sockets, move nothing
+        absl::SleepFor(absl::Milliseconds(20));
+        continue;
+      }
+      pollfd p{from, POLLIN, 0};
+      if (poll(&p, 1, 20) <= 0) continue;
+      const ssize_t n = read(from, buffer, sizeof(buffer));
+      if (n <= 0) {
+        shutdown(to, SHUT_WR);
+        return;
+      }
+      for (ssize_t sent = 0; sent < n;) {
+        const ssize_t m = write(to, buffer + sent, static_cast<size_t>(n - sent));
+        if (m <= 0) return;
+        sent += m;
+      }
+    }
+  }
+
+  const int target_port_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> generation_{0};
+  std::atomic<int> frozen_generation_{0};
+  std::thread accept_thread_;
+  std::vector<std::thread> threads_;  // the relay's; only AcceptLoop adds
+  absl::Mutex mu_;
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
+};
+
+// A decode worker's WatchState: a snapshot, then a load sample every 20 ms; while `silent`, the
+// open streams send nothing (and stay open).
+class FakeWorkerState final : public v1::WorkerState::CallbackService {
+ public:
+  std::atomic<bool> silent{false};
+  std::atomic<int> subscriptions{0};
+
+  grpc::ServerWriteReactor<v1::WorkerStateUpdate>* WatchState(
+      grpc::CallbackServerContext* /*context*/, const v1::WatchStateRequest* /*request*/) override {
+    ++subscriptions;
+    return new Stream(this);
+  }
+
+ private:
+  class Stream final : public grpc::ServerWriteReactor<v1::WorkerStateUpdate> {
+   public:
+    explicit Stream(FakeWorkerState* service) : service_(service) {
+      v1::Snapshot* s = update_.mutable_snapshot();
+      s->set_worker_id("fake-decode");
+      s->set_role(v1::ROLE_DECODE);
+      s->set_model_id("fake-model");
+      s->set_block_size(16);
+      s->set_total_blocks(64);
+      s->set_free_blocks(64);
+      s->set_max_context(2048);
+      s->set_max_running(8);
+      s->mutable_load()->set_free_blocks(64);
+      StartWrite(&update_);
+    }
+    void OnWriteDone(bool ok) override {
+      if (!ok) return Finish(grpc::Status::CANCELLED);
+      std::thread([this] {
+        while (service_->silent && !cancelled_) absl::SleepFor(absl::Milliseconds(5));
+        absl::SleepFor(absl::Milliseconds(20));
+        update_.Clear();
+        update_.mutable_load()->set_free_blocks(64);
+        if (cancelled_) return Finish(grpc::Status::CANCELLED);
+        StartWrite(&update_);
+      }).detach();
+    }
+    void OnCancel() override { cancelled_ = true; }
+    void OnDone() override {
+      // The detached writer has returned: OnDone comes after Finish, which only it calls once the
+      // stream is cancelled, or after a failed write (no writer started).
+      delete this;
+    }
+
+   private:
+    FakeWorkerState* const service_;
+    v1::WorkerStateUpdate update_;
+    std::atomic<bool> cancelled_{false};
+  };
+};
+
+class RegistryLivenessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    ApplyKeepalive({.time = absl::Milliseconds(200), .timeout = absl::Milliseconds(200)}, &builder);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+  void TearDown() override { server_->Shutdown(std::chrono::system_clock::now()); }
+
+  // Waits (up to a minute: a loaded machine) for the registry to say `ready`.
+  static bool AwaitReady(Registry& registry, bool ready) {
+    const absl::Time until = absl::Now() + absl::Minutes(1);
+    while (absl::Now() < until) {
+      if (registry.Ready() == ready) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+  FakeWorkerState service_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST_F(RegistryLivenessTest, ACutLinkIsFoundByKeepaliveAndTheWorkerComesBack) {
+  FreezableRelay relay(port_);
+  RegistryOptions options;
+  options.addresses = {absl::StrCat("127.0.0.1:", relay.port())};
+  options.min_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(200);
+  options.keepalive = {.time = absl::Milliseconds(200), .timeout = absl::Milliseconds(200)};
+  // Only keepalive can find this cut: the liveness check is off.
+  options.liveness_timeout = absl::InfiniteDuration();
+  Registry registry(options);
+  ASSERT_TRUE(AwaitReady(registry, true));
+
+  relay.Freeze();
+  ASSERT_TRUE(AwaitReady(registry, false)) << "the frozen link was never found out";
+  relay.Thaw();
+  ASSERT_TRUE(AwaitReady(registry, true)) << "the worker was not re-admitted";
+  EXPECT_GE(service_.subscriptions, 2);
+}
+
+TEST_F(RegistryLivenessTest, WithoutKeepaliveOrLivenessACutLinkGoesUnnoticed) {
+  // The control: the same cut, with pings far apart and no liveness check, is not found within
+  // the time the test above needed many times over; what found it there is keepalive.
+  FreezableRelay relay(port_);
+  RegistryOptions options;
+  options.addresses = {absl::StrCat("127.0.0.1:", relay.port())};
+  options.keepalive = {.time = absl::Hours(1), .timeout = absl::Hours(1)};
+  options.liveness_timeout = absl::InfiniteDuration();
+  Registry registry(options);
+  ASSERT_TRUE(AwaitReady(registry, true));
+  relay.Freeze();
+  const absl::Time until = absl::Now() + absl::Seconds(3);
+  while (absl::Now() < until) {
+    ASSERT_TRUE(registry.Ready());
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+TEST_F(RegistryLivenessTest, ASilentWorkerIsTakenForLostAndReadmittedBySnapshot) {
+  RegistryOptions options;
+  options.addresses = {absl::StrCat("127.0.0.1:", port_)};
+  options.min_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(200);
+  options.liveness_timeout = absl::Milliseconds(300);
+  Registry registry(options);
+  ASSERT_TRUE(AwaitReady(registry, true));
+  const int before = service_.subscriptions;
+
+  service_.silent = true;  // the connection answers pings; the stream brings nothing
+  ASSERT_TRUE(AwaitReady(registry, false));
+  {
+    std::vector<WorkerSummary> workers = registry.Workers();
+    ASSERT_EQ(workers.size(), 1u);
+    EXPECT_FALSE(workers[0].ready);
+  }
+  service_.silent = false;
+  ASSERT_TRUE(AwaitReady(registry, true));
+  EXPECT_GT(service_.subscriptions, before);  // re-admitted by a new stream's snapshot
+}
+
+}  // namespace
+}  // namespace tandem::router
