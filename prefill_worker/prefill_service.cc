@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_conversion.h"
@@ -86,6 +87,16 @@ absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> PrefillService::Connecti
   absl::MutexLock lock(&mu_);
   connections_[key] = *conn;
   return conn;
+}
+
+void PrefillService::ForgetConnection(const kvtransfer::Connection* connection) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+    if (it->second.get() == connection) {
+      connections_.erase(it);
+      return;
+    }
+  }
 }
 
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
@@ -224,19 +235,52 @@ grpc::Status PrefillService::Serve(grpc::ServerContext* context, const v1::Prefi
       });
   if (!submitted.ok()) return ToGrpcStatus(submitted);
 
-  // Wait for the token (and the writes), the deadline or the caller going away.
+  // Wait for the token (and the writes), the deadline or the caller going away. A prefill given
+  // up is cancelled in the engine without waiting here (the engine thread may be waiting for its
+  // writes in the delta callback); writes still running abandon_grace later are ended by
+  // cancelling the connection.
+  auto engine_done = std::make_shared<absl::Notification>();
+  absl::Time given_up = absl::InfiniteFuture();
+  bool connection_cancelled = false;
   absl::MutexLock lock(&transfer->mu);
   while (!transfer->have_token) {
-    if (context->IsCancelled() || absl::Now() > deadline) {
+    const absl::Time now = absl::Now();
+    if (given_up == absl::InfiniteFuture() && (context->IsCancelled() || now > deadline)) {
+      given_up = now;
       transfer->mu.Unlock();
-      loop_->Cancel(id);
+      loop_->CancelAsync(id, [engine_done](bool) { engine_done->Notify(); });
       transfer->mu.Lock();
-      if (transfer->have_token) break;
-      return context->IsCancelled()
-                 ? grpc::Status(grpc::StatusCode::CANCELLED, "the caller cancelled the prefill")
-                 : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the prefill's deadline passed");
+    }
+    if (given_up != absl::InfiniteFuture()) {
+      // Done once the engine let go of the request and no write reads its blocks any more.
+      if (engine_done->HasBeenNotified() && transfer->outstanding == 0) break;
+      if (engine_done->HasBeenNotified() && now > given_up + 10 * options_.abandon_grace) {
+        LOG(ERROR) << "request " << request->request_id() << ": " << transfer->outstanding
+                   << " KV writes did not end after their connection was cancelled";
+        break;
+      }
+      if (!connection_cancelled && transfer->outstanding > 0 &&
+          now > given_up + options_.abandon_grace) {
+        connection_cancelled = true;
+        LOG(WARNING) << "request " << request->request_id() << ": " << transfer->outstanding
+                     << " KV writes to " << request->destination().worker_id()
+                     << " still running after the prefill was given up; closing the connection";
+        transfer->mu.Unlock();
+        connection->Cancel();
+        ForgetConnection(connection.get());
+        transfer->mu.Lock();
+      }
     }
     transfer->mu.AwaitWithTimeout(absl::Condition(&transfer->have_token), absl::Milliseconds(50));
+  }
+  if (!transfer->have_token) {
+    return context->IsCancelled()
+               ? grpc::Status(grpc::StatusCode::CANCELLED, "the caller cancelled the prefill")
+               : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the prefill's deadline passed");
+  }
+  if (transfer->outstanding > 0 || !transfer->error.ok()) {
+    // The connection may be broken for good: the next request connects again.
+    ForgetConnection(connection.get());
   }
   if (transfer->outstanding > 0) {
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,

@@ -22,6 +22,12 @@ class PrefillService final : public v1::Prefill::Service {
     std::string worker_id;
     // Used when the request carries no timeout_ms.
     absl::Duration default_timeout = absl::Seconds(30);
+    // A prefill given up (its caller went away, or its deadline passed) whose KV writes have not
+    // ended this long after: its connection is cancelled, which ends them at once (and the other
+    // writes on it) and lands none of them later, so that its blocks can be freed here and the
+    // decode worker can reuse its own. The peer is then most likely unreachable; the next
+    // request connects again.
+    absl::Duration abandon_grace = absl::Seconds(1);
   };
 
   // `loop` and `transport` (with the loop's pool registered) must outlive the service.
@@ -39,6 +45,9 @@ class PrefillService final : public v1::Prefill::Service {
   absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> ConnectionTo(
       const v1::KvDestination& destination, const kvtransfer::PoolDescriptor& pool,
       absl::Time deadline, bool fresh);
+  // Drops `connection` from the cache (a broken connection stays broken: the next request to
+  // that pool connects again).
+  void ForgetConnection(const kvtransfer::Connection* connection);
 
   EngineLoop* const loop_;
   kvtransfer::KvTransport* const transport_;
