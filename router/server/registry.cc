@@ -411,8 +411,13 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
       c.step_elapsed_seconds = static_cast<double>(elapsed_us) * 1e-6 +
                                std::max(absl::ToDoubleSeconds(now - w->load_received_at), 0.0);
     }
-    // Streams that ended and that the last sample may still count.
-    c.running_seqs = std::max<int64_t>(c.running_seqs - static_cast<int64_t>(w->ended.size()), 0);
+    // Streams that ended and that the last sample may still count: as running, or as waiting
+    // when it was taken before they started (a burst's first sample shows one running and the
+    // rest posted to the engine; the burst may end before the next sample comes).
+    const int64_t ended = static_cast<int64_t>(w->ended.size());
+    const int64_t ended_running = std::min(ended, c.running_seqs);
+    c.running_seqs -= ended_running;
+    c.waiting_seqs = std::max<int64_t>(c.waiting_seqs - (ended - ended_running), 0);
     c.active_decode_tokens = std::max<int64_t>(c.active_decode_tokens - w->ended_context_tokens, 0);
     for (const auto& [serial, r] : w->running) {
       const bool started = r.first_token_at != absl::InfinitePast();

@@ -145,7 +145,8 @@ class Registry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Matches the streams that ended on `w` against the sequences its sample says have left
   // (LoadSample.finished_seqs), oldest first: those it shows are no longer subtracted from its
-  // reported load. Anything older than RegistryOptions::report_lag is dropped whatever the count.
+  // reported load (its running sequences, then its waiting ones: a sample may predate a
+  // stream's start as well as its end). Anything older than RegistryOptions::report_lag is dropped whatever the count.
   void MatchFinished(Worker* w, int64_t finished_seqs, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Uncounts the prompt tokens (prompt_only) or all of what pending entry `key` placed on `w`
