@@ -38,6 +38,7 @@ WHEEL_CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates curl
+  iproute2  # ip and tc: the multi-host tests make hosts of network namespaces (tests/netns)
   python3 python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev nlohmann-json3-dev libevent-dev
