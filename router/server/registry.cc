@@ -132,6 +132,15 @@ prometheus::Family<prometheus::Gauge>& HealthGauges() {
   return family;
 }
 
+// The last KV event of each worker that the router's view holds.
+prometheus::Family<prometheus::Gauge>& KvEventGauges() {
+  static auto& family = GaugeFamily(
+      "tandem_router_worker_kv_event_id",
+      "Id of the worker's last KV event (WatchState) that the router's view of its prefix cache "
+      "holds; the worker's own last_event_id shows how far behind it is; by worker address");
+  return family;
+}
+
 prometheus::Family<prometheus::Counter>& CounterFamily(const char* name, const char* help) {
   return prometheus::BuildCounter().Name(name).Help(help).Register(ProcessMetrics());
 }
@@ -282,6 +291,9 @@ void Registry::Watch(Worker* w) {
         break;
       }
       if (update.has_load() || update.has_snapshot()) w->load_received_at = received;
+      if (update.has_kv_events() || update.has_snapshot()) {
+        KvEventGauges().Add({{"worker", w->address}}).Set(static_cast<double>(w->view.last_event_id()));
+      }
       if (update.has_load()) {
         ObserveSteps(update.load(), w->cost);
         if (update.load().recent_steps_size() > 0 && w->view.ready()) {

@@ -139,9 +139,15 @@ def test_up_starts_a_cluster_that_answers_and_stops_cleanly():
         if p.poll() is None:
             p.kill()
             p.wait()
-    # The workers and the router it started are gone too (other tests' clusters may be running).
-    time.sleep(0.5)
-    left = [pid for pid in children if os.path.exists(f"/proc/{pid}")]
+    # The workers and the router it started are gone too (other tests' clusters may be running):
+    # `tandem up` waited for them, so each is gone or a zombie about to be reaped by init.
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(") ")[1][0] != "Z"
+        except OSError:
+            return False
+    left = [pid for pid in children if alive(pid)]
     assert not left, "processes left behind: " + " ".join(left)
 
 

@@ -83,6 +83,14 @@ def idle(pb, cluster):
     return True
 
 
+def cancelled_requests(cluster):
+    """tandem_router_requests_total{outcome="cancelled"} on the router's /metrics."""
+    status, text = http_get(cluster.http_port, "/metrics")
+    assert status == 200, text
+    return sum(float(l.split()[-1]) for l in text.splitlines()
+               if l.startswith("tandem_router_requests_total{") and 'outcome="cancelled"' in l)
+
+
 def wait_idle(pb, cluster, timeout=20, what="the decode workers to free every block"):
     wait_until(lambda: idle(pb, cluster), timeout=timeout, interval=0.1, what=what)
 
@@ -426,6 +434,7 @@ def test_clients_that_reset_their_streams_cost_the_router_nothing(pb, cluster, s
     after that fails with EPIPE, which must end that stream only (a SIGPIPE once killed the
     router here)."""
     body = json.dumps({**LONG_GENERATION, "stream": True}).encode()
+    cancelled = cancelled_requests(cluster)
     request = (b"POST /v1/completions HTTP/1.1\r\nHost: router\r\n"
                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     for _ in range(3):
@@ -446,7 +455,11 @@ def test_clients_that_reset_their_streams_cost_the_router_nothing(pb, cluster, s
             else:  # FIN: the router's next write draws a RST, the one after it EPIPE
                 client.shutdown(socket.SHUT_RDWR)
             client.close()
-        time.sleep(0.3)  # let the next tokens meet the reset connections
+        # The router found every one of them gone (a write to it failed, or its close came) and
+        # ended its stream.
+        cancelled += len(clients)
+        wait_until(lambda: cancelled_requests(cluster) >= cancelled, timeout=60,
+                   what="the router to end the reset streams")
         assert cluster.router.proc.poll() is None, cluster.logs()
     wait_idle(pb, cluster, timeout=30, what="the reset streams' blocks to be freed")
 
@@ -543,6 +556,26 @@ def shared_prefix_workload(pb, cluster, groups=3, per_group=4):
     return prompts
 
 
+def await_router_holds_kv_events(pb, cluster):
+    """Returns once the router's view of every worker holds the KV events the worker has emitted
+    by now (tandem_router_worker_kv_event_id against the worker's own last_event_id)."""
+    for w in cluster.workers:
+        stub = pb.worker_grpc.WorkerStateStub(grpc.insecure_channel(w.address))
+        call = stub.WatchState(pb.worker.WatchStateRequest(subscriber="router_test"), timeout=10)
+        try:
+            emitted = next(call).snapshot.last_event_id
+        finally:
+            call.cancel()
+
+        def held():
+            status, text = http_get(cluster.http_port, "/metrics")
+            prefix = f'tandem_router_worker_kv_event_id{{worker="{w.address}"}} '
+            return status == 200 and any(l.startswith(prefix) and float(l.split()[-1]) >= emitted
+                                         for l in text.splitlines())
+        wait_until(held, timeout=30, interval=0.02,
+                   what=f"the router to hold {w.address}'s KV events up to {emitted}")
+
+
 def prefix_hit_rate(pb, policy, tag):
     c = Cluster(prefill=2, decode=2, policy=policy, tag=tag)
     try:
@@ -551,7 +584,7 @@ def prefix_hit_rate(pb, policy, tag):
         hits_before, total_before = hit_counters(pb, c)
         for prompt in prompts:
             complete(c.http_port, prompt, max_tokens=2)
-            time.sleep(0.3)  # the workers' cache events reach the router
+            await_router_holds_kv_events(pb, c)
         hits, total = hit_counters(pb, c)
         hits, total = hits - hits_before, total - total_before
         assert total >= sum(len(p) // 8 for p in prompts), (hits, total)

@@ -100,6 +100,25 @@ def test_unloaded_requests_carry_predictions_of_the_right_size(pb, cluster):
     assert all(p.startswith("vllm:") and "should not contain ':'" in p for p in problems), problems
 
 
+def await_idle_samples(pb, cluster, count):
+    """Returns after `count` consecutive load samples (100 ms apart, the router's interval) of the
+    decode worker show nothing running or waiting."""
+    stub = pb.worker_grpc.WorkerStateStub(grpc.insecure_channel(cluster.decode[0].address))
+    idle = 0
+    call = stub.WatchState(pb.worker.WatchStateRequest(subscriber="test", load_interval_ms=100),
+                           timeout=60)
+    try:
+        for update in call:
+            if update.HasField("load"):
+                busy = update.load.running_seqs or update.load.waiting_seqs
+                idle = 0 if busy else idle + 1
+                if idle >= count:
+                    return
+    finally:
+        call.cancel()
+    raise AssertionError("the worker's WatchState stream ended")
+
+
 def test_a_request_right_after_others_end_is_predicted_against_its_own_batch(pb, cluster):
     """A closed-loop client sends its next request a millisecond after the last token, before the
     worker's next load sample: the router subtracts the streams it saw end (until the worker's
@@ -119,7 +138,7 @@ def test_a_request_right_after_others_end_is_predicted_against_its_own_batch(pb,
     for round_ in range(3):
         burst(6, f"r{round_}.")
         right_after, _ = generate(stub, pb, f"{round_}: And then?", max_tokens=4)
-        time.sleep(0.4)  # several load samples: the worker reports an idle batch
+        await_idle_samples(pb, cluster, 3)  # the router's samples (same interval) say idle too
         alone, _ = generate(stub, pb, f"{round_}: And later?", max_tokens=4)
         ratios.append(right_after.timings.predicted_tpot_us / alone.timings.predicted_tpot_us)
     # Counting the 6 streams that left would predict a batch of 7: several times a batch of 1.

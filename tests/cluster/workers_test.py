@@ -103,9 +103,18 @@ def test_prefill_worker_computes_higher_priorities_first(pb, cluster):
         done[name] = time.monotonic()
 
     threads = [threading.Thread(target=run, args=(f"long{i}", p, 0)) for i, p in enumerate(longs)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)  # the long prompts are queued on the prefill worker
+
+    def start_longs():
+        for t in threads:
+            t.start()
+
+    # Every long prompt reached the prefill worker and at most one step of them is computed (a
+    # step's own tokens count as queued until it ends): the short one joins the next step at the
+    # latest, and two long ones or more are still waiting after it.
+    received = len(longs) * len(longs[0])
+    until_load(pb, prefill.address, start_longs,
+               lambda base, load: load.prompt_tokens - base.prompt_tokens >= received
+               and load.queued_prefill_tokens >= received - 512)
     threads.append(threading.Thread(target=run, args=("short", short, 1)))
     threads[-1].start()
     for t in threads:
@@ -133,8 +142,7 @@ def test_decode_worker_starts_a_higher_priority_prompt_before_finishing_a_long_l
         done[name] = time.monotonic()
 
     threads = [threading.Thread(target=run, args=("long", long_prompt, 0))]
-    threads[0].start()
-    time.sleep(0.3)
+    until_first_step(pb, decode.address, threads[0].start, len(long_prompt))
     threads.append(threading.Thread(target=run, args=("short", short, 1)))
     threads[1].start()
     both = [u.load for u in watch(pb, decode.address,
@@ -159,8 +167,9 @@ def test_timings_say_where_the_time_went(pb, cluster):
     long one queues for none. A remote prefill reports the prefill worker's compute and a move
     that ends after it."""
     decode, prefill = cluster
-    long_prompt = [1] + list(range(3000, 4399))
-    short = [1] + list(range(8000, 8059))
+    # Tokens no other test sends: nothing of them is in the prefix cache.
+    long_prompt = [1] + list(range(13000, 14399))
+    short = [1] + list(range(16000, 16059))
     generate(pb, decode, [1] + list(range(9000, 9019)), max_tokens=2)  # warm up
     last = {}
 
@@ -168,13 +177,7 @@ def test_timings_say_where_the_time_went(pb, cluster):
         last[name] = generate(pb, decode, prompt, max_tokens=4, timeout=120)[1]
 
     threads = [threading.Thread(target=run, args=("long", long_prompt))]
-    threads[0].start()
-    # The worker says the long prompt's first step runs: a step in progress with none of the
-    # prompt computed yet (its queued tokens are counted down after each step).
-    first_step = watch(pb, decode.address,
-                       lambda us: us[-1].HasField("load") and us[-1].load.step_elapsed_us > 0
-                       and us[-1].load.queued_prefill_tokens >= len(long_prompt), timeout=60)
-    assert first_step[-1].HasField("load"), "the worker never reported the long prompt's first step"
+    until_first_step(pb, decode.address, threads[0].start, len(long_prompt))
     threads.append(threading.Thread(target=run, args=("short", short)))
     threads[1].start()
     for t in threads:
@@ -199,6 +202,32 @@ def test_timings_say_where_the_time_went(pb, cluster):
     assert t.remote_prefill and t.prefill_worker == "p0", t
     assert t.prefill_us > 0 and t.kv_transfer_us >= t.prefill_us and t.decode_us > 0, t
     assert t.queue_us + t.kv_transfer_us <= t.ttft_us + 2000, t
+
+
+def until_load(pb, address, start, done, timeout=60):
+    """Subscribes to the worker's load samples (every 20 ms), calls `start()`, and returns once
+    done(first sample, sample) holds for a sample: an event of the worker's own, seen without the
+    delay of subscribing after `start`."""
+    stub = pb.worker_grpc.WorkerStateStub(grpc.insecure_channel(address))
+    call = stub.WatchState(pb.worker.WatchStateRequest(subscriber="test", load_interval_ms=20),
+                           timeout=timeout)
+    try:
+        base = next(call).snapshot.load  # subscribed
+        start()
+        for update in call:
+            if update.HasField("load") and done(base, update.load):
+                return
+    finally:
+        call.cancel()
+    raise AssertionError("the worker's WatchState stream ended")
+
+
+def until_first_step(pb, address, start, prompt_tokens):
+    """Calls `start()` and returns once the worker at `address` reports a step in progress with
+    `prompt_tokens` or more queued: the first step of a prompt that long (a step's own prompt
+    tokens are counted down only after it)."""
+    until_load(pb, address, start, lambda _, load: load.step_elapsed_us > 0
+               and load.queued_prefill_tokens >= prompt_tokens)
 
 
 def watch(pb, address, until, timeout=10):
