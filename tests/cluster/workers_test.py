@@ -272,6 +272,30 @@ def test_watch_state_events_name_the_prompt_blocks(pb, cluster):
     assert second.last_event_id > snapshot.last_event_id
 
 
+def test_a_quiet_stream_sends_heartbeats(pb):
+    """While a stream has nothing to send -- a 1400-token prompt computing on one thread, many
+    times the heartbeat interval -- the decode worker sends heartbeats (messages with nothing but
+    `heartbeat`), so that the router tells it from a silent worker; tokens then follow as usual."""
+    decode = Process("tandem-decode", *FLAGS, "--worker_id=hb", "--stream_heartbeat_ms=50",
+                     env=UCX)
+    try:
+        stub = pb.worker_grpc.DecodeStub(grpc.insecure_channel(decode.address))
+        request = pb.worker.DecodeRequest(
+            prompt_token_ids=[1] + list(range(20000, 21399)),
+            sampling=pb.inference.SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+        responses = list(stub.Generate(request, timeout=120))
+        first_token = next(i for i, r in enumerate(responses) if r.token_ids)
+        beats = [r for r in responses[:first_token] if r.heartbeat]
+        assert beats, "no heartbeat before the first token"
+        empty = pb.worker.DecodeResponse(heartbeat=True)
+        assert all(r == empty for r in beats), beats[0]
+        assert not any(r.heartbeat for r in responses[first_token:] if r.token_ids or r.finish_reason)
+        assert sum(len(r.token_ids) for r in responses) == 3
+        assert responses[-1].finish_reason
+    finally:
+        decode.kill()
+
+
 def test_cancel_mid_stream_frees_the_blocks(pb, cluster):
     decode, _ = cluster
     stub = pb.worker_grpc.DecodeStub(grpc.insecure_channel(decode.address))
