@@ -24,7 +24,25 @@ def Protos():
     return GeneratedProtos(ROOT / "proto")
 
 
-class Process:
+class ProcessControl:
+    """Stopping a started process (`self.proc`, a subprocess.Popen)."""
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def stop(self):
+        """SIGTERM, as an operator would; returns the exit status."""
+        self.kill(signal.SIGTERM)
+        return self.proc.returncode
+
+
+class Process(ProcessControl):
     """A Tandem binary started with flags; `port` is read from its "listening on port N" line."""
 
     def __init__(self, binary, *flags, env=None, timeout=60):
@@ -53,20 +71,6 @@ class Process:
     def address(self):
         return f"127.0.0.1:{self.port}"
 
-    def kill(self, sig=signal.SIGKILL):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def stop(self):
-        """SIGTERM, as an operator would; returns the exit status."""
-        self.kill(signal.SIGTERM)
-        return self.proc.returncode
-
 
 def wait_until(predicate, timeout=20, interval=0.05, what="condition"):
     end = time.monotonic() + timeout
@@ -76,6 +80,14 @@ def wait_until(predicate, timeout=20, interval=0.05, what="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_router_ready(router, workers, health_status, timeout=120):
+    """Waits until `workers` workers joined the router's registry (their WatchState streams are
+    up: a line of its log each) and health_status() (of its GET /health) is 200."""
+    wait_until(lambda: sum(" joined (" in l for l in router.log) >= workers, timeout=timeout,
+               what="every worker to join the router")
+    wait_until(lambda: health_status() == 200, timeout=60, what="GET /health to answer 200")
 
 
 def http_request(port, method, path, body=None, headers=None, timeout=60):
@@ -127,11 +139,8 @@ class Cluster:
             line = next(l for l in self.router.log if "listening on port " in l)
             self.http_port = int(line.split("(http port ")[1].split(",")[0])
             assert self.http_port > 0, line
-            # Every worker joined the router's registry (its WatchState stream is up).
-            wait_until(lambda: sum(" joined (" in l for l in self.router.log) >= len(self.workers),
-                       timeout=60, what="every worker to join the router")
-            wait_until(lambda: http_get(self.http_port, "/health")[0] == 200, timeout=60,
-                       what="GET /health to answer 200")
+            wait_router_ready(self.router, len(self.workers),
+                              lambda: http_get(self.http_port, "/health")[0])
         except BaseException:
             self.stop()
             raise

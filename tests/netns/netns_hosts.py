@@ -49,6 +49,8 @@ import subprocess
 import threading
 import time
 
+from cluster_common import ProcessControl  # tests/cluster (conftest.py puts it on sys.path)
+
 PREFIX = "tdmnet"  # every namespace this harness makes is named PREFIX<pid>-<name>
 _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
@@ -167,7 +169,7 @@ def remove_stale_namespaces():
     return removed
 
 
-class HostProcess:
+class HostProcess(ProcessControl):
     """A process started inside a host's namespace (`ip netns exec`, which execs it: `proc.pid` is
     the program's own). Its stdout and stderr lines are kept in `log`. When `ready` (a regular
     expression) is given, `wait_ready` waits for a line matching it; its first group, when it has
@@ -229,20 +231,6 @@ class HostProcess:
 
     def alive(self):
         return self.proc.poll() is None
-
-    def kill(self, sig=signal.SIGKILL):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def stop(self):
-        """SIGTERM, as an operator would; returns the exit status."""
-        self.kill(signal.SIGTERM)
-        return self.proc.returncode
 
 
 TANDEM_READY = r"listening on port (\d+)"

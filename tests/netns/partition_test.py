@@ -40,7 +40,7 @@ _why_not = netns_hosts.unavailable_reason()
 if _why_not:
     pytest.skip(f"network namespaces unavailable: {_why_not}", allow_module_level=True)
 
-from cluster_common import BIN, Protos, wait_until  # noqa: E402
+from cluster_common import BIN, Protos, wait_router_ready, wait_until  # noqa: E402
 
 # The flags `tandem up` gives workers (cli/up.cc), with each host's own address; the default
 # model is found by the binaries. KV crosses hosts: UCX over TCP, not shared memory.
@@ -145,13 +145,10 @@ class NetCluster:
                  f"--http_listen={self.host.ip}:0",
                  "--workers=" + ",".join(w.address for w in self.workers), *ROUTER_FLAGS],
                 timeout=120)
-            http_port = int(self.router.find(r"http port (\d+)").group(1))
-            self.http_port = self.host.forward(http_port)
+            self.router_http_port = int(self.router.find(r"http port (\d+)").group(1))
+            self.http_port = self.host.forward(self.router_http_port)
             self.grpc_port = self.host.forward(self.router.port)
-            wait_until(lambda: sum(" joined (" in l for l in self.router.log) >= len(self.workers),
-                       timeout=120, what="every worker to join the router")
-            wait_until(lambda: self.http_get("/health")[0] == 200, timeout=60,
-                       what="the router's GET /health to answer 200")
+            wait_router_ready(self.router, len(self.workers), lambda: self.http_get("/health")[0])
             self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
         except BaseException:
             self.stop()
@@ -167,15 +164,8 @@ class NetCluster:
         self.net.close()
 
     def http_get(self, path):
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
-        try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            return response.status, response.read().decode("utf-8", "replace")
-        except (OSError, http.client.HTTPException) as error:
-            return 0, str(error)
-        finally:
-            conn.close()
+        """(status, text) of a GET to the router's HTTP port, inside its host."""
+        return self.host.http_get(self.router_http_port, path)
 
     def metrics(self):
         status, text = self.http_get("/metrics")
@@ -193,7 +183,16 @@ def sampling(pb, max_tokens):
     return pb.inference.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
 
 
-class GrpcStream:
+class StreamReader:
+    """A client stream read on `self.thread`."""
+
+    def join(self, timeout=300):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the stream never ended"
+        return self
+
+
+class GrpcStream(StreamReader):
     """One Generate call read on a thread: tokens, the last response, the error, and when
     (time.monotonic) the first tokens came and the stream ended."""
 
@@ -219,11 +218,6 @@ class GrpcStream:
         self.ended_at = time.monotonic()
         self.flowing.set()
 
-    def join(self, timeout=300):
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the stream never ended"
-        return self
-
     def describe(self):
         if self.error is not None:
             return f"{self.error.code()}: {self.error.details()}"
@@ -238,7 +232,7 @@ def generate(pb, cluster, prompt, max_tokens):
     return s
 
 
-class SseStream:
+class SseStream(StreamReader):
     """One streaming OpenAI request (/v1/completions or /v1/chat/completions) read on a thread:
     its "data: " payloads with the time each came."""
 
@@ -272,11 +266,6 @@ class SseStream:
             conn.close()
             self.ended_at = time.monotonic()
             self.flowing.set()
-
-    def join(self, timeout=300):
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the stream never ended"
-        return self
 
     def payloads(self):
         return [p for _, p in self.events]
