@@ -25,181 +25,11 @@
 #include "common/metrics.h"
 #include "common/status_conversion.h"
 #include "nlohmann/json.hpp"
+#include "router/server/openai_json.h"
 
 namespace tandem::router {
-namespace {
 
 using nlohmann::json;
-
-std::string FinishReasonName(v1::FinishReason reason) {
-  switch (reason) {
-    case v1::FINISH_REASON_STOP:
-    case v1::FINISH_REASON_STOP_STRING:
-      return "stop";
-    case v1::FINISH_REASON_LENGTH:
-      return "length";
-    case v1::FINISH_REASON_CANCELLED:
-      return "abort";
-    case v1::FINISH_REASON_ERROR:
-      return "error";
-    default:
-      return "";
-  }
-}
-
-// The body of an error response, OpenAI's shape.
-std::string ErrorBody(const absl::Status& status) {
-  const int http = HttpStatusFromCode(status.code());
-  const char* type = http == 400 || http == 404 || http == 413 ? "invalid_request_error"
-                     : http == 429                             ? "rate_limit_error"
-                                                               : "server_error";
-  return json{{"error",
-               {{"message", std::string(status.message())},
-                {"type", type},
-                {"code", absl::StatusCodeToString(status.code())}}}}
-      .dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
-
-// Reads an optional number field of `body` into `set`; INVALID_ARGUMENT for a wrong type.
-template <typename T, typename Set>
-absl::Status Number(const json& body, const char* key, Set set) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_number()) return Invalid(absl::StrCat("'", key, "' must be a number"));
-  if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) return Invalid(absl::StrCat("'", key, "' must be an integer"));
-    set(it->get<T>());
-  } else {
-    set(it->get<T>());
-  }
-  return absl::OkStatus();
-}
-
-// An OpenAI request body as a tandem.v1.GenerateRequest.
-absl::StatusOr<v1::GenerateRequest> ParseBody(const json& body, bool chat, bool* stream,
-                                              bool* include_usage) {
-  if (!body.is_object()) return Invalid("the body must be a JSON object");
-  v1::GenerateRequest r;
-  if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
-    if (!m->is_string()) return Invalid("'model' must be a string");
-    r.set_model(m->get<std::string>());
-  }
-  if (chat) {
-    auto messages = body.find("messages");
-    if (messages == body.end() || !messages->is_array() || messages->empty()) {
-      return Invalid("'messages' must be a non-empty array");
-    }
-    for (const json& m : *messages) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-        return Invalid("each message needs a string 'role'");
-      }
-      v1::ChatMessage* out = r.mutable_chat()->add_messages();
-      out->set_role(m["role"].get<std::string>());
-      const json& content = m.contains("content") ? m["content"] : json();
-      if (content.is_string()) {
-        out->set_content(content.get<std::string>());
-      } else if (content.is_array()) {
-        // [{"type": "text", "text": "..."}]: text parts only.
-        for (const json& part : content) {
-          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-              !part["text"].is_string()) {
-            return Invalid("only text content parts are supported");
-          }
-          out->mutable_content()->append(part["text"].get<std::string>());
-        }
-      } else if (!content.is_null()) {
-        return Invalid("'content' must be a string or an array of text parts");
-      }
-    }
-  } else {
-    auto prompt = body.find("prompt");
-    if (prompt == body.end() || prompt->is_null()) return Invalid("'prompt' is required");
-    if (prompt->is_string()) {
-      r.set_prompt(prompt->get<std::string>());
-    } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
-      r.set_prompt((*prompt)[0].get<std::string>());
-    } else if (prompt->is_array() && !prompt->empty() &&
-               std::all_of(prompt->begin(), prompt->end(),
-                           [](const json& t) { return t.is_number_integer(); })) {
-      for (const json& t : *prompt) r.mutable_token_ids()->add_ids(t.get<int32_t>());
-    } else {
-      return Invalid("'prompt' must be a string, a one-string array or an array of token ids");
-    }
-  }
-  v1::SamplingParams* s = r.mutable_sampling();
-  absl::Status st;
-  const char* max_key = chat && body.contains("max_completion_tokens") ? "max_completion_tokens"
-                                                                        : "max_tokens";
-  int64_t max_tokens = -1;
-  st.Update(Number<int64_t>(body, max_key, [&](int64_t v) { max_tokens = v; }));
-  if (!st.ok()) return st;
-  if (body.contains(max_key) && !body[max_key].is_null()) {
-    if (max_tokens <= 0 || max_tokens > (int64_t{1} << 31)) {
-      return Invalid(absl::StrCat("'", max_key, "' must be at least 1, not ", max_tokens));
-    }
-    s->set_max_tokens(static_cast<uint32_t>(max_tokens));
-  } else if (!chat) {
-    s->set_max_tokens(16);  // OpenAI's default for completions
-  }
-  st.Update(Number<double>(body, "temperature", [&](double v) { s->set_temperature(static_cast<float>(v)); }));
-  st.Update(Number<double>(body, "top_p", [&](double v) { s->set_top_p(static_cast<float>(v)); }));
-  st.Update(Number<double>(body, "min_p", [&](double v) { s->set_min_p(static_cast<float>(v)); }));
-  st.Update(Number<int64_t>(body, "top_k", [&](int64_t v) { s->set_top_k(static_cast<int32_t>(v)); }));
-  st.Update(Number<double>(body, "presence_penalty", [&](double v) { s->set_presence_penalty(static_cast<float>(v)); }));
-  st.Update(Number<double>(body, "frequency_penalty", [&](double v) { s->set_frequency_penalty(static_cast<float>(v)); }));
-  st.Update(Number<double>(body, "repetition_penalty", [&](double v) { s->set_repetition_penalty(static_cast<float>(v)); }));
-  st.Update(Number<int64_t>(body, "seed", [&](int64_t v) { s->set_seed(static_cast<uint64_t>(v)); }));
-  st.Update(Number<int64_t>(body, "min_tokens", [&](int64_t v) { s->set_min_tokens(static_cast<uint32_t>(std::max<int64_t>(0, v))); }));
-  st.Update(Number<int64_t>(body, "priority", [&](int64_t v) { r.set_priority(static_cast<int32_t>(v)); }));
-  if (!st.ok()) return st;
-  // Tandem's latency objectives: "slo": {"ttft_ms": 500, "tpot_ms": 50}.
-  if (auto slo = body.find("slo"); slo != body.end() && !slo->is_null()) {
-    if (!slo->is_object()) return Invalid("'slo' must be an object with ttft_ms and/or tpot_ms");
-    for (const char* key : {"ttft_ms", "tpot_ms"}) {
-      auto v = slo->find(key);
-      if (v == slo->end() || v->is_null()) continue;
-      if (!v->is_number() || v->get<double>() < 0 || v->get<double>() > 3.6e6) {
-        return Invalid(absl::StrCat("'slo.", key, "' must be a number of milliseconds in [0, 3600000]"));
-      }
-      const auto ms = static_cast<uint32_t>(std::ceil(v->get<double>()));
-      if (std::string_view(key) == "ttft_ms") {
-        r.mutable_slo()->set_ttft_ms(ms);
-      } else {
-        r.mutable_slo()->set_tpot_ms(ms);
-      }
-    }
-  }
-  if (auto n = body.find("n"); n != body.end() && !n->is_null() && *n != 1) {
-    return Invalid("only n = 1 is supported");
-  }
-  if (auto stop = body.find("stop"); stop != body.end() && !stop->is_null()) {
-    if (stop->is_string()) {
-      s->add_stop(stop->get<std::string>());
-    } else if (stop->is_array() &&
-               std::all_of(stop->begin(), stop->end(), [](const json& x) { return x.is_string(); })) {
-      for (const json& x : *stop) s->add_stop(x.get<std::string>());
-    } else {
-      return Invalid("'stop' must be a string or an array of strings");
-    }
-  }
-  if (auto ignore = body.find("ignore_eos"); ignore != body.end() && ignore->is_boolean()) {
-    s->set_ignore_eos(ignore->get<bool>());
-  }
-  *stream = false;
-  if (auto st_it = body.find("stream"); st_it != body.end() && !st_it->is_null()) {
-    if (!st_it->is_boolean()) return Invalid("'stream' must be a boolean");
-    *stream = st_it->get<bool>();
-  }
-  *include_usage = false;
-  if (auto so = body.find("stream_options"); so != body.end() && so->is_object()) {
-    *include_usage = so->value("include_usage", false);
-  }
-  return r;
-}
-
-}  // namespace
 
 // One HTTP request relayed to the cluster. Lives until both its relay ended (OnDone handled on
 // the loop) and the HTTP side is finished.
@@ -297,7 +127,7 @@ void ReplyError(evhttp_request* req, const absl::Status& status) {
     evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After",
                       absl::StrCat(RetryAfterSeconds(*after)).c_str());
   }
-  Reply(req, HttpStatusFromCode(status.code()), "application/json", ErrorBody(status));
+  Reply(req, HttpStatusFromCode(status.code()), "application/json", OpenAiErrorBody(status));
 }
 
 // 405 with the methods the path takes (no gRPC code maps to it).
@@ -366,19 +196,15 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat) {
   evbuffer* input = evhttp_request_get_input_buffer(req);
   std::string raw(evbuffer_get_length(input), '\0');
   evbuffer_copyout(input, raw.data(), raw.size());
-  const json body = json::parse(raw, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    ReplyError(req, Invalid("the body is not valid JSON"));
-    return;
-  }
-  auto call = std::make_shared<HttpCall>();
-  absl::StatusOr<v1::GenerateRequest> request =
-      ParseBody(body, chat, &call->stream, &call->include_usage);
+  absl::StatusOr<OpenAiRequest> request = ParseOpenAiRequest(raw, chat);
   if (!request.ok()) {
     ReplyError(req, request.status());
     return;
   }
-  absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(*request);
+  auto call = std::make_shared<HttpCall>();
+  call->stream = request->stream;
+  call->include_usage = request->include_usage;
+  absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(request->request);
   if (!prepared.ok()) {
     ReplyError(req, prepared.status());
     return;
@@ -455,7 +281,7 @@ void HttpServer::Impl::Drain() {
 
 void HttpServer::Impl::Deliver(HttpCall& call, const v1::GenerateResponse& r) {
   call.completion_tokens += r.token_ids_size();
-  if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) call.finish = FinishReasonName(r.finish_reason());
+  if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) call.finish = OpenAiFinishReason(r.finish_reason());
   if (r.has_usage()) call.usage = r.usage();
   if (!call.stream) {
     call.text += r.text();
@@ -494,7 +320,7 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
     } else if (call.stream) {
       StartStream(call, req);  // call.req is already cleared
       if (!status.ok()) {
-        SendChunk(req, Sse(json::parse(ErrorBody(status))));
+        SendChunk(req, Sse(json::parse(OpenAiErrorBody(status))));
       } else if (call.include_usage) {
         SendChunk(req, Sse({{"id", call.id},
                             {"object", call.chat ? "chat.completion.chunk" : "text_completion"},
