@@ -144,23 +144,6 @@ int64_t WorkerView::CachedPrefixTokens(absl::Span<const BlockHash> hashes) const
   return CachedPrefixLength(hashes) * block_size();
 }
 
-void WorkerView::AddPlaced(const PlacedLoad& load) {
-  placed_.prefill_tokens += std::max<int64_t>(load.prefill_tokens, 0);
-  placed_.sequences += std::max<int64_t>(load.sequences, 0);
-  placed_.decode_tokens += std::max<int64_t>(load.decode_tokens, 0);
-  placed_.prompts += std::max<int64_t>(load.prompts, 0);
-}
-
-void WorkerView::RemovePlaced(const PlacedLoad& load) {
-  auto less = [](int64_t total, int64_t amount) {
-    return std::max<int64_t>(total - std::max<int64_t>(amount, 0), 0);
-  };
-  placed_.prefill_tokens = less(placed_.prefill_tokens, load.prefill_tokens);
-  placed_.sequences = less(placed_.sequences, load.sequences);
-  placed_.decode_tokens = less(placed_.decode_tokens, load.decode_tokens);
-  placed_.prompts = less(placed_.prompts, load.prompts);
-}
-
 int64_t KvBytesPerToken(const v1::KvLayout& layout) {
   int64_t element = 0;
   switch (layout.dtype()) {
@@ -221,12 +204,8 @@ std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view) {
       .running_seqs = load.running_seqs,
       .waiting_seqs = load.waiting_seqs,
       .queued_prefill_tokens = load.queued_prefill_tokens,
-      .placed_sequences = view.placed().sequences,
-      .placed_prefill_tokens = view.placed().prefill_tokens,
-      .placed_prompts = view.placed().prompts,
       .cached_hashes = &view.cached_hashes(),
       .active_decode_tokens = load.active_decode_tokens,
-      .placed_decode_tokens = view.placed().decode_tokens,
       .max_tokens_per_step = view.max_tokens_per_step(),
       .max_prefill_tokens = view.max_prefill_tokens(),
       .queued_by_priority = load.queued_by_priority,

@@ -1,7 +1,7 @@
 // What the router knows of one worker, built only from the worker's WatchState stream
 // (tandem.v1.WorkerState; DESIGN.md §4): the first message, a Snapshot, gives everything; then
-// KV events keep the set of cached block hashes current and load samples the load. The router
-// adds the load it has placed on the worker itself and not yet seen reported (DESIGN.md §5).
+// KV events keep the set of cached block hashes current and load samples the load. What the
+// router placed there itself and has not seen reported is its LoadLedger's (load_ledger.h).
 //
 //   WorkerView view;
 //   while (stream->Read(&update)) {
@@ -61,26 +61,12 @@ struct WorkerLoad {
   std::vector<placement::QueuedClass> queued_by_priority = {};
 };
 
-// Load the router placed on a worker and has not seen reported yet. Counted by the router:
-// AddPlaced when it places a request, RemovePlaced when the worker's own numbers include it (at
-// the first token, or when the request ends or fails).
-struct PlacedLoad {
-  // Prompt tokens the worker is to prefill.
-  int64_t prefill_tokens = 0;
-  // Sequences the worker is to run.
-  int64_t sequences = 0;
-  // Their context when they start decoding (prompt tokens), for the slo policy's TPOT.
-  int64_t decode_tokens = 0;
-  // Prompts that prefill_tokens belong to (the slo policy's attention estimate of a queue).
-  int64_t prompts = 0;
-};
-
 class WorkerView {
  public:
   WorkerView() = default;
 
   // Applies one message of the worker's WatchState stream.
-  //   Snapshot      replaces everything (placed load excepted, which is the router's own) and
+  //   Snapshot      replaces everything and
   //                 clears staleness. INVALID_ARGUMENT for block_size 0: nothing is replaced and
   //                 the view is stale.
   //   KvEventBatch  applies stored / removed / cleared in order. FAILED_PRECONDITION ("missed
@@ -138,15 +124,6 @@ class WorkerView {
   // The same in tokens: CachedPrefixLength(hashes) * block_size().
   int64_t CachedPrefixTokens(absl::Span<const BlockHash> hashes) const;
 
-  // Router-side load. Add when placing a request here; Remove (the same amounts) when the worker's
-  // reports include it or the request is gone. Amounts must be >= 0 (negative ones are ignored);
-  // totals never go below 0.
-  void AddPlaced(const PlacedLoad& load);
-  void RemovePlaced(const PlacedLoad& load);
-  // Forgets all placed load (e.g. when the worker was lost and its requests failed over).
-  void ClearPlaced() { placed_ = {}; }
-  const PlacedLoad& placed() const { return placed_; }
-
   // Counters for metrics and tests.
   int64_t snapshots_applied() const { return snapshots_applied_; }
   int64_t events_applied() const { return events_applied_; }
@@ -167,7 +144,6 @@ class WorkerView {
   WorkerLoad load_;
   v1::LoadSample last_sample_;
   absl::flat_hash_set<BlockHash> cached_;
-  PlacedLoad placed_;
   int64_t snapshots_applied_ = 0;
   int64_t events_applied_ = 0;
   int64_t resyncs_needed_ = 0;
@@ -176,12 +152,13 @@ class WorkerView {
 // K and V of every layer for one token, from a KV pool's layout; 0 when its dtype is unknown.
 int64_t KvBytesPerToken(const v1::KvLayout& layout);
 
-// The view as a placement candidate: the role mapped, the reported and placed load, the KV bytes
-// per token from the pool's layout, and a pointer to the view's cached hashes (valid while the
-// view lives and is not changed, so under the caller's lock). healthy = ready(). The caller adds
-// what the view does not hold (the worker's cost model). nullopt when the view has no snapshot or its role is
-// ROLE_UNSPECIFIED or unknown (not a candidate). The router may clear `healthy` further (a
-// draining worker, a broken connection).
+// The view as a placement candidate: the role mapped, the reported load, the KV bytes per token
+// from the pool's layout, and a pointer to the view's cached hashes (valid while the view lives
+// and is not changed, so under the caller's lock). healthy = ready(). The caller adds what the
+// view does not hold: the router's own placed load and ended streams (LoadLedger::Apply), the
+// worker's cost model. nullopt when the view has no snapshot or its role is ROLE_UNSPECIFIED or
+// unknown (not a candidate). The router may clear `healthy` further (a draining worker, a broken
+// connection).
 std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view);
 
 // A reported step as the step cost model observes it (placement::StepObservation): its attention

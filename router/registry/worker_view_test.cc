@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "router/placement/placement.h"
+#include "router/registry/load_ledger.h"
 #include "tandem/v1/worker.pb.h"
 
 namespace tandem {
@@ -407,47 +408,6 @@ TEST(WorkerViewTest, TheQueueByPriorityIsKeptWhenItAddsUpAndIsOrdered) {
   }
 }
 
-TEST(WorkerViewTest, PlacedLoadAccounting) {
-  WorkerView view = ViewAfterSnapshot({}, 0);
-  EXPECT_EQ(view.placed().prefill_tokens, 0);
-  EXPECT_EQ(view.placed().sequences, 0);
-  view.AddPlaced({.prefill_tokens = 1000, .sequences = 1, .decode_tokens = 1000, .prompts = 1});
-  view.AddPlaced({.prefill_tokens = 500, .sequences = 1, .prompts = 1});
-  EXPECT_EQ(view.placed().prefill_tokens, 1500);
-  EXPECT_EQ(view.placed().sequences, 2);
-  EXPECT_EQ(view.placed().decode_tokens, 1000);
-  EXPECT_EQ(view.placed().prompts, 2);
-  view.RemovePlaced({.prefill_tokens = 1000, .sequences = 1, .decode_tokens = 1000, .prompts = 1});
-  EXPECT_EQ(view.placed().prefill_tokens, 500);
-  EXPECT_EQ(view.placed().sequences, 1);
-  EXPECT_EQ(view.placed().decode_tokens, 0);
-  EXPECT_EQ(view.placed().prompts, 1);
-  // Clamped at 0.
-  view.RemovePlaced({.prefill_tokens = 800, .sequences = 5, .prompts = 3});
-  EXPECT_EQ(view.placed().prefill_tokens, 0);
-  EXPECT_EQ(view.placed().sequences, 0);
-  EXPECT_EQ(view.placed().prompts, 0);
-  // Negative amounts are ignored.
-  view.AddPlaced({.prefill_tokens = -5, .sequences = -1});
-  view.RemovePlaced({.prefill_tokens = -5, .sequences = -1});
-  EXPECT_EQ(view.placed().prefill_tokens, 0);
-  EXPECT_EQ(view.placed().sequences, 0);
-  // The router's own count survives snapshots and load samples; ClearPlaced forgets it.
-  view.AddPlaced({.prefill_tokens = 300, .sequences = 2});
-  ASSERT_TRUE(view.Apply(SnapshotUpdate(MakeSnapshot({}, 0))).ok());
-  ASSERT_TRUE(view.Apply(Load(1, 1, 1)).ok());
-  EXPECT_EQ(view.placed().prefill_tokens, 300);
-  EXPECT_EQ(view.placed().sequences, 2);
-  view.ClearPlaced();
-  EXPECT_EQ(view.placed().sequences, 0);
-  // Placed load works before any snapshot too.
-  WorkerView fresh;
-  fresh.AddPlaced({.prefill_tokens = 10, .sequences = 1});
-  EXPECT_EQ(fresh.placed().sequences, 1);
-}
-
-// Replays the events of a real BlockPool doing random work: the view must end with exactly the
-// pool's cached hashes, whatever the batching of events.
 TEST(WorkerViewTest, MirrorsARealBlockPool) {
   const KvLayout layout = {.num_blocks = 24,
                            .num_layers = 1,
@@ -537,7 +497,6 @@ TEST(ToCandidateTest, MapsRoleLoadAndCache) {
   for (const auto& c : cases) {
     WorkerView view;
     ASSERT_TRUE(view.Apply(SnapshotUpdate(MakeSnapshot({1, 2}, 0, c.role))).ok());
-    view.AddPlaced({.prefill_tokens = 700, .sequences = 2, .prompts = 2});
     std::optional<placement::WorkerCandidate> candidate = ToCandidate(view);
     ASSERT_EQ(candidate.has_value(), c.expected.has_value()) << c.role;
     if (!candidate) continue;
@@ -548,9 +507,7 @@ TEST(ToCandidateTest, MapsRoleLoadAndCache) {
     EXPECT_EQ(candidate->running_seqs, 3);
     EXPECT_EQ(candidate->waiting_seqs, 1);
     EXPECT_EQ(candidate->queued_prefill_tokens, 512);
-    EXPECT_EQ(candidate->placed_sequences, 2);
-    EXPECT_EQ(candidate->placed_prefill_tokens, 700);
-    EXPECT_EQ(candidate->placed_prompts, 2);
+    EXPECT_EQ(candidate->placed_sequences, 0);  // the router's own: LoadLedger::Apply
     EXPECT_EQ(candidate->max_tokens_per_step, 256);
     EXPECT_EQ(candidate->cached_hashes, &view.cached_hashes());
   }
@@ -572,9 +529,16 @@ TEST(ToCandidateTest, KvAwarePlacementOverViews) {
   views.push_back(make_view("p0", v1::ROLE_PREFILL, 10));
   views.push_back(make_view("p1", v1::ROLE_PREFILL, 40));
   views.push_back(make_view("p2", v1::ROLE_PREFILL, 0));
+  // The router's own placed load on each worker.
+  std::vector<LoadLedger> ledgers(views.size(), LoadLedger(absl::Milliseconds(150)));
+  const absl::Time now = absl::FromUnixSeconds(1767225600);
   auto cluster = [&] {
     placement::ClusterView c;
-    for (const auto& v : views) c.workers.push_back(*ToCandidate(*v));
+    for (size_t i = 0; i < views.size(); ++i) {
+      placement::WorkerCandidate candidate = *ToCandidate(*views[i]);
+      ledgers[i].Apply(now, &candidate);
+      c.workers.push_back(std::move(candidate));
+    }
     return c;
   };
   absl::StatusOr<std::unique_ptr<placement::PlacementPolicy>> policy =
@@ -590,12 +554,12 @@ TEST(ToCandidateTest, KvAwarePlacementOverViews) {
   EXPECT_EQ(d->prefill[0].cached_tokens, 640);
   EXPECT_EQ(d->prefill[1].worker_id, "p0");
   // The router's own placements on p1 (800 tokens) outweigh its 480-token lead over p0.
-  views[2]->AddPlaced({.prefill_tokens = 800, .sequences = 1});
+  ledgers[2].Place(1, {.prefill_tokens = 800, .sequences = 1}, {}, now);
   d = (*policy)->Place(request, cluster());
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->prefill[0].worker_id, "p0");
   // p1 evicts its blocks: its credit goes.
-  views[2]->RemovePlaced({.prefill_tokens = 800, .sequences = 1});
+  ledgers[2].Uncount(1, /*prompt_only=*/false);
   std::vector<BlockHash> evicted(prompt.begin(), prompt.begin() + 40);
   ASSERT_TRUE(views[2]->Apply(Events({Removed(1, evicted)})).ok());
   d = (*policy)->Place(request, cluster());

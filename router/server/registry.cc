@@ -10,20 +10,25 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/by_priority.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "grpcpp/grpcpp.h"
+#include "router/registry/load_ledger.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
 
 struct Registry::Worker {
   Worker(std::string address, placement::StepCostModel cost,
-         placement::ClassedLatencyCorrection ttft, placement::LatencyCorrection tpot)
-      : address(std::move(address)), cost(std::move(cost)), ttft(std::move(ttft)), tpot(tpot) {}
+         placement::ClassedLatencyCorrection ttft, placement::LatencyCorrection tpot,
+         absl::Duration report_lag)
+      : address(std::move(address)),
+        cost(std::move(cost)),
+        ledger(report_lag),
+        ttft(std::move(ttft)),
+        tpot(tpot) {}
 
   std::string address;
   WorkerView view;           // guarded by Registry::mu_
@@ -40,51 +45,12 @@ struct Registry::Worker {
   bool healthy = false;  // guarded by Registry::mu_: as last exported
   std::thread thread;
 
-  // What the router placed here and still counts in `view` (its placed load), by DecodeKey or
-  // PrefillKey of the route's serial (a worker of both roles may hold both).
-  // Guarded by Registry::mu_.
-  struct Pending {
-    absl::Time placed_at;
-    PlacedLoad load;
-    // > 0: a prompt sent to a prefill worker, which gets it only once the decode worker's engine
-    // has taken the request (after the step it is in, up to seconds later): it stays counted
-    // until the worker's count of received prompt tokens has grown by this much since the
-    // entries before it (oldest first). 0: until report_lag has passed.
-    int64_t receipt_tokens = 0;
-    // The request's priority: its prompt tokens count in its class.
-    int32_t priority = 0;
-  };
-  absl::flat_hash_map<uint64_t, Pending> pending;
+  // What the router placed here and the worker's samples may not show yet, what decodes here,
+  // and the streams that ended that its last sample may still count; by DecodeKey or PrefillKey
+  // of the route's serial (a worker of both roles may hold both). Guarded by Registry::mu_.
+  LoadLedger ledger;
   // When the router received the worker's last load sample (its clock, not the worker's).
   absl::Time load_received_at = absl::InfinitePast();
-  // LoadSample.prompt_tokens at the last sample; -1 before the first.
-  int64_t received_prompt_tokens = -1;
-  // The requests decoding here that the router placed (until Release), by route serial.
-  // Guarded by Registry::mu_.
-  struct Running {
-    int64_t tpot_ms = 0;
-    int64_t max_tokens = 0;
-    // When the first output token came (InfinitePast: not yet), and tokens since.
-    absl::Time first_token_at = absl::InfinitePast();
-    int64_t decoded_tokens = 0;
-  };
-  absl::flat_hash_map<uint64_t, Running> running;
-  // Streams that ended (the router saw their last token) which the worker's last sample may still
-  // count as running: subtracted from its reported load until a sample's finished_seqs shows
-  // them, or report_lag has passed. A closed-loop client sends its next request within a
-  // millisecond of the last token, up to a sample interval before the worker reports the batch
-  // shrunk. Finishes a sample showed before the router saw the stream end wait in
-  // `unmatched_finishes` for it (until report_lag has passed). Guarded by Registry::mu_.
-  struct Ended {
-    absl::Time at;
-    int64_t context_tokens = 0;
-  };
-  std::deque<Ended> ended;
-  int64_t ended_context_tokens = 0;
-  std::deque<absl::Time> unmatched_finishes;
-  // LoadSample.finished_seqs at the last sample; <= 0: not reported (an older worker), and
-  // nothing is subtracted.
-  int64_t reported_finished = 0;
   // Corrections of the slo policy's predictions for this worker, learned from what requests then
   // observed: the TTFT of prompts it prefilled (by priority class), the TPOT of streams it
   // decoded. Kept across reconnects, like `cost`. Guarded by Registry::mu_.
@@ -254,7 +220,7 @@ void Registry::AddWorker(const std::string& address) {
   slot = std::make_unique<Worker>(
       address, *placement::StepCostModel::Create(options_.cost_model),
       *placement::ClassedLatencyCorrection::Create(options_.latency_correction),
-      *placement::LatencyCorrection::Create(options_.latency_correction));
+      *placement::LatencyCorrection::Create(options_.latency_correction), options_.report_lag);
   Worker* w = slot.get();
   w->thread = std::thread([this, w] { Watch(w); });
 }
@@ -299,16 +265,11 @@ void Registry::Watch(Worker* w) {
         if (update.load().recent_steps_size() > 0 && w->view.ready()) {
           StepSpeedGauges().Add({{"worker", w->view.worker_id()}}).Set(w->cost.recent_ratio());
         }
-        ExpireReported(w, static_cast<int64_t>(update.load().prompt_tokens()), received);
-        MatchFinished(w, static_cast<int64_t>(update.load().finished_seqs()), received);
+        w->ledger.OnLoadSample(static_cast<int64_t>(update.load().prompt_tokens()),
+                               static_cast<int64_t>(update.load().finished_seqs()), received);
       }
       if (update.has_snapshot()) {
-        // A snapshot restates the worker's load: nothing ended is left to subtract.
-        w->ended.clear();
-        w->ended_context_tokens = 0;
-        w->unmatched_finishes.clear();
-        w->reported_finished =
-            static_cast<int64_t>(update.snapshot().load().finished_seqs());
+        w->ledger.OnSnapshot(static_cast<int64_t>(update.snapshot().load().finished_seqs()));
         // A worker seen for the first time: its snapshot carries the steps of its start-up
         // calibration; their own fit is where its model starts.
         const v1::LoadSample& load = update.snapshot().load();
@@ -353,8 +314,7 @@ void Registry::Watch(Worker* w) {
       if (w->connected) transfers_.ForgetWorker(w->view.worker_id());
       w->connected = false;
       w->view = WorkerView();
-      w->pending.clear();  // the fresh view counts nothing placed
-      w->received_prompt_tokens = -1;
+      w->ledger.ForgetPlaced();  // the fresh view counts nothing placed
       if (stopping_ || w->removed) return;
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff);
       if (stopping_) return;
@@ -423,37 +383,7 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
       c.step_elapsed_seconds = static_cast<double>(elapsed_us) * 1e-6 +
                                std::max(absl::ToDoubleSeconds(now - w->load_received_at), 0.0);
     }
-    // Streams that ended and that the last sample may still count: as running, or as waiting
-    // when it was taken before they started (a burst's first sample shows one running and the
-    // rest posted to the engine; the burst may end before the next sample comes).
-    const int64_t ended = static_cast<int64_t>(w->ended.size());
-    const int64_t ended_running = std::min(ended, c.running_seqs);
-    c.running_seqs -= ended_running;
-    c.waiting_seqs = std::max<int64_t>(c.waiting_seqs - (ended - ended_running), 0);
-    c.active_decode_tokens = std::max<int64_t>(c.active_decode_tokens - w->ended_context_tokens, 0);
-    for (const auto& [serial, r] : w->running) {
-      const bool started = r.first_token_at != absl::InfinitePast();
-      c.running_groups.push_back(
-          {.tpot_ms = r.tpot_ms,
-           .max_tokens = r.max_tokens,
-           .decoded_tokens = started ? r.decoded_tokens : 0,
-           .decode_seconds = started ? std::max(absl::ToDoubleSeconds(now - r.first_token_at), 0.0)
-                                     : 0.0});
-    }
-    // The queue by class: the worker's, and the prompts placed here that it does not show yet.
-    // A worker that reports no classes while prompts are queued on it is not known by class.
-    if (!c.queued_by_priority.empty() || c.queued_prefill_tokens == 0) {
-      for (const auto& [key, p] : w->pending) {
-        if (p.load.prefill_tokens <= 0 && p.load.prompts <= 0) continue;
-        AddByPriority(placement::QueuedClass{.priority = p.priority,
-                                             .tokens = p.load.prefill_tokens,
-                                             .prompts = p.load.prompts},
-                      &c.queued_by_priority);
-        for (placement::QueuedClass& q : c.queued_by_priority) {
-          if (q.priority == p.priority) q.placed_tokens += p.load.prefill_tokens;
-        }
-      }
-    }
+    w->ledger.Apply(now, &c);
     by_id[c.id] = w.get();
     view.workers.push_back(std::move(*candidate));
   }
@@ -468,11 +398,8 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
   route.placed_prefill_tokens = decision->local_prefill ? decision->uncached_tokens : 0;
   route.placed_decode_tokens = request.prompt_tokens;
   auto count = [&](Worker* w, uint64_t key, const PlacedLoad& load, int64_t receipt_tokens = 0) {
-    w->view.AddPlaced(load);
-    w->pending[key] = {.placed_at = now,
-                       .load = load,
-                       .receipt_tokens = receipt_tokens,
-                       .priority = request.priority};
+    w->ledger.Place(key, load, {.receipt_tokens = receipt_tokens, .priority = request.priority},
+                    now);
   };
   count(decode, DecodeKey(route.serial), {.prefill_tokens = route.placed_prefill_tokens,
                  .sequences = 1,
@@ -491,7 +418,7 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
   route.tpot_ms = decision->predicted ? static_cast<int64_t>(decision->tpot_slo_seconds * 1e3)
                                       : request.slo.tpot_ms;
   route.max_tokens = request.max_tokens;
-  decode->running[route.serial] = {.tpot_ms = route.tpot_ms, .max_tokens = route.max_tokens};
+  decode->ledger.StartRunning(route.serial, {.tpot_ms = route.tpot_ms, .max_tokens = route.max_tokens});
   return route;
 }
 
@@ -500,98 +427,26 @@ Registry::Worker* Registry::FindLocked(const std::string& address) {
   return it == workers_.end() ? nullptr : it->second.get();
 }
 
-void Registry::ExpireReported(Worker* w, int64_t received_prompt_tokens, absl::Time now) {
-  // Prompts the worker received since the last sample pay for the oldest waiting entries.
-  int64_t received = w->received_prompt_tokens < 0
-                         ? 0
-                         : std::max<int64_t>(received_prompt_tokens - w->received_prompt_tokens, 0);
-  w->received_prompt_tokens = received_prompt_tokens;
-  std::vector<uint64_t> waiting;
-  for (const auto& [key, p] : w->pending) {
-    if (p.receipt_tokens > 0) waiting.push_back(key);
-  }
-  std::sort(waiting.begin(), waiting.end());
-  for (uint64_t key : waiting) {
-    Worker::Pending& p = w->pending.at(key);
-    if (received < p.receipt_tokens) break;
-    received -= p.receipt_tokens;
-    p.receipt_tokens = 0;
-    p.placed_at = absl::InfinitePast();  // reported: uncounted below
-  }
-  for (auto it = w->pending.begin(); it != w->pending.end();) {
-    if (it->second.receipt_tokens == 0 && it->second.placed_at + options_.report_lag <= now) {
-      w->view.RemovePlaced(it->second.load);
-      w->pending.erase(it++);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void Registry::MatchFinished(Worker* w, int64_t finished_seqs, absl::Time now) {
-  const int64_t before = w->reported_finished;
-  w->reported_finished = finished_seqs;
-  auto pop_ended = [w] {
-    w->ended_context_tokens -= w->ended.front().context_tokens;
-    w->ended.pop_front();
-  };
-  if (finished_seqs < before) {  // a restarted worker: its counter began again
-    while (!w->ended.empty()) pop_ended();
-    w->unmatched_finishes.clear();
-  } else if (before > 0) {
-    for (int64_t left = finished_seqs - before; left > 0; --left) {
-      if (!w->ended.empty()) {
-        pop_ended();
-      } else if (w->unmatched_finishes.size() < 4096) {
-        w->unmatched_finishes.push_back(now);
-      }
-    }
-  }
-  while (!w->ended.empty() && w->ended.front().at + options_.report_lag <= now) pop_ended();
-  while (!w->unmatched_finishes.empty() &&
-         w->unmatched_finishes.front() + options_.report_lag <= now) {
-    w->unmatched_finishes.pop_front();
-  }
-}
-
-void Registry::Uncount(Worker* w, uint64_t key, bool prompt_only) {
-  if (w == nullptr) return;
-  auto it = w->pending.find(key);
-  if (it == w->pending.end()) return;
-  PlacedLoad& l = it->second.load;
-  if (prompt_only) {
-    w->view.RemovePlaced({.prefill_tokens = l.prefill_tokens, .prompts = l.prompts});
-    l.prefill_tokens = 0;
-    l.prompts = 0;
-  } else {
-    w->view.RemovePlaced(l);
-    w->pending.erase(it);
-  }
-}
-
 void Registry::PromptDone(Route& route) {
   if (route.prompt_done || route.released) return;
   route.prompt_done = true;
   absl::MutexLock lock(&mu_);
-  Uncount(FindLocked(route.decode_address), DecodeKey(route.serial), /*prompt_only=*/true);
+  if (Worker* decode = FindLocked(route.decode_address); decode != nullptr) {
+    decode->ledger.Uncount(DecodeKey(route.serial), /*prompt_only=*/true);
+  }
   if (!route.prefill.empty()) {
-    Uncount(FindLocked(route.prefill[0].second), PrefillKey(route.serial), /*prompt_only=*/false);
+    if (Worker* p = FindLocked(route.prefill[0].second); p != nullptr) {
+      p->ledger.Uncount(PrefillKey(route.serial), /*prompt_only=*/false);
+    }
   }
 }
 
 void Registry::Progress(const Route& route, int64_t tokens, absl::Time now) {
   if (route.released || tokens <= 0) return;
   absl::MutexLock lock(&mu_);
-  Worker* decode = FindLocked(route.decode_address);
-  if (decode == nullptr) return;
-  auto it = decode->running.find(route.serial);
-  if (it == decode->running.end()) return;
-  Worker::Running& r = it->second;
-  if (r.first_token_at == absl::InfinitePast()) {
-    r.first_token_at = now;
-    --tokens;
+  if (Worker* decode = FindLocked(route.decode_address); decode != nullptr) {
+    decode->ledger.Progress(route.serial, tokens, now);
   }
-  r.decoded_tokens += tokens;
 }
 
 void Registry::Release(Route& route) {
@@ -599,24 +454,13 @@ void Registry::Release(Route& route) {
   route.released = true;
   absl::MutexLock lock(&mu_);
   if (Worker* decode = FindLocked(route.decode_address); decode != nullptr) {
-    Uncount(decode, DecodeKey(route.serial), /*prompt_only=*/false);
-    auto it = decode->running.find(route.serial);
-    // A stream that decoded runs on the worker until its end, which the worker's next sample
-    // shows; until then it is subtracted (MatchFinished), unless a sample already showed it.
-    if (it != decode->running.end() && it->second.first_token_at != absl::InfinitePast() &&
-        decode->reported_finished > 0) {
-      if (!decode->unmatched_finishes.empty()) {
-        decode->unmatched_finishes.pop_front();
-      } else {
-        const int64_t context = route.placed_decode_tokens + it->second.decoded_tokens + 1;
-        decode->ended.push_back({.at = absl::Now(), .context_tokens = context});
-        decode->ended_context_tokens += context;
-      }
-    }
-    if (it != decode->running.end()) decode->running.erase(it);
+    decode->ledger.Uncount(DecodeKey(route.serial), /*prompt_only=*/false);
+    decode->ledger.EndStream(route.serial, route.placed_decode_tokens, absl::Now());
   }
   if (!route.prefill.empty()) {
-    Uncount(FindLocked(route.prefill[0].second), PrefillKey(route.serial), /*prompt_only=*/false);
+    if (Worker* p = FindLocked(route.prefill[0].second); p != nullptr) {
+      p->ledger.Uncount(PrefillKey(route.serial), /*prompt_only=*/false);
+    }
   }
 }
 

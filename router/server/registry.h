@@ -138,21 +138,6 @@ class Registry {
   void SetHealthy(Worker* w, bool healthy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Worker* FindLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Uncounts the placements on `w` that its reports include by `now` (RegistryOptions::report_lag),
-  // or, for prompts sent to a prefill worker, once its count of received prompt tokens (the load
-  // sample's) shows them.
-  void ExpireReported(Worker* w, int64_t received_prompt_tokens, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Matches the streams that ended on `w` against the sequences its sample says have left
-  // (LoadSample.finished_seqs), oldest first: those it shows are no longer subtracted from its
-  // reported load (its running sequences, then its waiting ones: a sample may predate a
-  // stream's start as well as its end). Anything older than RegistryOptions::report_lag is dropped whatever the count.
-  void MatchFinished(Worker* w, int64_t finished_seqs, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Uncounts the prompt tokens (prompt_only) or all of what pending entry `key` placed on `w`
-  // that is still counted.
-  void Uncount(Worker* w, uint64_t key, bool prompt_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   const RegistryOptions options_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
