@@ -70,16 +70,13 @@ PrefillService::PrefillService(EngineLoop* loop, kvtransfer::KvTransport* transp
 
 absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> PrefillService::ConnectionTo(
     const v1::KvDestination& destination, const kvtransfer::PoolDescriptor& pool,
-    absl::Time deadline, bool fresh) {
+    absl::Time deadline) {
   const std::string key = absl::StrCat(destination.worker_id(), "#", pool.pool_epoch, "#",
                                        pool.regions[0].base_address);
   {
     absl::MutexLock lock(&mu_);
     auto it = connections_.find(key);
-    if (it != connections_.end()) {
-      if (!fresh) return it->second;
-      connections_.erase(it);
-    }
+    if (it != connections_.end()) return it->second;
   }
   absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> conn =
       transport_->Connect(pool, deadline);
@@ -140,7 +137,7 @@ grpc::Status PrefillService::Serve(grpc::ServerContext* context, const v1::Prefi
                                      : options_.default_timeout;
   const absl::Time deadline = Deadline(*context, timeout);
   absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> conn =
-      ConnectionTo(request->destination(), *pool, deadline, /*fresh=*/false);
+      ConnectionTo(request->destination(), *pool, deadline);
   if (!conn.ok()) return ToGrpcStatus(conn.status());
 
   std::vector<int32_t> dst(request->destination().block_ids().begin(),

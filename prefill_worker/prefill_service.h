@@ -41,10 +41,11 @@ class PrefillService final : public v1::Prefill::Service {
  private:
   grpc::Status Serve(grpc::ServerContext* context, const v1::PrefillRequest* request,
                      v1::PrefillResponse* response);
-  // A connection to the destination pool, reused across requests until it breaks.
+  // A connection to the destination pool, reused across requests until it breaks
+  // (ForgetConnection).
   absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> ConnectionTo(
       const v1::KvDestination& destination, const kvtransfer::PoolDescriptor& pool,
-      absl::Time deadline, bool fresh);
+      absl::Time deadline);
   // Drops `connection` from the cache (a broken connection stays broken: the next request to
   // that pool connects again).
   void ForgetConnection(const kvtransfer::Connection* connection);
