@@ -48,7 +48,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "cli/default_model.h"
+#include "engine/model/model_path.h"
 #include "common/flags.h"
 #include "engine/runtime/local_engine.h"
 #include "nlohmann/json.hpp"

@@ -15,7 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "cli/default_model.h"
+#include "engine/model/model_path.h"
 #include "cli/generate.h"
 #include "cli/up.h"
 #include "common/device.h"

@@ -9,10 +9,28 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_conversion.h"
-#include "engine/serving/proto_conversion.h"
+#include "proto/conversion.h"
 #include "grpcpp/create_channel.h"
 
 namespace tandem {
+namespace {
+
+// The delta's token and log-probabilities appended to `ids` / `logprobs`.
+void AppendDelta(const GenerationDelta& d, google::protobuf::RepeatedField<int32_t>* ids,
+                 google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* logprobs) {
+  ids->Add(d.token);
+  if (!d.logprob.has_value()) return;
+  v1::TokenLogprobs* lp = logprobs->Add();
+  lp->set_token_id(d.token);
+  lp->set_logprob(*d.logprob);
+  for (const sampling::TokenLogprob& t : d.top_logprobs) {
+    v1::TopLogprob* top = lp->add_top_logprobs();
+    top->set_token_id(t.id);
+    top->set_logprob(t.logprob);
+  }
+}
+
+}  // namespace
 
 // One Generate stream. Owned by itself from Begin until gRPC's OnDone, and by every callback it
 // handed out (the engine's delta callback, the prefill calls'), so a late callback finds it alive

@@ -8,8 +8,8 @@
 
 #include "absl/flags/flag.h"
 #include "decode_worker/decode_service.h"
-#include "engine/serving/worker_process.h"
-#include "engine/serving/worker_state_service.h"
+#include "worker/worker_process.h"
+#include "worker/worker_state_service.h"
 
 ABSL_FLAG(int64_t, stream_heartbeat_ms, 1000,
           "A stream with nothing to send for this long sends the router a heartbeat, so that the "

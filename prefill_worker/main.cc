@@ -3,8 +3,8 @@
 // with gRPC health and reflection, and /metrics.
 //
 //   tandem-prefill --listen=0.0.0.0:7200 --metrics_listen=0.0.0.0:9200 [--model=PATH]
-#include "engine/serving/worker_process.h"
-#include "engine/serving/worker_state_service.h"
+#include "worker/worker_process.h"
+#include "worker/worker_state_service.h"
 #include "prefill_worker/prefill_service.h"
 
 int main(int argc, char** argv) {

@@ -8,7 +8,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_conversion.h"
-#include "engine/serving/proto_conversion.h"
+#include "proto/conversion.h"
 
 namespace tandem {
 namespace {

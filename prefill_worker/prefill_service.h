@@ -10,7 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/serving/engine_loop.h"
+#include "worker/engine_loop.h"
 #include "kvtransfer/kv_transport.h"
 #include "tandem/v1/worker.grpc.pb.h"
 

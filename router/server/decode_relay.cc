@@ -11,7 +11,7 @@
 #include "common/keepalive.h"
 #include "common/logging.h"
 #include "common/status_conversion.h"
-#include "engine/serving/proto_conversion.h"
+#include "proto/conversion.h"
 #include "router/server/router_metrics.h"
 #include "router/server/stall_watch.h"
 

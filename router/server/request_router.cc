@@ -13,7 +13,7 @@
 #include "engine/kv/block_hash.h"
 #include "engine/model/gguf.h"
 #include "engine/sampling/sampling_options.h"
-#include "engine/serving/proto_conversion.h"
+#include "proto/conversion.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
 #include "grpcpp/create_channel.h"
 #include "router/server/decode_relay.h"

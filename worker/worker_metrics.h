@@ -1,8 +1,8 @@
 // A worker's Prometheus metrics (docs/metrics.md), fed by its EngineLoop after every step: batch
 // and queue sizes, KV blocks, prefix hits, preemptions, step times; with vLLM's names too where
 // vLLM has the same gauge, so existing dashboards and autoscalers work.
-#ifndef TANDEM_ENGINE_SERVING_WORKER_METRICS_H_
-#define TANDEM_ENGINE_SERVING_WORKER_METRICS_H_
+#ifndef TANDEM_WORKER_WORKER_METRICS_H_
+#define TANDEM_WORKER_WORKER_METRICS_H_
 
 #include "engine/runtime/local_engine.h"
 #include "prometheus/counter.h"
@@ -41,4 +41,4 @@ class WorkerMetrics {
 
 }  // namespace tandem
 
-#endif  // TANDEM_ENGINE_SERVING_WORKER_METRICS_H_
+#endif  // TANDEM_WORKER_WORKER_METRICS_H_

@@ -10,8 +10,8 @@
 //   }));
 //   ...
 //   loop->Cancel(id);  // no delta follows
-#ifndef TANDEM_ENGINE_SERVING_ENGINE_LOOP_H_
-#define TANDEM_ENGINE_SERVING_ENGINE_LOOP_H_
+#ifndef TANDEM_WORKER_ENGINE_LOOP_H_
+#define TANDEM_WORKER_ENGINE_LOOP_H_
 
 #include <atomic>
 #include <cstdint>
@@ -27,7 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/runtime/local_engine.h"
-#include "engine/serving/worker_metrics.h"
+#include "worker/worker_metrics.h"
 
 namespace tandem {
 
@@ -183,4 +183,4 @@ class EngineLoop {
 
 }  // namespace tandem
 
-#endif  // TANDEM_ENGINE_SERVING_ENGINE_LOOP_H_
+#endif  // TANDEM_WORKER_ENGINE_LOOP_H_

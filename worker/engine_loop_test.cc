@@ -1,4 +1,4 @@
-#include "engine/serving/engine_loop.h"
+#include "worker/engine_loop.h"
 
 #include <time.h>
 

@@ -1,12 +1,12 @@
 // tandem.v1.WorkerState on a worker: a snapshot of its prefix cache and load, then its KV events as
 // they happen and a load sample every interval (DESIGN.md §4). A subscriber that fell behind the
 // kept event history gets a new snapshot.
-#ifndef TANDEM_ENGINE_SERVING_WORKER_STATE_SERVICE_H_
-#define TANDEM_ENGINE_SERVING_WORKER_STATE_SERVICE_H_
+#ifndef TANDEM_WORKER_WORKER_STATE_SERVICE_H_
+#define TANDEM_WORKER_WORKER_STATE_SERVICE_H_
 
 #include <string>
 
-#include "engine/serving/engine_loop.h"
+#include "worker/engine_loop.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem {
@@ -40,4 +40,4 @@ class WorkerStateService final : public v1::WorkerState::Service {
 
 }  // namespace tandem
 
-#endif  // TANDEM_ENGINE_SERVING_WORKER_STATE_SERVICE_H_
+#endif  // TANDEM_WORKER_WORKER_STATE_SERVICE_H_

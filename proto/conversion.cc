@@ -1,4 +1,4 @@
-#include "engine/serving/proto_conversion.h"
+#include "proto/conversion.h"
 
 #include <algorithm>
 
@@ -29,20 +29,6 @@ sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& p) {
 
 v1::FinishReason FinishReasonToProto(sampling::FinishReason reason) {
   return static_cast<v1::FinishReason>(static_cast<int>(reason));
-}
-
-void AppendDelta(const GenerationDelta& d, google::protobuf::RepeatedField<int32_t>* ids,
-                 google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* logprobs) {
-  ids->Add(d.token);
-  if (!d.logprob.has_value()) return;
-  v1::TokenLogprobs* lp = logprobs->Add();
-  lp->set_token_id(d.token);
-  lp->set_logprob(*d.logprob);
-  for (const sampling::TokenLogprob& t : d.top_logprobs) {
-    v1::TopLogprob* top = lp->add_top_logprobs();
-    top->set_token_id(t.id);
-    top->set_logprob(t.logprob);
-  }
 }
 
 }  // namespace tandem

@@ -1,4 +1,4 @@
-#include "engine/serving/worker_metrics.h"
+#include "worker/worker_metrics.h"
 
 #include "common/metrics.h"
 

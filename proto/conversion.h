@@ -1,13 +1,13 @@
-// Conversions between the wire messages (tandem.v1) and the engine's types, for the workers and
-// the router.
-#ifndef TANDEM_ENGINE_SERVING_PROTO_CONVERSION_H_
-#define TANDEM_ENGINE_SERVING_PROTO_CONVERSION_H_
+// Conversions between the wire messages (tandem.v1) and the engine's sampling types, for the
+// workers and the router (library tandem::proto_conversion; it sits above engine/sampling).
+#ifndef TANDEM_PROTO_CONVERSION_H_
+#define TANDEM_PROTO_CONVERSION_H_
 
 #include <cstdint>
 
 #include "absl/time/time.h"
-#include "engine/runtime/local_engine.h"
 #include "engine/sampling/sampling_options.h"
+#include "engine/sampling/stop_checker.h"
 #include "tandem/v1/inference.pb.h"
 
 namespace tandem {
@@ -22,10 +22,6 @@ v1::FinishReason FinishReasonToProto(sampling::FinishReason reason);
 // A duration for the messages' `*_us` fields: whole microseconds, 0 for a negative one.
 uint64_t MicrosForProto(absl::Duration d);
 
-// The delta's token and log-probabilities appended to `ids` / `logprobs`.
-void AppendDelta(const GenerationDelta& delta, google::protobuf::RepeatedField<int32_t>* ids,
-                 google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* logprobs);
-
 }  // namespace tandem
 
-#endif  // TANDEM_ENGINE_SERVING_PROTO_CONVERSION_H_
+#endif  // TANDEM_PROTO_CONVERSION_H_

@@ -1,9 +1,9 @@
-#include "engine/serving/worker_state_service.h"
+#include "worker/worker_state_service.h"
 
 #include <algorithm>
 
 #include "common/version.h"
-#include "engine/serving/proto_conversion.h"
+#include "proto/conversion.h"
 
 namespace tandem {
 

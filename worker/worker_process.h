@@ -2,21 +2,37 @@
 // UCX transport, start the engine with its KV pool in memory the transport allocated, start
 // /metrics, register the pool, then serve their services until SIGINT / SIGTERM. Compiled into
 // those two binaries only (worker_process.cc; libraries never read flags).
-#ifndef TANDEM_ENGINE_SERVING_WORKER_PROCESS_H_
-#define TANDEM_ENGINE_SERVING_WORKER_PROCESS_H_
+#ifndef TANDEM_WORKER_WORKER_PROCESS_H_
+#define TANDEM_WORKER_WORKER_PROCESS_H_
 
 #include <functional>
 #include <memory>
 #include <vector>
 
-#include "engine/serving/engine_loop.h"
-#include "engine/serving/worker_main.h"
+#include "worker/engine_loop.h"
+#include "common/keepalive.h"
 #include "kvtransfer/kv_transport.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/service_type.h"
 #include "tandem/v1/worker.pb.h"
 
 namespace tandem {
+
+struct WorkerFlags {
+  std::string listen;          // host:port of the gRPC server; port 0 picks one
+  std::string metrics_listen;  // host:port of /metrics; empty: none
+  std::string model_path;      // resolved
+  std::string worker_id;       // never empty
+  std::string ucx_tls;         // UCX transports; empty: UCX_TLS or UCX's choice
+  // Keepalive of the gRPC server and of the worker's own channels (a decode worker's to the
+  // prefill workers).
+  KeepaliveOptions keepalive;
+  EngineLoop::Options loop;
+};
+
+// Reads the worker flags (after ParseFlagsWithEnvironment). INVALID_ARGUMENT / NOT_FOUND for bad
+// values or a missing model.
+absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine();
 
 struct WorkerProcess {
   WorkerFlags flags;
@@ -33,4 +49,4 @@ int RunWorkerProcess(
 
 }  // namespace tandem
 
-#endif  // TANDEM_ENGINE_SERVING_WORKER_PROCESS_H_
+#endif  // TANDEM_WORKER_WORKER_PROCESS_H_

@@ -1,6 +1,6 @@
 // The flags and the start-up of tandem-prefill and tandem-decode (worker_process.h). Every flag
 // can also come from its TANDEM_* environment variable.
-#include "engine/serving/worker_process.h"
+#include "worker/worker_process.h"
 
 #include <unistd.h>
 
@@ -9,12 +9,12 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cli/default_model.h"
+#include "engine/model/model_path.h"
 #include "common/status_macros.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics.h"
-#include "engine/serving/worker_main.h"
+#include "common/serve.h"
 #include "kvtransfer/ucx_transport.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:0", "host:port of the worker's gRPC server (port 0: any)");
