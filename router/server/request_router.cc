@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <tuple>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -43,9 +42,11 @@ absl::StatusOr<std::unique_ptr<RequestRouter>> RequestRouter::Create(const Route
     absl::MutexLock lock(&router->mu_);
     ASSIGN_OR_RETURN(router->policy_,
                      placement::CreatePolicy(options.policy, options.policy_options));
-    ASSIGN_OR_RETURN(placement::Admission admission, placement::Admission::Create(options.admission));
-    router->admission_.emplace(std::move(admission));
   }
+  ASSIGN_OR_RETURN(router->admission_,
+                   AdmissionQueue::Create({.admission = options.admission,
+                                           .poll = options.admission_poll,
+                                           .clock = options.clock}));
   if (options.stream_stall_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the stream stall timeout must be positive");
   }
@@ -55,7 +56,7 @@ absl::StatusOr<std::unique_ptr<RequestRouter>> RequestRouter::Create(const Route
                           .period = std::min(absl::Milliseconds(250), options.stream_stall_timeout / 4),
                           .clock = options.clock});
   router->stall_watch_->Start();
-  router->admission_thread_ = std::thread([raw = router.get()] { raw->AdmissionLoop(); });
+  router->admission_->Start();
   return router;
 }
 
@@ -127,20 +128,21 @@ absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::Generat
                                                  static_cast<int>(context)));
   if (request.request_id().empty()) {
     static std::atomic<uint64_t> next{1};
-    p.request.set_request_id(absl::StrCat("req-", absl::ToUnixMicros(absl::Now()), "-", next++));
+    p.request.set_request_id(
+        absl::StrCat("req-", absl::ToUnixMicros(options_.clock->Now()), "-", next++));
   }
   return p;
 }
 
-// A request waiting in the admission queue (RequestRouter::Start, AdmissionLoop): it becomes a
-// DecodeRelay when it starts, or ends with RESOURCE_EXHAUSTED, or with CANCELLED when its client
+// A request offered to the admission queue (RequestRouter::Start): started at once on the
+// placement it holds (StartNow), or, when it is queued, a RelayedCall that becomes a DecodeRelay
+// when the queue starts it, or ends with RESOURCE_EXHAUSTED, or with CANCELLED when its client
 // cancels it first.
-class QueuedCall final : public RelayedCall {
+class WaitingCall final : public RelayedCall, public WaitingRequest {
  public:
-  QueuedCall(RequestRouter* router, uint64_t id, RequestRouter::Prepared prepared,
-             placement::Request req, ResponseSink* sink, absl::Time arrival, absl::Time deadline)
+  WaitingCall(RequestRouter* router, RequestRouter::Prepared prepared, placement::Request req,
+              ResponseSink* sink, absl::Time arrival, absl::Time deadline)
       : router_(router),
-        id_(id),
         prepared_(std::move(prepared)),
         req_(std::move(req)),
         sink_(sink),
@@ -148,7 +150,6 @@ class QueuedCall final : public RelayedCall {
         deadline_(deadline) {}
 
   bool queued() const override { return true; }
-  const placement::Request& request() const { return req_; }
 
   void Cancel() override {
     std::shared_ptr<RelayedCall> relay;
@@ -158,18 +159,29 @@ class QueuedCall final : public RelayedCall {
       relay = relay_;
     }
     if (relay != nullptr) return relay->Cancel();
-    if (router_->RemoveQueued(id_)) {
+    if (router_->admission_->Remove(this)) {
       sink_->OnDone(absl::CancelledError("the client cancelled the request while it waited"));
     }
     // Else it is starting: Start below sees cancelled_.
   }
 
-  // Out of the queue (by the admission thread, without the router's lock): run it on `route`.
-  void Start(Route route, v1::Decode::Stub* stub) {
-    Metrics().queue_wait.Observe(absl::ToDoubleSeconds(absl::Now() - arrival_));
+  // WaitingRequest. Place, Unplace and Start are called by one thread at a time (Start's caller,
+  // then the admission queue's pump that holds the request), so placed_ needs no lock.
+  absl::StatusOr<placement::SloPrediction> Place() override {
+    v1::Decode::Stub* stub;
+    ASSIGN_OR_RETURN(Route route, router_->PlaceForRelay(req_, {}, &stub));
+    req_.placed_before = true;  // every later placement of it is a re-placement
+    placed_.emplace(Placed{std::move(route), stub});
+    return placement::PredictionOf(placed_->route.decision);
+  }
+  void Unplace() override {
+    router_->registry().Release(placed_->route);
+    placed_.reset();
+  }
+  // Out of the queue: run it on its placement.
+  void Start() override {
     sink_->OnAdmitted();
-    std::shared_ptr<RelayedCall> relay =
-        router_->StartRelay(std::move(route), stub, prepared_, req_, sink_, arrival_, deadline_);
+    std::shared_ptr<RelayedCall> relay = StartNow();
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
@@ -178,23 +190,33 @@ class QueuedCall final : public RelayedCall {
     }
     if (cancelled) relay->Cancel();
   }
-
-  // Out of the queue, refused.
-  void Refuse(const placement::Rejection& r) {
-    Metrics().rejections.Add({{"reason", std::string(placement::RejectReasonName(r.reason))}})
-        .Increment();
+  void Refuse(const absl::Status& status) override {
     CountRejected();
-    sink_->OnDone(WithRetryAfter(absl::ResourceExhaustedError(r.message), r.retry_after));
+    sink_->OnDone(status);
+  }
+
+  // Starts the relay on the placement Place holds.
+  std::shared_ptr<RelayedCall> StartNow() {
+    std::shared_ptr<RelayedCall> relay =
+        router_->StartRelay(std::move(placed_->route), placed_->stub, prepared_, req_, sink_,
+                            arrival_, deadline_);
+    placed_.reset();
+    return relay;
   }
 
  private:
+  struct Placed {
+    Route route;
+    v1::Decode::Stub* stub;
+  };
+
   RequestRouter* const router_;
-  const uint64_t id_;
   const RequestRouter::Prepared prepared_;
-  const placement::Request req_;
+  placement::Request req_;
   ResponseSink* const sink_;
   const absl::Time arrival_;
   const absl::Time deadline_;
+  std::optional<Placed> placed_;
   absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<RelayedCall> relay_ ABSL_GUARDED_BY(mu_);
@@ -202,7 +224,7 @@ class QueuedCall final : public RelayedCall {
 
 absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, ResponseSink* sink,
                                                                   absl::Time deadline) {
-  const absl::Time begin = absl::Now();
+  const absl::Time begin = options_.clock->Now();
   const std::optional<Registry::ModelInfo> model = registry_->Model();
   if (!model.has_value()) return absl::UnavailableError("no decode worker is ready");
   placement::Request req;
@@ -214,60 +236,17 @@ absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, Re
   req.max_tokens = p.request.sampling().has_max_tokens()
                        ? static_cast<int64_t>(p.request.sampling().max_tokens())
                        : 0;
-  if (deadline == absl::InfiniteFuture()) deadline = begin + options_.default_deadline;
-  v1::Decode::Stub* stub;
-  std::shared_ptr<QueuedCall> queued;
-  std::optional<placement::Rejection> displaced;
-  absl::StatusOr<Route> route;
-  {
-    absl::MutexLock lock(&mu_);
-    route = PlaceLocked(req, {}, &stub);
-    if (!route.ok()) return route.status();
-    const uint64_t id = next_admission_id_++;
-    absl::StatusOr<placement::Verdict> verdict = admission_->Offer(
-        {.id = id, .priority = req.priority, .arrival = begin,
-         .prediction = placement::PredictionOf(route->decision)},
-        begin);
-    if (!verdict.ok()) {
-      LOG(WARNING) << "admission: " << verdict.status() << "; admitting the request";
-      verdict = placement::Verdict{};
-    }
-    Metrics().admissions.Add({{"outcome", std::string(placement::OutcomeName(verdict->outcome))}})
-        .Increment();
-    if (verdict->outcome != placement::Outcome::kAdmit) {
-      registry_->Release(*route);  // placed again when it starts
-    }
-    if (verdict->outcome == placement::Outcome::kReject) {
-      Metrics()
-          .rejections.Add({{"reason", std::string(placement::RejectReasonName(verdict->reason))}})
-          .Increment();
-      return WithRetryAfter(absl::ResourceExhaustedError(verdict->message), verdict->retry_after);
-    }
-    if (verdict->outcome == placement::Outcome::kQueue) {
-      req.placed_before = true;  // every later placement of it is a re-placement
-      queued = std::make_shared<QueuedCall>(this, id, std::move(p), req, sink, begin, deadline);
-      queued_[id] = queued;
-      if (verdict->displaced.has_value()) {
-        displaced = verdict->displaced;
-      }
-      Metrics().queued.Set(static_cast<double>(admission_->Size()));
-    }
-  }
-  if (displaced.has_value()) {
-    std::shared_ptr<QueuedCall> out;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = queued_.find(displaced->id);
-      if (it != queued_.end()) {
-        out = it->second;
-        queued_.erase(it);
-      }
-    }
-    if (out != nullptr) out->Refuse(*displaced);
-  }
-  Metrics().overhead.Observe(absl::ToDoubleSeconds(absl::Now() - begin));
-  if (queued != nullptr) return std::shared_ptr<RelayedCall>(queued);
-  return StartRelay(*std::move(route), stub, p, req, sink, begin, deadline);
+  // The deadline goes to gRPC, whose deadlines are on the system clock.
+  if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + options_.default_deadline;
+  auto call = std::make_shared<WaitingCall>(this, std::move(p), req, sink, begin, deadline);
+  ASSIGN_OR_RETURN(const placement::SloPrediction prediction, call->Place());
+  ASSIGN_OR_RETURN(const placement::Outcome outcome,
+                   admission_->Offer(call, {.priority = req.priority,
+                                            .arrival = begin,
+                                            .prediction = prediction}));
+  Metrics().overhead.Observe(absl::ToDoubleSeconds(options_.clock->Now() - begin));
+  if (outcome == placement::Outcome::kQueue) return std::shared_ptr<RelayedCall>(call);
+  return call->StartNow();
 }
 
 std::shared_ptr<RelayedCall> RequestRouter::StartRelay(Route route, v1::Decode::Stub* stub,
@@ -293,74 +272,10 @@ std::shared_ptr<RelayedCall> RequestRouter::StartRelay(Route route, v1::Decode::
                           options_.max_migrations);
 }
 
-bool RequestRouter::RemoveQueued(uint64_t id) {
-  absl::MutexLock lock(&mu_);
-  if (!admission_->Remove(id)) return false;
-  queued_.erase(id);
-  Metrics().queued.Set(static_cast<double>(admission_->Size()));
-  return true;
-}
-
-int64_t RequestRouter::QueuedRequests() {
-  absl::MutexLock lock(&mu_);
-  return admission_->Size();
-}
-
-void RequestRouter::AdmissionLoop() {
-  while (true) {
-    std::vector<std::pair<std::shared_ptr<QueuedCall>, placement::Rejection>> refused;
-    std::vector<std::tuple<std::shared_ptr<QueuedCall>, Route, v1::Decode::Stub*>> started;
-    bool stopping;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.admission_poll);
-      stopping = stopping_;
-      const absl::Time now = absl::Now();
-      if (stopping) {
-        for (auto& [id, call] : queued_) {
-          refused.emplace_back(call, placement::Rejection{
-                                         .id = id,
-                                         .reason = placement::RejectReason::kExpired,
-                                         .message = "the router is shutting down"});
-          admission_->Remove(id);
-        }
-        queued_.clear();
-      } else if (admission_->Size() > 0) {
-        for (placement::Rejection& r : admission_->PopExpired(now)) {
-          auto it = queued_.find(r.id);
-          if (it == queued_.end()) continue;
-          refused.emplace_back(it->second, std::move(r));
-          queued_.erase(it);
-        }
-        admission_->NextReady(now, [&](const placement::QueuedRequest& q) {
-          auto it = queued_.find(q.id);
-          if (it == queued_.end()) return false;
-          v1::Decode::Stub* stub;
-          absl::StatusOr<Route> route = PlaceLocked(it->second->request(), {}, &stub);
-          if (!route.ok()) return false;
-          if (!admission_->AdmitsQueued(q, placement::PredictionOf(route->decision), now)) {
-            registry_->Release(*route);
-            return false;
-          }
-          started.emplace_back(it->second, *std::move(route), stub);
-          queued_.erase(it);
-          return true;
-        });
-      }
-      Metrics().queued.Set(static_cast<double>(admission_->Size()));
-    }
-    for (auto& [call, rejection] : refused) call->Refuse(rejection);
-    for (auto& [call, route, stub] : started) call->Start(std::move(route), stub);
-    if (stopping) return;
-  }
-}
+int64_t RequestRouter::QueuedRequests() { return admission_->size(); }
 
 RequestRouter::~RequestRouter() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (admission_thread_.joinable()) admission_thread_.join();
+  admission_.reset();  // refuses what waits while the rest of the router is still whole
 }
 
 absl::StatusOr<Route> RequestRouter::PlaceForRelay(const placement::Request& request,

@@ -10,7 +10,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -23,6 +22,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "router/placement/admission.h"
 #include "router/placement/placement.h"
+#include "router/server/admission_queue.h"
 #include "router/server/registry.h"
 #include "router/server/stall_watch.h"
 #include "tandem/v1/inference.pb.h"
@@ -82,17 +82,17 @@ struct RouterOptions {
   // (router/server/stall_watch.h). Above the workers' --stream_heartbeat_ms; InfiniteDuration:
   // never.
   absl::Duration stream_stall_timeout = absl::Seconds(6);
-  // The stall watch's time. Must outlive the router.
+  // The stall watch's and the admission queue's time. Must outlive the router.
   Clock* clock = RealClock();
 };
 
-class QueuedCall;
+class WaitingCall;
 
 class RequestRouter {
  public:
   static absl::StatusOr<std::unique_ptr<RequestRouter>> Create(const RouterOptions& options,
                                                                Registry* registry);
-  // Refuses what still waits in the admission queue (UNAVAILABLE) and stops its thread.
+  // Stops the admission queue's thread and refuses what still waits there (RESOURCE_EXHAUSTED).
   ~RequestRouter();
 
   // A request checked and tokenized.
@@ -130,7 +130,7 @@ class RequestRouter {
   Clock* clock() const { return options_.clock; }
 
  private:
-  friend class QueuedCall;
+  friend class WaitingCall;
   RequestRouter(const RouterOptions& options, Registry* registry);
   absl::StatusOr<std::vector<int32_t>> Encode(const v1::GenerateRequest& request) const;
   absl::StatusOr<Route> PlaceLocked(const placement::Request& request,
@@ -141,10 +141,6 @@ class RequestRouter {
                                           const Prepared& prepared, const placement::Request& req,
                                           ResponseSink* sink, absl::Time arrival,
                                           absl::Time deadline);
-  // The admission thread: starts queued requests that now fit, refuses expired ones.
-  void AdmissionLoop();
-  // A queued call left the queue by cancellation: false when it had left already.
-  bool RemoveQueued(uint64_t id);
 
   const RouterOptions options_;
   Registry* const registry_;
@@ -155,11 +151,7 @@ class RequestRouter {
   absl::Mutex mu_;
   std::unique_ptr<placement::PlacementPolicy> policy_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Decode::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
-  std::optional<placement::Admission> admission_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::shared_ptr<QueuedCall>> queued_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_admission_id_ ABSL_GUARDED_BY(mu_) = 1;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread admission_thread_;
+  std::unique_ptr<AdmissionQueue> admission_;
   std::unique_ptr<StallWatch> stall_watch_;
 };
 
