@@ -10,7 +10,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "router/placement/placement.h"
@@ -23,6 +22,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using testing_util::MakePolicy;
+using testing_util::OrDie;
 using testing_util::PlaceOrDie;
 using testing_util::Prompt;
 using testing_util::Worker;
@@ -42,9 +42,7 @@ AdmissionOptions Options() {
 }
 
 Admission Make(const AdmissionOptions& options = Options()) {
-  absl::StatusOr<Admission> admission = Admission::Create(options);
-  CHECK_OK(admission.status());
-  return *std::move(admission);
+  return OrDie(Admission::Create(options));
 }
 
 SloPrediction Predicted(double headroom, double ttft = 1.5, double wait = 1.0,
@@ -63,9 +61,7 @@ QueuedRequest Req(uint64_t id, int32_t priority, SloPrediction prediction,
 }
 
 Verdict OfferOrDie(Admission& admission, const QueuedRequest& request, absl::Time now = kNow) {
-  absl::StatusOr<Verdict> verdict = admission.Offer(request, now);
-  CHECK_OK(verdict.status());
-  return *std::move(verdict);
+  return OrDie(admission.Offer(request, now));
 }
 
 std::vector<uint64_t> IdsOf(const std::vector<QueuedRequest>& requests) {

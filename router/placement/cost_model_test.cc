@@ -12,9 +12,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "router/placement/placement_test_util.h"
 
 namespace tandem::placement {
 namespace {
@@ -22,15 +22,11 @@ namespace {
 constexpr double kTight = 1e-12;
 
 StepCostModel MakeModel(const StepCostModelOptions& options = {}) {
-  absl::StatusOr<StepCostModel> model = StepCostModel::Create(options);
-  CHECK_OK(model.status());
-  return *std::move(model);
+  return testing_util::OrDie(StepCostModel::Create(options));
 }
 
 TransferModel MakeTransfer(const TransferModelOptions& options = {}) {
-  absl::StatusOr<TransferModel> model = TransferModel::Create(options);
-  CHECK_OK(model.status());
-  return *std::move(model);
+  return testing_util::OrDie(TransferModel::Create(options));
 }
 
 bool Sane(const StepProfile& p) {
@@ -600,9 +596,7 @@ TEST(TransferModelTest, ForgetWorkerDropsItsPairs) {
 }
 
 LatencyCorrection MakeCorrection(const LatencyCorrectionOptions& options) {
-  absl::StatusOr<LatencyCorrection> c = LatencyCorrection::Create(options);
-  CHECK_OK(c.status());
-  return *std::move(c);
+  return testing_util::OrDie(LatencyCorrection::Create(options));
 }
 
 TEST(LatencyCorrectionTest, RejectsInvalidOptions) {

@@ -1,5 +1,5 @@
 // Test helpers for router/placement (and router/registry tests): hand-built requests, workers and
-// caches. Header-only; for tests only.
+// caches, and values of calls that must succeed. Header-only; for tests only.
 #ifndef TANDEM_ROUTER_PLACEMENT_PLACEMENT_TEST_UTIL_H_
 #define TANDEM_ROUTER_PLACEMENT_PLACEMENT_TEST_UTIL_H_
 
@@ -114,11 +114,17 @@ struct Worker : WorkerCandidate {
   }
 };
 
+// The value of `result`, or the test's process fails (a broken precondition of the test itself):
+// OrDie(StepCostModel::Create(options)).
+template <typename T>
+T OrDie(absl::StatusOr<T> result) {
+  CHECK_OK(result.status());
+  return *std::move(result);
+}
+
 inline std::unique_ptr<PlacementPolicy> MakePolicy(absl::string_view name,
                                                    const PolicyOptions& options = {}) {
-  absl::StatusOr<std::unique_ptr<PlacementPolicy>> policy = CreatePolicy(name, options);
-  CHECK_OK(policy.status());
-  return std::move(*policy);
+  return OrDie(CreatePolicy(name, options));
 }
 
 // The ranked prefill worker ids of a decision.
@@ -128,12 +134,10 @@ inline std::vector<std::string> Ids(const Decision& decision) {
   return ids;
 }
 
-// Places or fails the test's process (a broken precondition of the test itself).
+// Places or fails the test's process (OrDie).
 inline Decision PlaceOrDie(PlacementPolicy& policy, const Request& request,
                            const ClusterView& cluster) {
-  absl::StatusOr<Decision> decision = policy.Place(request, cluster);
-  CHECK_OK(decision.status());
-  return *std::move(decision);
+  return OrDie(policy.Place(request, cluster));
 }
 
 }  // namespace tandem::placement::testing_util

@@ -7,8 +7,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/status/statusor.h"
-#include "common/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "router/placement/cost_model.h"
@@ -23,6 +21,7 @@ using ::testing::IsEmpty;
 using testing_util::CachedSet;
 using testing_util::Ids;
 using testing_util::MakePolicy;
+using testing_util::OrDie;
 using testing_util::PlaceOrDie;
 using testing_util::Prompt;
 using testing_util::Worker;
@@ -500,17 +499,16 @@ TEST(SloPolicyTest, AvoidsAnOverloadedDecodeWorker) {
 
 TEST(SloPolicyTest, WhenNoWorkerCanMeetTheSloTheLeastBadOneIsChosen) {
   // d1's fitted model computes prompts twice as fast as the default profile of d0.
-  absl::StatusOr<StepCostModel> fast = StepCostModel::Create({.prior = {
-                                                                  .base_seconds = 0.010,
-                                                                  .prefill_token_seconds = 5e-5,
-                                                                  .decode_token_seconds = 1e-3,
-                                                                  .context_token_seconds = 0,
-                                                                  .prompt_context_token_seconds = 0,
-                                                              }});
-  ASSERT_TRUE(fast.ok());
+  const StepCostModel fast = OrDie(StepCostModel::Create({.prior = {
+                                                              .base_seconds = 0.010,
+                                                              .prefill_token_seconds = 5e-5,
+                                                              .decode_token_seconds = 1e-3,
+                                                              .context_token_seconds = 0,
+                                                              .prompt_context_token_seconds = 0,
+                                                          }}));
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
   const ClusterView cluster = {
-      .workers = {Worker("d0", Role::kDecode), Worker("d1", Role::kDecode).Model(&*fast)}};
+      .workers = {Worker("d0", Role::kDecode), Worker("d1", Role::kDecode).Model(&fast)}};
   // 2000 tokens, 4 chunks, against a 100 ms TTFT: d0 0.04 + 0.2 = 0.24 (headroom -1.4), d1
   // 0.04 + 0.1 = 0.14 (headroom -0.4).
   const Decision d = PlaceOrDie(*policy, WithSlo(Prompt(2000), 100, 0), cluster);
@@ -526,18 +524,17 @@ TEST(SloPolicyTest, RanksPrefillWorkersByPredictedTtftWithTheirTransfers) {
   PolicyOptions options = Options();
   options.default_tpot_ms = 100;
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", options);
-  absl::StatusOr<TransferModel> transfers =
-      TransferModel::Create({.default_seconds_per_byte = 1e-9, .alpha = 1.0});
-  ASSERT_TRUE(transfers.ok());
+  TransferModel transfers =
+      OrDie(TransferModel::Create({.default_seconds_per_byte = 1e-9, .alpha = 1.0}));
   // p0 -> d0 measured at 5 ns a byte.
-  ASSERT_TRUE(transfers->Observe("p0", "d0", 100'000'000, 0.5).ok());
+  ASSERT_TRUE(transfers.Observe("p0", "d0", 100'000'000, 0.5).ok());
   const absl::flat_hash_set<BlockHash> cache = CachedSet(40);  // 640 tokens
   ClusterView cluster = {
       .workers = {Worker("d0", Role::kDecode).Seqs(40).MaxRunning(64).Running(60, 20),
                   Worker("p0", Role::kPrefill), Worker("p1", Role::kPrefill).KvBytes(20000),
                   Worker("p2", Role::kPrefill).Cached(&cache),
                   Worker("p3", Role::kPrefill).Unhealthy()},
-      .transfers = &*transfers};
+      .transfers = &transfers};
   // Local: chunks of 472 beside 40 decode tokens, 3 steps of 0.05 + 0.1 = 0.25, which would
   // raise the streams' mean TPOT (10 tokens left) to 0.051 + 0.025 > their 60 ms: not allowed.
   // Remote, 1000 tokens to move to d0:

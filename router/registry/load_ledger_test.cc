@@ -1,6 +1,7 @@
 #include "router/registry/load_ledger.h"
 
 #include "gtest/gtest.h"
+#include "router/placement/placement_test_util.h"
 
 namespace tandem {
 namespace {
@@ -12,8 +13,9 @@ class LoadLedgerTest : public ::testing::Test {
   // A decode worker's reported load, as ToCandidate makes it.
   static placement::WorkerCandidate Reported(int64_t running, int64_t waiting,
                                              int64_t context = 0) {
-    return {.id = "d0", .role = placement::Role::kDecode, .running_seqs = running,
-            .waiting_seqs = waiting, .active_decode_tokens = context};
+    return placement::testing_util::Worker("d0", placement::Role::kDecode)
+        .Seqs(running, waiting)
+        .Active(context);
   }
   placement::WorkerCandidate Applied(placement::WorkerCandidate c) const {
     ledger_.Apply(t0_, &c);
