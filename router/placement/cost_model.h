@@ -11,7 +11,7 @@
 //   }
 //   double ttft = model.PrefillSeconds({.uncached_tokens = 900, .token_budget = 512});
 //
-// The step model (docs/slo.md has the derivations):
+// The step model:
 //
 //   step_seconds = base + prefill_token * prefill_tokens + decode_token * decode_tokens
 //                       + context_token * context_tokens
@@ -19,16 +19,10 @@
 //
 // where the last two terms are the step's attention work, the sum over every token it computed
 // of the context that token attended to, split by kind: a decode token attends to its whole
-// sequence (context_tokens: reading the sequence's K/V from memory), a prompt of L tokens to
-// L (L + 1) / 2 in all (prompt_context_tokens: a small matrix product per chunk, so prefill time
-// grows with the square of the prompt). The two cost different amounts per token: one
-// coefficient for both fits neither (docs/slo.md).
-//
-// with the five coefficients kept >= 0, fitted by least squares whose observations decay by a
-// forgetting factor (so the fit follows a worker that gets slower or faster), regularized towards
-// a prior profile so that a few observations cannot make it wild. The prior weighs as much as
-// some observations at first and fades with them, to a floor that keeps terms the data never
-// exercises (decode on a prefill-only worker) at their prior value.
+// sequence (context_tokens), a prompt of L tokens to L (L + 1) / 2 in all
+// (prompt_context_tokens). The five coefficients, kept >= 0, are fitted by least squares whose
+// observations decay by a forgetting factor, regularized towards a prior profile whose weight
+// fades to a floor. Why two attention terms, and the fit: docs/slo.md, section 1.
 #ifndef TANDEM_ROUTER_PLACEMENT_COST_MODEL_H_
 #define TANDEM_ROUTER_PLACEMENT_COST_MODEL_H_
 
@@ -64,8 +58,8 @@ struct StepObservation {
 };
 
 // Coefficients of the step model, seconds. All finite and >= 0 (ValidateProfile). The defaults
-// are a rough small model on one accelerator; a deployment measures its own at start-up or lets
-// the online fit replace them.
+// are placeholders (docs/slo.md, "Defaults"): a deployment measures its own at start-up
+// (CalibrationOptions) or lets the online fit replace them.
 struct StepProfile {
   // Fixed cost of a step (launches, sampling, the weights read once per step).
   double base_seconds = 0.010;
@@ -137,22 +131,23 @@ struct StepCostModelOptions {
   StepProfile prior = {};
   // Strength of the prior at the start: it weighs as much as this many observations in which one
   // term alone has its typical size (below). It decays with every observation like they do
-  // (forgetting), down to min_prior_weight. With the defaults one step moves a prediction by a
-  // sixth of the error it shows at most; a few hundred make the data dominate. > 0, finite.
+  // (forgetting), down to min_prior_weight. What that means for one step: docs/slo.md, "Fit".
+  // > 0, finite.
   double prior_weight = 20.0;
   // The least weight the prior keeps. In (0, prior_weight].
   double min_prior_weight = 1.0;
   // Every observation's weight is multiplied by this at each later one: the fit sees about the
   // last 1 / (1 - forgetting) observations. In (0, 1]; 1 never forgets.
   double forgetting = 0.995;
-  // Typical sizes of the terms (the unit the prior is counted in). > 0, finite.
+  // Typical sizes of the terms (the unit the prior is counted in; the choice: docs/slo.md, "Fit").
+  // > 0, finite.
   double typical_prefill_tokens = 512;
   double typical_decode_tokens = 32;
   double typical_context_tokens = 4096;
-  double typical_prompt_context_tokens = 16384;  // a 180-token prompt
-  // An observed duration above this many times the current prediction is clipped to that
-  // (a stall, a swap, a page fault storm must not wreck the fit). A real slowdown is still
-  // followed: each observation can raise the fit up to this factor. >= 1, finite.
+  double typical_prompt_context_tokens = 16384;
+  // An observed duration above this many times the current prediction is clipped to that. A real
+  // slowdown is still followed: each observation can raise the fit up to this factor. >= 1,
+  // finite.
   double outlier_factor = 10.0;
   // Weight of the newest step in the moving average behind recent_ratio(): it follows about the
   // last 2 / recent_alpha - 1 steps. In (0, 1].
@@ -189,10 +184,9 @@ class StepCostModel {
 
   // How much slower (> 1) or faster than the fit the worker's latest steps ran: exp of a moving
   // average (recent_alpha) of log(observed / predicted), each step predicted before it was
-  // fitted. The fit follows a lasting change over hundreds of steps; this one within a few (a
-  // host whose cores other processes now share, a batch larger than the fit has seen). A
-  // diagnostic: predictions do not use it (docs/slo.md, "How well the fit holds now"). 1 before
-  // any observation and after Reset; within [1 / outlier_factor, outlier_factor].
+  // fitted. A diagnostic: predictions do not use it (why: docs/slo.md, "How well the fit holds
+  // now"). 1 before any observation and after Reset; within [1 / outlier_factor,
+  // outlier_factor].
   double recent_ratio() const { return std::exp(recent_log_ratio_); }
 
   // Predictions with profile(): see the free functions of the same names.
@@ -276,11 +270,9 @@ struct LatencyCorrectionOptions {
 };
 
 // A multiplicative correction of one kind of prediction (a worker's TTFTs, or its TPOTs), learned
-// from the latencies requests then observe. What the step model leaves out -- a stream's stalls
-// behind prompts that arrive after it, CPU time shared with other processes, the streaming path --
-// shows as a steady ratio of observed to predicted, which the factor takes out. It follows an
-// exponentially weighted moving average of log(observed / predicted): a geometric mean, which
-// tracks the median ratio of noise that is symmetric in log scale. Thread-compatible; copyable.
+// from the latencies requests then observe: an exponentially weighted moving average of
+// log(observed / predicted), i.e. a geometric mean of the ratios. What it corrects for:
+// docs/slo.md, "Latency corrections". Thread-compatible; copyable.
 class LatencyCorrection {
  public:
   // INVALID_ARGUMENT for options out of range.
@@ -303,11 +295,9 @@ class LatencyCorrection {
 };
 
 // A LatencyCorrection per priority class of one worker's predictions, beside one over all of
-// them. What the step model leaves out differs by class: a lower class also waits for the
-// higher-class prompts that reach the worker after it and go first, a higher one for none of
-// them. One factor for both took the average, and was wrong for each (docs/slo.md). A class uses
-// its own factor from its first observation on, which starts from the worker-wide one (what its
-// predictions had until then). Thread-compatible; copyable.
+// them (why per class: docs/slo.md, "Latency corrections"). A class uses its own factor from its
+// first observation on, which starts from the worker-wide one (what its predictions had until
+// then). Thread-compatible; copyable.
 class ClassedLatencyCorrection {
  public:
   // INVALID_ARGUMENT for options out of range (LatencyCorrection::Create).

@@ -302,8 +302,7 @@ struct PolicyOptions {
   StepProfile default_step_profile = {};
   // Tokens per step of a worker whose max_tokens_per_step is 0. >= 1.
   int64_t default_max_tokens_per_step = 512;
-  // KV bytes per token of a worker whose kv_bytes_per_token is 0 (131072: an 8B Llama in 16 bits).
-  // >= 0.
+  // KV bytes per token of a worker whose kv_bytes_per_token is 0 (docs/slo.md, "Defaults"). >= 0.
   int64_t default_kv_bytes_per_token = 131072;
   // Seconds per KV byte moved when ClusterView::transfers is nullptr (1e-10: 10 GB/s). Finite,
   // >= 0.
@@ -313,14 +312,12 @@ struct PolicyOptions {
   // a known max_tokens spread a stall. >= 1.
   int64_t expected_output_tokens = 256;
   // slo: a prompt goes to a prefill worker that decodes nothing whenever that predicts a TTFT at
-  // least this fraction of its objective under it (0.5: within half of it, a margin for the
-  // predictions' error), and to the decode worker only when the prefill workers cannot and it
-  // does better there. Disaggregation is the default: a local prefill stalls the streams decoding
-  // there and delays every request that reaches the worker after it (a 400-token prompt is one
-  // 1.7 s step on one CPU thread). A local prefill longer than half of default_ttft_ms also needs
-  // another decode worker with no prompt queued, where the next arrivals can go; after
+  // least this fraction of its objective under it (0.5: within half of it), and to the decode
+  // worker only when the prefill workers cannot and it does better there. A local prefill longer
+  // than half of default_ttft_ms also needs another decode worker with no prompt queued; after
   // higher-priority requests, one whose single step is longer than half of their tightest TTFT
-  // objective is not taken at all (docs/slo.md). In [0, 1).
+  // objective is not taken at all. Why disaggregation is the default: docs/slo.md, section 4.
+  // In [0, 1).
   double remote_prefill_headroom = 0.5;
 };
 
