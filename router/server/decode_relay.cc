@@ -84,22 +84,20 @@ class DecodeAttempt final : public grpc::ClientReadReactor<v1::DecodeResponse>,
 // seeded output are the same as if nothing had happened.
 class DecodeRelay final : public RelayedCall, public std::enable_shared_from_this<DecodeRelay> {
  public:
-  DecodeRelay(RequestRouter* router, Route route, v1::DecodeRequest request, ResponseSink* sink,
-              placement::Request placement, absl::Time arrival, absl::Time deadline,
-              int max_migrations)
-      : router_(router),
-        request_(std::move(request)),
+  DecodeRelay(RelayHost* host, RelayedRequest relayed, ResponseSink* sink)
+      : host_(host),
+        request_(std::move(relayed.request)),
         sink_(sink),
-        placement_(std::move(placement)),
-        deadline_(deadline),
-        max_migrations_(max_migrations),
-        start_(arrival),
-        queue_us_(absl::ToInt64Microseconds(absl::Now() - arrival)),
-        prediction_(route.decision),
-        route_(std::move(route)) {}
+        placement_(std::move(relayed.placement)),
+        deadline_(relayed.deadline),
+        max_migrations_(relayed.max_migrations),
+        start_(relayed.arrival),
+        queue_us_(absl::ToInt64Microseconds(host->clock()->Now() - relayed.arrival)),
+        prediction_(relayed.route.decision),
+        route_(std::move(relayed.route)) {}
 
   void Begin(v1::Decode::Stub* stub) { StartAttempt(stub, request_); }
-  Clock* clock() const { return router_->clock(); }
+  Clock* clock() const { return host_->clock(); }
 
   void Cancel() override {
     std::shared_ptr<DecodeAttempt> attempt;
@@ -123,11 +121,11 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
     out.set_error_message(response.error_message());
     if (response.has_usage()) *out.mutable_usage() = response.usage();
     generated_.insert(generated_.end(), response.token_ids().begin(), response.token_ids().end());
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock()->Now();
     if (response.token_ids_size() > 0) {
-      router_->registry().Progress(route_, response.token_ids_size(), now);
+      host_->registry().Progress(route_, response.token_ids_size(), now);
       if (first_) {
-        router_->registry().PromptDone(route_);
+        host_->registry().PromptDone(route_);
         ttft_us_ = absl::ToInt64Microseconds(now - start_);
         Metrics().ttft.Observe(absl::ToDoubleSeconds(now - start_));
         Metrics().vllm_ttft.Observe(absl::ToDoubleSeconds(now - start_));
@@ -138,7 +136,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
         }
         // From the placement (after any admission queue), which is what was predicted.
         if (migrations_ == 0) {
-          router_->registry().ObserveTtft(
+          host_->registry().ObserveTtft(
               route_, absl::ToDoubleSeconds(now - start_) - queue_us_ * 1e-6);
         }
         first_ = false;
@@ -157,7 +155,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
       v1::Timings* t = out.mutable_timings();
       *t = response.timings();
       t->set_ttft_us(static_cast<uint64_t>(ttft_us_));
-      t->set_e2e_us(MicrosForProto(absl::Now() - start_));
+      t->set_e2e_us(MicrosForProto(now - start_));
       t->set_migrations(static_cast<uint32_t>(migrations_));
       t->set_queue_us(static_cast<uint64_t>(queue_us_) + response.timings().queue_us());
       if (prediction_.predicted) {
@@ -174,7 +172,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
         // to first token is its tail after the last layer is computed.
         const uint64_t transfer_us = response.timings().kv_transfer_us();
         const uint64_t compute_us = response.timings().prefill_us();
-        router_->registry().ObserveTransfer(
+        host_->registry().ObserveTransfer(
             response.timings().prefill_worker(), response.timings().decode_worker(), moved,
             static_cast<double>(transfer_us > compute_us ? transfer_us - compute_us : 0) * 1e-6);
       }
@@ -186,7 +184,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
   // `stalled`: the router cancelled the stream because the worker had been silent for
   // `silent_for_ms` (StallWatch); `status` then says CANCELLED.
   void OnAttemptDone(grpc::Status status, bool stalled, int64_t silent_for_ms) {
-    router_->registry().Release(route_);
+    host_->registry().Release(route_);
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
@@ -219,22 +217,23 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
                                                                                : "error";
     Metrics().requests.Add({{"outcome", outcome}}).Increment();
     if (status.ok()) {
-      Metrics().e2e.Observe(absl::ToDoubleSeconds(absl::Now() - start_));
-      Metrics().vllm_e2e.Observe(absl::ToDoubleSeconds(absl::Now() - start_));
+      const absl::Duration e2e = clock()->Now() - start_;
+      Metrics().e2e.Observe(absl::ToDoubleSeconds(e2e));
+      Metrics().vllm_e2e.Observe(absl::ToDoubleSeconds(e2e));
     }
     sink_->OnDone(FromGrpcStatus(status));
   }
 
  private:
   void StartAttempt(v1::Decode::Stub* stub, const v1::DecodeRequest& request) {
-    auto attempt = std::make_shared<DecodeAttempt>(shared_from_this(), router_->clock()->Now());
+    auto attempt = std::make_shared<DecodeAttempt>(shared_from_this(), clock()->Now());
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
       attempt_ = attempt;
       cancelled = cancelled_;
     }
-    attempt->Begin(stub, request, deadline_, attempt, router_->stall_watch());
+    attempt->Begin(stub, request, deadline_, attempt, host_->stall_watch());
     if (cancelled) attempt->Cancel();  // Cancel() saw the previous attempt
   }
 
@@ -246,14 +245,14 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
           "decode worker ", failed, " failed (", why.error_message(), ") after ", migrations_,
           " migrations, the limit"));
     }
-    if (absl::Now() >= deadline_) {
+    if (absl::Now() >= deadline_) {  // gRPC's deadlines are on the system clock
       return absl::DeadlineExceededError(absl::StrCat("decode worker ", failed,
                                                       " failed and the deadline has passed"));
     }
     avoid_.insert(failed);
     placement_.placed_before = true;
     v1::Decode::Stub* stub;
-    absl::StatusOr<Route> route = router_->PlaceForRelay(placement_, avoid_, &stub);
+    absl::StatusOr<Route> route = host_->PlaceForRelay(placement_, avoid_, &stub);
     if (!route.ok()) {
       return absl::Status(route.status().code(),
                           absl::StrCat("decode worker ", failed, " failed (", why.error_message(),
@@ -297,7 +296,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
       Metrics().tpot_error.Observe((tpot - prediction_.predicted_tpot_seconds) /
                                    prediction_.predicted_tpot_seconds);
     }
-    if (migrations_ == 0 && tokens > 1) router_->registry().ObserveTpot(route_, tpot);
+    if (migrations_ == 0 && tokens > 1) host_->registry().ObserveTpot(route_, tpot);
     const double ttft_slo = placement_.slo.ttft_ms > 0 ? placement_.slo.ttft_ms * 1e-3
                                                         : prediction_.ttft_slo_seconds;
     const double tpot_slo = placement_.slo.tpot_ms > 0 ? placement_.slo.tpot_ms * 1e-3
@@ -313,7 +312,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
         .Increment();
   }
 
-  RequestRouter* const router_;
+  RelayHost* const host_;
   const v1::DecodeRequest request_;
   ResponseSink* const sink_;
   placement::Request placement_;  // placed_before is set when it moves
@@ -354,14 +353,10 @@ void DecodeAttempt::OnDone(const grpc::Status& status) {
 
 }  // namespace
 
-std::shared_ptr<RelayedCall> StartDecodeRelay(RequestRouter* router, Route route,
-                                              v1::Decode::Stub* stub, v1::DecodeRequest request,
-                                              ResponseSink* sink, placement::Request placement,
-                                              absl::Time arrival, absl::Time deadline,
-                                              int max_migrations) {
-  auto relay = std::make_shared<DecodeRelay>(router, std::move(route), std::move(request), sink,
-                                             std::move(placement), arrival, deadline,
-                                             max_migrations);
+std::shared_ptr<RelayedCall> StartDecodeRelay(RelayHost* host, RelayedRequest relayed,
+                                              ResponseSink* sink) {
+  v1::Decode::Stub* stub = relayed.stub;
+  auto relay = std::make_shared<DecodeRelay>(host, std::move(relayed), sink);
   relay->Begin(stub);
   return relay;
 }

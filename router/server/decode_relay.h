@@ -9,23 +9,62 @@
 #define TANDEM_ROUTER_SERVER_DECODE_RELAY_H_
 
 #include <memory>
+#include <string>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "router/placement/placement.h"
 #include "router/server/registry.h"
-#include "router/server/request_router.h"
+#include "router/server/relayed_call.h"
+#include "router/server/stall_watch.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
 
-// Starts relaying `request` (placed on `route`; `placement` is what placed it, for moves) to the
-// decode worker behind `stub`. `arrival`: when the request reached the router; `deadline`: the
-// client's. The sink gets every response, then OnDone once. Cancel() on the result ends it.
-std::shared_ptr<RelayedCall> StartDecodeRelay(RequestRouter* router, Route route,
-                                              v1::Decode::Stub* stub, v1::DecodeRequest request,
-                                              ResponseSink* sink, placement::Request placement,
-                                              absl::Time arrival, absl::Time deadline,
-                                              int max_migrations);
+// What a relay needs of the router: a new placement when its request moves, the registry that
+// counts its route, the stall watch and the time. RequestRouter is one; a test's fake is another.
+// Thread-safe; must outlive the relays it starts.
+class RelayHost {
+ public:
+  virtual ~RelayHost() = default;
+  // Places `request` over the ready workers but those whose id is in `avoid`: the route and the
+  // decode worker's stub (owned by the host, valid while it lives). UNAVAILABLE when no worker
+  // can take it.
+  virtual absl::StatusOr<Route> PlaceForRelay(const placement::Request& request,
+                                              const absl::flat_hash_set<std::string>& avoid,
+                                              v1::Decode::Stub** stub) = 0;
+  // Where the relay counts its route's progress, first token, latencies and end (Release, once
+  // per route).
+  virtual Registry& registry() = 0;
+  // Watches each decode stream for silence; the relay adds its streams.
+  virtual StallWatch& stall_watch() = 0;
+  // The time of the relay's measurements (TTFT, latencies, progress) and of the stall watch.
+  virtual Clock* clock() const = 0;
+};
+
+// A placed request, ready to relay.
+struct RelayedRequest {
+  // Where it was placed, and its decode worker's stub.
+  Route route;
+  v1::Decode::Stub* stub = nullptr;
+  // What goes to the decode worker.
+  v1::DecodeRequest request;
+  // What placed it: placed again from this, away from failed workers, when it moves.
+  placement::Request placement;
+  // When it reached the router (the host's clock), and the client's deadline (the system clock,
+  // as gRPC's deadlines are; InfiniteFuture: none).
+  absl::Time arrival;
+  absl::Time deadline = absl::InfiniteFuture();
+  // How many times it may move to another decode worker.
+  int max_migrations = 0;
+};
+
+// Starts relaying `relayed` to its decode worker. The sink gets every response (heartbeats are
+// not relayed), then OnDone once. Cancel() on the result ends it.
+std::shared_ptr<RelayedCall> StartDecodeRelay(RelayHost* host, RelayedRequest relayed,
+                                              ResponseSink* sink);
 
 }  // namespace tandem::router
 

@@ -268,8 +268,15 @@ std::shared_ptr<RelayedCall> RequestRouter::StartRelay(Route route, v1::Decode::
     t->set_worker_id(id);
     t->set_address(address);
   }
-  return StartDecodeRelay(this, std::move(route), stub, std::move(d), sink, req, arrival, deadline,
-                          options_.max_migrations);
+  return StartDecodeRelay(this,
+                          {.route = std::move(route),
+                           .stub = stub,
+                           .request = std::move(d),
+                           .placement = req,
+                           .arrival = arrival,
+                           .deadline = deadline,
+                           .max_migrations = options_.max_migrations},
+                          sink);
 }
 
 int64_t RequestRouter::QueuedRequests() { return admission_->size(); }

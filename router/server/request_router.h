@@ -23,36 +23,14 @@
 #include "router/placement/admission.h"
 #include "router/placement/placement.h"
 #include "router/server/admission_queue.h"
+#include "router/server/decode_relay.h"
 #include "router/server/registry.h"
+#include "router/server/relayed_call.h"
 #include "router/server/stall_watch.h"
 #include "tandem/v1/inference.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
-
-// Receives a relayed request's responses and its end, on gRPC's threads, in order; OnDone comes
-// exactly once, last. Must not block.
-class ResponseSink {
- public:
-  virtual ~ResponseSink() = default;
-  virtual void OnResponse(const v1::GenerateResponse& response) = 0;
-  virtual void OnDone(const absl::Status& status) = 0;
-  // A request that Start left in the admission queue (RelayedCall::queued) started on a worker;
-  // before its first OnResponse. Not called for one started at once.
-  virtual void OnAdmitted() {}
-};
-
-// A request in flight. Cancel() ends it (the decode worker frees its blocks and cancels its
-// prefill); the sink still gets OnDone.
-class RelayedCall {
- public:
-  virtual ~RelayedCall() = default;
-  virtual void Cancel() = 0;
-  // True when Start left the request waiting in the router's admission queue: the sink gets
-  // OnAdmitted when it starts, or OnDone with RESOURCE_EXHAUSTED (and a retry-after hint,
-  // common/status_conversion.h) when it is refused after all.
-  virtual bool queued() const { return false; }
-};
 
 // Counts a request refused before placement (bad input, no worker) in the router's metrics.
 void CountRejected();
@@ -82,13 +60,14 @@ struct RouterOptions {
   // (router/server/stall_watch.h). Above the workers' --stream_heartbeat_ms; InfiniteDuration:
   // never.
   absl::Duration stream_stall_timeout = absl::Seconds(6);
-  // The stall watch's and the admission queue's time. Must outlive the router.
+  // The time of the stall watch, the admission queue and the relays' measurements (not of
+  // deadlines, which are gRPC's, on the system clock). Must outlive the router.
   Clock* clock = RealClock();
 };
 
 class WaitingCall;
 
-class RequestRouter {
+class RequestRouter final : public RelayHost {
  public:
   static absl::StatusOr<std::unique_ptr<RequestRouter>> Create(const RouterOptions& options,
                                                                Registry* registry);
@@ -113,21 +92,21 @@ class RequestRouter {
   v1::ListModelsResponse ListModels();
   // The model id clients name (the workers'), or the router's own guess before any worker is up.
   std::string ModelId();
-  Registry& registry() { return *registry_; }
+  Registry& registry() override { return *registry_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
 
   // Places `request` over the ready workers but those in `avoid` and returns the route and the
   // decode worker's stub (for the relay, also when it migrates a request).
   absl::StatusOr<Route> PlaceForRelay(const placement::Request& request,
                                       const absl::flat_hash_set<std::string>& avoid,
-                                      v1::Decode::Stub** stub);
+                                      v1::Decode::Stub** stub) override;
 
   // Queued requests (admission), for tests and metrics.
   int64_t QueuedRequests();
 
   // The relays' decode streams, watched for silence.
-  StallWatch& stall_watch() { return *stall_watch_; }
-  Clock* clock() const { return options_.clock; }
+  StallWatch& stall_watch() override { return *stall_watch_; }
+  Clock* clock() const override { return options_.clock; }
 
  private:
   friend class WaitingCall;
