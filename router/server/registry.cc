@@ -1,10 +1,5 @@
 #include "router/server/registry.h"
 
-#include <netdb.h>
-#include <sys/socket.h>
-
-#include <arpa/inet.h>
-
 #include <algorithm>
 #include <deque>
 #include <utility>
@@ -163,15 +158,28 @@ Registry::Registry(RegistryOptions options)
     : options_(std::move(options)), transfers_(MakeTransferModel(options_.transfer_model)) {
   CHECK_OK(placement::StepCostModel::Create(options_.cost_model).status());
   CHECK_OK(placement::LatencyCorrection::Create(options_.latency_correction).status());
-  absl::MutexLock lock(&mu_);
-  for (const std::string& a : options_.addresses) AddWorker(a);
-  if (!options_.dns_name.empty()) dns_thread_ = std::thread([this] { Discover(); });
   if (options_.liveness_timeout != absl::InfiniteDuration()) {
     liveness_thread_ = std::thread([this] { CheckLiveness(); });
   }
+  discovery_ = std::make_unique<WorkerDiscovery>(
+      WorkerDiscovery::Options{.addresses = options_.addresses,
+                               .dns_name = options_.dns_name,
+                               .interval = options_.dns_interval},
+      WorkerDiscovery::Listener{.joined =
+                                    [this](const std::string& address) {
+                                      absl::MutexLock lock(&mu_);
+                                      AddWorker(address);
+                                    },
+                                .left =
+                                    [this](const std::string& address) {
+                                      absl::MutexLock lock(&mu_);
+                                      RemoveWorker(address);
+                                    }});
+  discovery_->Start();
 }
 
 Registry::~Registry() {
+  discovery_.reset();  // first: it adds and removes workers
   std::vector<Worker*> all;
   {
     absl::MutexLock lock(&mu_);
@@ -182,7 +190,6 @@ Registry::~Registry() {
     }
   }
   for (Worker* w : all) w->thread.join();
-  if (dns_thread_.joinable()) dns_thread_.join();
   if (liveness_thread_.joinable()) liveness_thread_.join();
 }
 
@@ -223,6 +230,13 @@ void Registry::AddWorker(const std::string& address) {
       *placement::LatencyCorrection::Create(options_.latency_correction), options_.report_lag);
   Worker* w = slot.get();
   w->thread = std::thread([this, w] { Watch(w); });
+}
+
+void Registry::RemoveWorker(const std::string& address) {
+  Worker* w = FindLocked(address);
+  if (w == nullptr || w->removed) return;
+  w->removed = true;
+  if (w->context != nullptr) w->context->TryCancel();
 }
 
 void Registry::Watch(Worker* w) {
@@ -320,44 +334,6 @@ void Registry::Watch(Worker* w) {
       if (stopping_) return;
     }
     backoff = std::min(backoff * 2, options_.max_backoff);
-  }
-}
-
-void Registry::Discover() {
-  const size_t colon = options_.dns_name.rfind(':');
-  const std::string host = options_.dns_name.substr(0, colon);
-  const std::string port = colon == std::string::npos ? "" : options_.dns_name.substr(colon + 1);
-  while (true) {
-    std::vector<std::string> found;
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* result = nullptr;
-    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &result) == 0) {
-      for (addrinfo* a = result; a != nullptr; a = a->ai_next) {
-        char ip[INET_ADDRSTRLEN];
-        const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
-        inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
-        found.push_back(absl::StrCat(ip, ":", port));
-      }
-      freeaddrinfo(result);
-    } else {
-      LOG(WARNING) << "cannot resolve " << options_.dns_name;
-    }
-    absl::MutexLock lock(&mu_);
-    for (const std::string& a : found) AddWorker(a);
-    for (auto& [address, w] : workers_) {
-      if (std::find(found.begin(), found.end(), address) == found.end() &&
-          std::find(options_.addresses.begin(), options_.addresses.end(), address) ==
-              options_.addresses.end() &&
-          !w->removed) {
-        w->removed = true;
-        if (w->context != nullptr) w->context->TryCancel();
-        LOG(INFO) << "worker " << address << " is no longer in " << options_.dns_name;
-      }
-    }
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.dns_interval);
-    if (stopping_) return;
   }
 }
 

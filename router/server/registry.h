@@ -1,10 +1,10 @@
 // The router's live view of the cluster: discovers workers (a static address list, or a DNS name
-// re-resolved periodically, e.g. a Kubernetes headless Service), follows each one's WatchState
-// stream on a thread of its own (snapshot first, then events and load; reconnects with backoff),
-// and places requests under one lock with a placement policy. A worker is healthy (placed on)
-// while its stream is up, has given a snapshot, and brought something within the liveness
-// timeout; a cut link is found by keepalive or that timeout, and the worker is re-admitted by the
-// snapshot of a new stream once it answers again.
+// re-resolved periodically, e.g. a Kubernetes headless Service: WorkerDiscovery, discovery.h),
+// follows each one's WatchState stream on a thread of its own (snapshot first, then events and
+// load; reconnects with backoff), and places requests under one lock with a placement policy. A
+// worker is healthy (placed on) while its stream is up, has given a snapshot, and brought
+// something within the liveness timeout; a cut link is found by keepalive or that timeout, and
+// the worker is re-admitted by the snapshot of a new stream once it answers again.
 #ifndef TANDEM_ROUTER_SERVER_REGISTRY_H_
 #define TANDEM_ROUTER_SERVER_REGISTRY_H_
 
@@ -20,6 +20,7 @@
 #include "common/keepalive.h"
 #include "router/placement/placement.h"
 #include "router/registry/worker_view.h"
+#include "router/server/discovery.h"
 
 namespace tandem::router {
 
@@ -131,12 +132,13 @@ class Registry {
  private:
   struct Worker;
   void Watch(Worker* worker);
-  void Discover();
   // Every liveness_timeout / 4: cancels the streams of workers silent for liveness_timeout.
   void CheckLiveness();
   // The worker's health gauge and transition counter (docs/metrics.md).
   void SetHealthy(Worker* w, bool healthy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Discovery dropped `address`: its stream ends and it is not followed again.
+  void RemoveWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Worker* FindLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const RegistryOptions options_;
   absl::Mutex mu_;
@@ -144,8 +146,8 @@ class Registry {
   placement::TransferModel transfers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread dns_thread_;
   std::thread liveness_thread_;
+  std::unique_ptr<WorkerDiscovery> discovery_;
 };
 
 }  // namespace tandem::router

@@ -1,0 +1,87 @@
+#include "router/server/discovery.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <arpa/inet.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace tandem::router {
+
+absl::StatusOr<std::vector<std::string>> ResolveDns(absl::string_view name) {
+  const size_t colon = name.rfind(':');
+  const std::string host(name.substr(0, colon));
+  const std::string port(colon == absl::string_view::npos ? "" : name.substr(colon + 1));
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  if (const int error = getaddrinfo(host.c_str(), port.c_str(), &hints, &result); error != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", name, ": ", gai_strerror(error)));
+  }
+  std::vector<std::string> found;
+  for (addrinfo* a = result; a != nullptr; a = a->ai_next) {
+    char ip[INET_ADDRSTRLEN];
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+    inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
+    found.push_back(absl::StrCat(ip, ":", port));
+  }
+  freeaddrinfo(result);
+  return found;
+}
+
+WorkerDiscovery::WorkerDiscovery(Options options, Listener listener)
+    : options_(std::move(options)),
+      listener_(std::move(listener)),
+      membership_(options_.addresses) {}
+
+WorkerDiscovery::~WorkerDiscovery() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void WorkerDiscovery::Start() {
+  {
+    absl::MutexLock lock(&membership_mu_);
+    for (const std::string& address : membership_.fixed()) listener_.joined(address);
+  }
+  if (options_.dns_name.empty()) return;
+  thread_ = std::thread([this] {
+    Refresh();
+    absl::MutexLock lock(&mu_);
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.interval)) {
+      mu_.Unlock();
+      Refresh();
+      mu_.Lock();
+    }
+  });
+}
+
+void WorkerDiscovery::Refresh() {
+  absl::StatusOr<std::vector<std::string>> found = options_.resolve(options_.dns_name);
+  if (!found.ok()) {
+    LOG(WARNING) << found.status();
+    found = std::vector<std::string>();
+  }
+  absl::MutexLock lock(&membership_mu_);
+  const MembershipChange change = membership_.Resolved(*found);
+  for (const std::string& address : change.joined) listener_.joined(address);
+  for (const std::string& address : change.left) {
+    LOG(INFO) << "worker " << address << " is no longer in " << options_.dns_name;
+    listener_.left(address);
+  }
+}
+
+std::vector<std::string> WorkerDiscovery::members() {
+  absl::MutexLock lock(&membership_mu_);
+  return membership_.members();
+}
+
+}  // namespace tandem::router

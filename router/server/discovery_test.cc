@@ -1,0 +1,119 @@
+#include "router/server/discovery.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::router {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+// A resolver that answers from a script the test sets, and a listener that records what it is
+// told, in order ("+address" joined, "-address" left).
+class DiscoveryTest : public ::testing::Test {
+ protected:
+  WorkerDiscovery::Options Options(std::vector<std::string> addresses) {
+    return {.addresses = std::move(addresses),
+            .dns_name = "workers.tandem.svc:7100",
+            .resolve = [this](absl::string_view name) -> absl::StatusOr<std::vector<std::string>> {
+              absl::MutexLock lock(&mu_);
+              EXPECT_EQ(name, "workers.tandem.svc:7100");
+              return answer_;
+            }};
+  }
+  WorkerDiscovery::Listener Recorder() {
+    return {.joined = [this](const std::string& a) { Record("+" + a); },
+            .left = [this](const std::string& a) { Record("-" + a); }};
+  }
+  void Answer(absl::StatusOr<std::vector<std::string>> answer) {
+    absl::MutexLock lock(&mu_);
+    answer_ = std::move(answer);
+  }
+  // What the listener was told since the last call.
+  std::vector<std::string> Told() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(told_, {});
+  }
+  // Blocks until the listener has been told something.
+  void AwaitTold() {
+    absl::MutexLock lock(&mu_);
+    auto told = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !told_.empty(); };
+    mu_.Await(absl::Condition(&told));
+  }
+
+ private:
+  void Record(std::string what) {
+    absl::MutexLock lock(&mu_);
+    told_.push_back(std::move(what));
+  }
+
+  absl::Mutex mu_;
+  absl::StatusOr<std::vector<std::string>> answer_ ABSL_GUARDED_BY(mu_) =
+      std::vector<std::string>();
+  std::vector<std::string> told_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(DiscoveryTest, StaticAddressesJoinAtStartAndNothingIsResolvedWithoutAName) {
+  WorkerDiscovery::Options options = Options({"10.0.0.5:7100", "10.0.0.6:7200", "10.0.0.5:7100"});
+  options.dns_name = "";
+  WorkerDiscovery discovery(options, Recorder());
+  discovery.Start();
+  EXPECT_THAT(Told(), ElementsAre("+10.0.0.5:7100", "+10.0.0.6:7200"));
+  EXPECT_THAT(discovery.members(), ElementsAre("10.0.0.5:7100", "10.0.0.6:7200"));
+}
+
+TEST_F(DiscoveryTest, EachResolutionTellsWhoJoinedAndWhoLeft) {
+  WorkerDiscovery discovery(Options({"10.0.0.5:7100"}), Recorder());
+  Answer(std::vector<std::string>{"10.1.0.1:7100", "10.1.0.2:7100"});
+  discovery.Refresh();
+  EXPECT_THAT(Told(), ElementsAre("+10.1.0.1:7100", "+10.1.0.2:7100"));
+  discovery.Refresh();
+  EXPECT_THAT(Told(), IsEmpty());
+  Answer(std::vector<std::string>{"10.1.0.2:7100", "10.1.0.3:7100"});
+  discovery.Refresh();
+  EXPECT_THAT(Told(), ElementsAre("+10.1.0.3:7100", "-10.1.0.1:7100"));
+  EXPECT_THAT(discovery.members(), ElementsAre("10.0.0.5:7100", "10.1.0.2:7100", "10.1.0.3:7100"));
+}
+
+// As before discovery had a file of its own: a failed resolution counts as an empty one.
+TEST_F(DiscoveryTest, ANameThatDoesNotResolveDropsWhatItFoundButNotTheStaticAddresses) {
+  WorkerDiscovery discovery(Options({"10.0.0.5:7100"}), Recorder());
+  Answer(std::vector<std::string>{"10.1.0.1:7100"});
+  discovery.Refresh();
+  Told();
+  Answer(absl::UnavailableError("cannot resolve"));
+  discovery.Refresh();
+  EXPECT_THAT(Told(), ElementsAre("-10.1.0.1:7100"));
+  EXPECT_THAT(discovery.members(), ElementsAre("10.0.0.5:7100"));
+  Answer(std::vector<std::string>{"10.1.0.1:7100"});
+  discovery.Refresh();
+  EXPECT_THAT(Told(), ElementsAre("+10.1.0.1:7100"));  // back when it resolves again
+}
+
+TEST_F(DiscoveryTest, StartResolvesAtOnceOnItsThread) {
+  Answer(std::vector<std::string>{"10.1.0.1:7100"});
+  WorkerDiscovery discovery(Options({}), Recorder());
+  discovery.Start();
+  AwaitTold();  // the first resolution does not wait for the interval (5 s)
+  EXPECT_THAT(Told(), ElementsAre("+10.1.0.1:7100"));
+}
+
+TEST(ResolveDnsTest, ANumericAddressResolvesToItselfWithThePort) {
+  absl::StatusOr<std::vector<std::string>> found = ResolveDns("127.0.0.1:7100");
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_THAT(*found, ElementsAre("127.0.0.1:7100"));
+}
+
+TEST(ResolveDnsTest, AnInvalidNameIsUnavailable) {
+  // A name with a label longer than 63 characters is refused without asking any server.
+  EXPECT_EQ(ResolveDns(std::string(300, 'x') + ".invalid:7100").status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace tandem::router
