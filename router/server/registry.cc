@@ -159,7 +159,11 @@ Registry::Registry(RegistryOptions options)
   CHECK_OK(placement::StepCostModel::Create(options_.cost_model).status());
   CHECK_OK(placement::LatencyCorrection::Create(options_.latency_correction).status());
   if (options_.liveness_timeout != absl::InfiniteDuration()) {
-    liveness_thread_ = std::thread([this] { CheckLiveness(); });
+    liveness_thread_ = std::thread([this] {
+      const absl::Duration period = std::max(options_.liveness_timeout / 4, absl::Milliseconds(10));
+      absl::MutexLock lock(&mu_);
+      while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) CheckLivenessLocked();
+    });
   }
   discovery_ = std::make_unique<WorkerDiscovery>(
       WorkerDiscovery::Options{.addresses = options_.addresses,
@@ -193,21 +197,25 @@ Registry::~Registry() {
   if (liveness_thread_.joinable()) liveness_thread_.join();
 }
 
-void Registry::CheckLiveness() {
-  const absl::Duration period = std::max(options_.liveness_timeout / 4, absl::Milliseconds(10));
+int Registry::CheckLiveness() {
   absl::MutexLock lock(&mu_);
-  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
-    const absl::Time now = absl::Now();
-    for (auto& [address, w] : workers_) {
-      if (w->context == nullptr || w->silenced || now - w->heard_at <= options_.liveness_timeout) {
-        continue;
-      }
-      LOG(WARNING) << "worker " << address << " sent nothing for "
-                   << absl::FormatDuration(now - w->heard_at) << "; taking it for lost";
-      w->silenced = true;
-      w->context->TryCancel();
+  return CheckLivenessLocked();
+}
+
+int Registry::CheckLivenessLocked() {
+  const absl::Time now = options_.clock->Now();
+  int lost = 0;
+  for (auto& [address, w] : workers_) {
+    if (w->context == nullptr || w->silenced || now - w->heard_at <= options_.liveness_timeout) {
+      continue;
     }
+    LOG(WARNING) << "worker " << address << " sent nothing for "
+                 << absl::FormatDuration(now - w->heard_at) << "; taking it for lost";
+    w->silenced = true;
+    w->context->TryCancel();
+    ++lost;
   }
+  return lost;
 }
 
 void Registry::SetHealthy(Worker* w, bool healthy) {
@@ -249,7 +257,8 @@ void Registry::Watch(Worker* w) {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       w->context = &context;
-      w->heard_at = absl::Now();  // a stream that brings no snapshot in time is cancelled too
+      // A stream that brings no snapshot in time is cancelled too.
+      w->heard_at = options_.clock->Now();
       w->silenced = false;
     }
     v1::WatchStateRequest request;
@@ -262,7 +271,7 @@ void Registry::Watch(Worker* w) {
     bool resync = false;
     while (stream->Read(&update)) {
       absl::MutexLock lock(&mu_);
-      const absl::Time received = absl::Now();
+      const absl::Time received = options_.clock->Now();
       w->heard_at = received;
       if (absl::Status s = w->view.Apply(update); !s.ok()) {
         LOG(WARNING) << "worker " << w->address << ": " << s << "; re-subscribing";
@@ -341,7 +350,7 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
                                       const placement::Request& request,
                                       const absl::flat_hash_set<std::string>& avoid) {
   absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   placement::ClusterView view;
   absl::flat_hash_map<std::string, Worker*> by_id;
   for (auto& [address, w] : workers_) {
@@ -431,7 +440,7 @@ void Registry::Release(Route& route) {
   absl::MutexLock lock(&mu_);
   if (Worker* decode = FindLocked(route.decode_address); decode != nullptr) {
     decode->ledger.Uncount(DecodeKey(route.serial), /*prompt_only=*/false);
-    decode->ledger.EndStream(route.serial, route.placed_decode_tokens, absl::Now());
+    decode->ledger.EndStream(route.serial, route.placed_decode_tokens, options_.clock->Now());
   }
   if (!route.prefill.empty()) {
     if (Worker* p = FindLocked(route.prefill[0].second); p != nullptr) {

@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/keepalive.h"
 #include "router/placement/placement.h"
 #include "router/registry/worker_view.h"
@@ -56,6 +57,10 @@ struct RegistryOptions {
   // router subscribes again (its fresh snapshot re-admits it). Several load_intervals;
   // InfiniteDuration: only a broken stream loses a worker.
   absl::Duration liveness_timeout = absl::Seconds(3);
+  // When messages are received, placements made and streams ended (their ages: report_lag, the
+  // liveness timeout). The request router's must be the same: its relays report progress in it.
+  // Must outlive the registry.
+  Clock* clock = RealClock();
 };
 
 // Where a request goes, with what the registry counted for it.
@@ -129,11 +134,17 @@ class Registry {
   std::optional<ModelInfo> Model();
   std::vector<WorkerSummary> Workers();
 
+  // Takes the workers whose stream has brought nothing for longer than liveness_timeout for lost:
+  // their streams are cancelled, and they take no requests until a new stream's snapshot. Returns
+  // how many. A thread calls it every liveness_timeout / 4 (real time); a test with a FakeClock
+  // may call it after moving the clock.
+  int CheckLiveness();
+  Clock* clock() const { return options_.clock; }
+
  private:
   struct Worker;
   void Watch(Worker* worker);
-  // Every liveness_timeout / 4: cancels the streams of workers silent for liveness_timeout.
-  void CheckLiveness();
+  int CheckLivenessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's health gauge and transition counter (docs/metrics.md).
   void SetHealthy(Worker* w, bool healthy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -268,6 +268,35 @@ TEST_F(RegistryTest, ASilentWorkerIsTakenForLostAndReadmittedBySnapshot) {
   EXPECT_GT(service_.subscriptions, before);  // re-admitted by a new stream's snapshot
 }
 
+// The liveness timeout on the registry's clock: a worker whose stream stays open but brings
+// nothing is lost once the clock has moved past the timeout, not before, and a fresh snapshot
+// brings it back.
+TEST_F(RegistryTest, AWorkerIsLostWhenTheClockPassesTheLivenessTimeout) {
+  FakeClock clock;
+  service_.silent = true;  // the snapshot, then nothing on an open stream
+  RegistryOptions options;
+  options.addresses = {absl::StrCat("127.0.0.1:", port_)};
+  options.min_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(200);
+  options.liveness_timeout = absl::Seconds(3);
+  options.clock = &clock;
+  Registry registry(options);
+  ASSERT_TRUE(AwaitReady(registry, true));
+  const int before = service_.subscriptions;
+
+  clock.Advance(absl::Seconds(3));
+  EXPECT_EQ(registry.CheckLiveness(), 0);  // silent for exactly the timeout: not yet
+  EXPECT_TRUE(registry.Ready());
+  clock.Advance(absl::Milliseconds(1));
+  registry.CheckLiveness();  // or the registry's own check, whichever comes first
+  ASSERT_TRUE(AwaitReady(registry, false));
+  EXPECT_EQ(registry.CheckLiveness(), 0);  // lost once
+
+  service_.silent = false;
+  ASSERT_TRUE(AwaitReady(registry, true));
+  EXPECT_GT(service_.subscriptions, before);  // re-admitted by a new stream's snapshot
+}
+
 // Places every request on the first worker, locally, and keeps the view it was given.
 class RecordingPolicy final : public placement::PlacementPolicy {
  public:
@@ -305,9 +334,9 @@ TEST_F(RegistryTest, StreamsThatEndedAreNotCountedFromASampleTakenBeforeTheyStar
     burst.push_back(*std::move(route));
   }
   for (Route& route : burst) {  // each decodes its 12 tokens and ends
-    registry.Progress(route, 1, absl::Now());
+    registry.Progress(route, 1, registry.clock()->Now());
     registry.PromptDone(route);
-    registry.Progress(route, 11, absl::Now());
+    registry.Progress(route, 11, registry.clock()->Now());
     registry.Release(route);
   }
   ASSERT_TRUE(registry.Place(policy, request).ok());

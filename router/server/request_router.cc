@@ -51,6 +51,10 @@ absl::StatusOr<std::unique_ptr<RequestRouter>> RequestRouter::Create(const Route
     return absl::InvalidArgumentError("the stream stall timeout must be positive");
   }
   RETURN_IF_ERROR(ValidateKeepalive(options.keepalive));
+  if (options.clock != registry->clock()) {
+    return absl::InvalidArgumentError(
+        "the router's clock must be its registry's: the relays report progress in it");
+  }
   router->stall_watch_ = std::make_unique<StallWatch>(
       StallWatch::Options{.timeout = options.stream_stall_timeout,
                           .period = std::min(absl::Milliseconds(250), options.stream_stall_timeout / 4),

@@ -61,7 +61,8 @@ struct RouterOptions {
   // never.
   absl::Duration stream_stall_timeout = absl::Seconds(6);
   // The time of the stall watch, the admission queue and the relays' measurements (not of
-  // deadlines, which are gRPC's, on the system clock). Must outlive the router.
+  // deadlines, which are gRPC's, on the system clock). The registry's (RegistryOptions::clock).
+  // Must outlive the router.
   Clock* clock = RealClock();
 };
 
@@ -69,6 +70,8 @@ class WaitingCall;
 
 class RequestRouter final : public RelayHost {
  public:
+  // Reads the model file's tokenizer and starts the admission queue and the stall watch.
+  // INVALID_ARGUMENT for options out of range, or a clock other than the registry's.
   static absl::StatusOr<std::unique_ptr<RequestRouter>> Create(const RouterOptions& options,
                                                                Registry* registry);
   // Stops the admission queue's thread and refuses what still waits there (RESOURCE_EXHAUSTED).
