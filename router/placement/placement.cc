@@ -104,11 +104,11 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
       {"placed_sequences", w.placed_sequences},
       {"placed_prefill_tokens", w.placed_prefill_tokens},
       {"placed_prompts", w.placed_prompts},
-      {"active_decode_tokens", w.active_decode_tokens},
-      {"placed_decode_tokens", w.placed_decode_tokens},
-      {"max_tokens_per_step", w.max_tokens_per_step},
-      {"max_prefill_tokens", w.max_prefill_tokens},
-      {"kv_bytes_per_token", w.kv_bytes_per_token},
+      {"active_decode_tokens", w.slo.active_decode_tokens},
+      {"placed_decode_tokens", w.slo.placed_decode_tokens},
+      {"max_tokens_per_step", w.slo.max_tokens_per_step},
+      {"max_prefill_tokens", w.slo.max_prefill_tokens},
+      {"kv_bytes_per_token", w.slo.kv_bytes_per_token},
   };
   for (const auto& [name, value] : numbers) {
     if (value < 0) {
@@ -116,7 +116,7 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
           absl::StrCat("placement: worker '", w.id, "' has ", name, " ", value, " < 0"));
     }
   }
-  for (const QueuedClass& q : w.queued_by_priority) {
+  for (const QueuedClass& q : w.slo.queued_by_priority) {
     if (q.tokens < 0 || q.prompts < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("placement: worker '", w.id, "' has ", q.tokens, " tokens in ", q.prompts,
@@ -129,19 +129,20 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
     }
   }
   for (const auto& [name, value] : {std::pair<absl::string_view, double>{"ttft_correction",
-                                                                          w.ttft_correction},
-                                    {"tpot_correction", w.tpot_correction}}) {
+                                                                          w.slo.ttft_correction},
+                                    {"tpot_correction", w.slo.tpot_correction}}) {
     if (!std::isfinite(value) || value <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("placement: worker '", w.id, "' has ", name,
                                                      " ", value, " (not finite and > 0)"));
     }
   }
-  if (!std::isfinite(w.step_elapsed_seconds) || w.step_elapsed_seconds < 0) {
+  if (!std::isfinite(w.slo.step_elapsed_seconds) || w.slo.step_elapsed_seconds < 0) {
     return absl::InvalidArgumentError(absl::StrCat("placement: worker '", w.id,
                                                    "' has step_elapsed_seconds ",
-                                                   w.step_elapsed_seconds, " (not finite and >= 0)"));
+                                                   w.slo.step_elapsed_seconds,
+                                                   " (not finite and >= 0)"));
   }
-  for (const RunningGroup& g : w.running_groups) {
+  for (const RunningGroup& g : w.slo.running_groups) {
     if (g.tpot_ms < 0 || g.max_tokens < 0 || g.decoded_tokens < -1 ||
         !std::isfinite(g.decode_seconds) || g.decode_seconds < 0) {
       return absl::InvalidArgumentError(absl::StrCat(

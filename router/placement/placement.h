@@ -96,7 +96,7 @@ struct Request {
   int32_t priority = 0;
   Slo slo = {};
   // Most tokens it may generate (tandem.v1.SamplingParams.max_tokens); 0: not set. The router
-  // keeps the mean over a worker's running requests (WorkerCandidate::mean_running_output_tokens).
+  // keeps it for each request running on a worker (WorkerCandidate::SloInputs::running_groups).
   int64_t max_tokens = 0;
   // True when the router places the request again (from its admission queue, or to move it off a
   // failed decode worker): slo counts a request's class in the recent traffic once, at its first
@@ -157,43 +157,53 @@ struct WorkerCandidate {
   // valid and unchanged for the duration of a Place call.
   const absl::flat_hash_set<BlockHash>* cached_hashes = nullptr;
 
-  // The fields below are read by slo only.
-  // The worker's step-time model, fitted from its StepTimings; nullptr:
-  // PolicyOptions::default_step_profile. Not owned; valid and unchanged during a Place call.
-  const StepCostModel* cost_model = nullptr;
-  // Sum of the context lengths of the sequences decoding (tandem.v1.LoadSample.
-  // active_decode_tokens).
-  int64_t active_decode_tokens = 0;
-  // Prompt tokens of the requests the router placed here to decode that the reported numbers do
-  // not show yet (their context when they start decoding).
-  int64_t placed_decode_tokens = 0;
-  // The requests decoding here that the router placed; the slo policy holds each to its
-  // objective when it adds a request or a local prefill. Empty: the requests are unknown (placed
-  // by an earlier router) and stand for one entry of the defaults.
-  std::vector<RunningGroup> running_groups = {};
-  // Multiplicative corrections of this worker's predictions (LatencyCorrection, learned from the
-  // latencies of earlier requests): of the TTFT of the prompts it prefills, and of the TPOT of the
-  // streams it decodes. 1: none. Finite, > 0.
-  double ttft_correction = 1.0;
-  double tpot_correction = 1.0;
-  // How long the worker's engine step in progress has run, seconds (0 between steps): the prompt
-  // tokens it computes still count in queued_prefill_tokens, but that much of them is done.
-  // Finite, >= 0.
-  double step_elapsed_seconds = 0;
-  // Tokens per engine step (SchedulerOptions::max_tokens_per_step); 0:
-  // PolicyOptions::default_max_tokens_per_step.
-  int64_t max_tokens_per_step = 0;
-  // Most prompt tokens per step, all prompts together (SchedulerOptions::max_prefill_tokens); 0:
-  // no cap.
-  int64_t max_prefill_tokens = 0;
-  // The prompt tokens queued here (queued_prefill_tokens + placed_prefill_tokens) by priority
-  // class, highest first. The worker takes prompts by priority: a request waits for the classes
-  // at or above its own and for the step in progress. Empty: not known by class (a worker that
-  // does not report it); every queued token then counts for every class.
-  std::vector<QueuedClass> queued_by_priority = {};
-  // Bytes of KV cache per token, all layers, K and V (what a remote prefill moves per token); 0:
-  // PolicyOptions::default_kv_bytes_per_token.
-  int64_t kv_bytes_per_token = 0;
+  // What the slo policy reads beyond the numbers above; the other policies ignore it. The router
+  // fills it (ToCandidate and LoadLedger::Apply in router/registry; its Registry adds the models,
+  // the corrections and the step in progress); a test may leave any field at its default.
+  struct SloInputs {
+    // How fast the worker computes.
+    // Its step-time model, fitted from its StepTimings; nullptr:
+    // PolicyOptions::default_step_profile. Not owned; valid and unchanged during a Place call.
+    const StepCostModel* cost_model = nullptr;
+    // Tokens per engine step (SchedulerOptions::max_tokens_per_step); 0:
+    // PolicyOptions::default_max_tokens_per_step.
+    int64_t max_tokens_per_step = 0;
+    // Most prompt tokens per step, all prompts together (SchedulerOptions::max_prefill_tokens); 0:
+    // no cap.
+    int64_t max_prefill_tokens = 0;
+    // Bytes of KV cache per token, all layers, K and V (what a remote prefill moves per token); 0:
+    // PolicyOptions::default_kv_bytes_per_token.
+    int64_t kv_bytes_per_token = 0;
+    // Multiplicative corrections of its predictions (LatencyCorrection, learned from the latencies
+    // of earlier requests): of the TTFT of the prompts it prefills, and of the TPOT of the streams
+    // it decodes. 1: none. Finite, > 0.
+    double ttft_correction = 1.0;
+    double tpot_correction = 1.0;
+
+    // What it decodes.
+    // Sum of the context lengths of the sequences decoding (tandem.v1.LoadSample.
+    // active_decode_tokens).
+    int64_t active_decode_tokens = 0;
+    // Prompt tokens of the requests the router placed here to decode that the reported numbers do
+    // not show yet (their context when they start decoding).
+    int64_t placed_decode_tokens = 0;
+    // The requests decoding here that the router placed; the slo policy holds each to its
+    // objective when it adds a request or a local prefill. Empty: the requests are unknown
+    // (placed by an earlier router) and stand for one entry of the defaults.
+    std::vector<RunningGroup> running_groups = {};
+
+    // What it prefills.
+    // The prompt tokens queued here (queued_prefill_tokens + placed_prefill_tokens) by priority
+    // class, highest first. The worker takes prompts by priority: a request waits for the classes
+    // at or above its own and for the step in progress. Empty: not known by class (a worker that
+    // does not report it); every queued token then counts for every class.
+    std::vector<QueuedClass> queued_by_priority = {};
+    // How long the worker's engine step in progress has run, seconds (0 between steps): the
+    // prompt tokens it computes still count in queued_prefill_tokens, but that much of them is
+    // done. Finite, >= 0.
+    double step_elapsed_seconds = 0;
+  };
+  SloInputs slo = {};
 };
 
 // The workers a request may go to. Workers that serve another model must not be in it.
@@ -268,9 +278,9 @@ struct Decision {
   // min over the objectives of (objective - predicted) / objective: 0.25 means every prediction
   // is at least 25% under its objective, negative that one is over.
   double headroom = 0;
-  // The corrections the predictions include (WorkerCandidate::ttft_correction of the worker that
-  // prefills, tpot_correction of the decode worker): a prediction over its correction is the
-  // step model's own figure, against which observed latencies teach the corrections.
+  // The corrections the predictions include (WorkerCandidate::SloInputs::ttft_correction of the
+  // worker that prefills, tpot_correction of the decode worker): a prediction over its correction
+  // is the step model's own figure, against which observed latencies teach the corrections.
   double ttft_correction = 1.0;
   double tpot_correction = 1.0;
 };

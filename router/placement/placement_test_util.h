@@ -75,41 +75,41 @@ struct Worker : WorkerCandidate {
     placed_prompts = prefill_tokens > 0 ? sequences : 0;
     return *this;
   }
-  // The fields the slo policy reads.
+  // The fields the slo policy reads (WorkerCandidate::SloInputs).
   Worker& Model(const StepCostModel* model) {
-    cost_model = model;
+    slo.cost_model = model;
     return *this;
   }
   Worker& Active(int64_t decode_tokens) {
-    active_decode_tokens = decode_tokens;
+    slo.active_decode_tokens = decode_tokens;
     return *this;
   }
   Worker& PlacedDecode(int64_t tokens) {
-    placed_decode_tokens = tokens;
+    slo.placed_decode_tokens = tokens;
     return *this;
   }
   // Adds a group of running requests with this TPOT objective and max_tokens.
   Worker& Running(int64_t tpot_ms, int64_t max_tokens) {
-    running_groups.push_back({.tpot_ms = tpot_ms, .max_tokens = max_tokens});
+    slo.running_groups.push_back({.tpot_ms = tpot_ms, .max_tokens = max_tokens});
     return *this;
   }
   // Prompts queued by class (highest first); queued_prefill_tokens becomes their sum.
   Worker& Classes(std::vector<QueuedClass> classes) {
-    queued_by_priority = std::move(classes);
+    slo.queued_by_priority = std::move(classes);
     queued_prefill_tokens = 0;
-    for (const QueuedClass& c : queued_by_priority) queued_prefill_tokens += c.tokens;
+    for (const QueuedClass& c : slo.queued_by_priority) queued_prefill_tokens += c.tokens;
     return *this;
   }
   Worker& PrefillCap(int64_t tokens) {
-    max_prefill_tokens = tokens;
+    slo.max_prefill_tokens = tokens;
     return *this;
   }
   Worker& Budget(int64_t tokens_per_step) {
-    max_tokens_per_step = tokens_per_step;
+    slo.max_tokens_per_step = tokens_per_step;
     return *this;
   }
   Worker& KvBytes(int64_t bytes_per_token) {
-    kv_bytes_per_token = bytes_per_token;
+    slo.kv_bytes_per_token = bytes_per_token;
     return *this;
   }
 };

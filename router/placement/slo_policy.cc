@@ -91,8 +91,8 @@ class SloPolicy final : public PolicyBase {
     decision.tpot_slo_seconds = tpot_slo;
     decision.headroom = best.headroom;
     decision.ttft_correction =
-        ctx.worker(best.prefill_worker >= 0 ? best.prefill_worker : d).ttft_correction;
-    decision.tpot_correction = ctx.worker(d).tpot_correction;
+        ctx.worker(best.prefill_worker >= 0 ? best.prefill_worker : d).slo.ttft_correction;
+    decision.tpot_correction = ctx.worker(d).slo.tpot_correction;
     decision.meets_slo = best.headroom >= 0;
     if (!request.placed_before) {
       recent_.emplace_back(request.priority, ttft_slo);
@@ -131,11 +131,12 @@ class SloPolicy final : public PolicyBase {
   };
 
   const StepProfile& ProfileOf(const WorkerCandidate& w) const {
-    return w.cost_model != nullptr ? w.cost_model->profile() : options().default_step_profile;
+    return w.slo.cost_model != nullptr ? w.slo.cost_model->profile()
+                                       : options().default_step_profile;
   }
 
   int64_t BudgetOf(const WorkerCandidate& w) const {
-    return w.max_tokens_per_step > 0 ? w.max_tokens_per_step
+    return w.slo.max_tokens_per_step > 0 ? w.slo.max_tokens_per_step
                                      : options().default_max_tokens_per_step;
   }
 
@@ -176,7 +177,7 @@ class SloPolicy final : public PolicyBase {
   }
   static int64_t DecodingContext(const WorkerCandidate& w) {
     if (w.role == Role::kPrefill) return 0;
-    return w.active_decode_tokens + w.placed_decode_tokens;
+    return w.slo.active_decode_tokens + w.slo.placed_decode_tokens;
   }
 
   // How much of a stream of `own_tokens` output tokens the `others` sequences on `w` share: each
@@ -185,10 +186,11 @@ class SloPolicy final : public PolicyBase {
   // the router did not place, or whose progress it does not know, count whole. Returns the sum,
   // <= others.
   double SharedSequences(const WorkerCandidate& w, int64_t others, double own_tokens) const {
-    const int64_t known = std::min<int64_t>(static_cast<int64_t>(w.running_groups.size()), others);
+    const int64_t known =
+        std::min<int64_t>(static_cast<int64_t>(w.slo.running_groups.size()), others);
     double shared = static_cast<double>(others - known);
     for (int64_t i = 0; i < known; ++i) {
-      const RunningGroup& g = w.running_groups[static_cast<size_t>(i)];
+      const RunningGroup& g = w.slo.running_groups[static_cast<size_t>(i)];
       if (g.decoded_tokens < 0) {
         shared += 1;
         continue;
@@ -210,7 +212,7 @@ class SloPolicy final : public PolicyBase {
   // How a worker's steps are cut, with nothing in them yet.
   PrefillShape ShapeOf(const WorkerCandidate& w) const {
     return {.token_budget = BudgetOf(w),
-            .max_prefill_tokens = w.max_prefill_tokens,
+            .max_prefill_tokens = w.slo.max_prefill_tokens,
             .decode_seqs = DecodingSeqs(w),
             .decode_context_tokens = DecodingContext(w)};
   }
@@ -232,13 +234,13 @@ class SloPolicy final : public PolicyBase {
   };
   Queue QueueFor(const WorkerCandidate& w, int32_t priority) const {
     Queue q = {.ahead = ShapeOf(w), .below = ShapeOf(w)};
-    if (w.queued_by_priority.empty()) {  // not known by class: all of it goes first
+    if (w.slo.queued_by_priority.empty()) {  // not known by class: all of it goes first
       q.ahead.uncached_tokens = PrefillQueue(w);
       q.ahead.queued_prompts = QueuedPrompts(w);
       q.ahead_placed = std::min(w.placed_prefill_tokens, q.ahead.uncached_tokens);
       return q;
     }
-    for (const QueuedClass& c : w.queued_by_priority) {
+    for (const QueuedClass& c : w.slo.queued_by_priority) {
       const bool ahead = c.priority >= priority;
       PrefillShape& shape = ahead ? q.ahead : q.below;
       shape.uncached_tokens += c.tokens;
@@ -266,7 +268,7 @@ class SloPolicy final : public PolicyBase {
   };
   Schedule ScheduleOn(const WorkerCandidate& w, const Queue& q, const PrefillShape& own) const {
     const StepProfile& profile = ProfileOf(w);
-    const double correction = w.ttft_correction;
+    const double correction = w.slo.ttft_correction;
     const int64_t chunk = PrefillChunkTokens(own);
     const double decoding = static_cast<double>(
         std::clamp<int64_t>(own.decode_seqs, 0, std::max<int64_t>(own.token_budget, 1)));
@@ -300,7 +302,7 @@ class SloPolicy final : public PolicyBase {
       int64_t shown_below = std::max<int64_t>(below - q.below_placed, 0);
       // 0 between two steps: with prompts shown queued, one is about to start (the request
       // reaches the worker after it has).
-      double elapsed = w.step_elapsed_seconds;
+      double elapsed = w.slo.step_elapsed_seconds;
       // (Bounded: past this many steps the worker is taken as done with what it showed.)
       for (int i = 0; i < kMaxStepsBehind && shown_ahead + shown_below > 0; ++i) {
         const int64_t from_ahead = std::min(chunk, shown_ahead);
@@ -357,8 +359,8 @@ class SloPolicy final : public PolicyBase {
   PrefillPrediction PredictPrefill(PlacementContext& ctx, int w) const {
     const WorkerCandidate& worker = ctx.worker(w);
     const StepProfile& profile = ProfileOf(worker);
-    const double correction = worker.ttft_correction;
-    const double elapsed = worker.step_elapsed_seconds;
+    const double correction = worker.slo.ttft_correction;
+    const double elapsed = worker.slo.step_elapsed_seconds;
     const int64_t cached = ctx.CachedTokens(w);
     const Queue q = QueueFor(worker, ctx.request().priority);
     PrefillShape own = ShapeOf(worker);
@@ -388,7 +390,7 @@ class SloPolicy final : public PolicyBase {
   // of them, as a prompt of its own, beside its decoding sequences; corrected. Only asked while
   // PrefillQueue(w) > 0.
   double ChunkStepSeconds(const WorkerCandidate& w) const {
-    return FirstStepSeconds(ProfileOf(w), QueueShape(w)) * w.ttft_correction;
+    return FirstStepSeconds(ProfileOf(w), QueueShape(w)) * w.slo.ttft_correction;
   }
 
   // How long until worker `w` is between two steps: with prompt tokens queued on it, what is left
@@ -396,7 +398,7 @@ class SloPolicy final : public PolicyBase {
   // taken at the next step); with none, a decode step's few milliseconds, taken as 0.
   double StepRemaining(const WorkerCandidate& w) const {
     if (PrefillQueue(w) <= 0) return 0;
-    return StepLeft(ChunkStepSeconds(w), PrefillSteps(QueueShape(w)), w.step_elapsed_seconds);
+    return StepLeft(ChunkStepSeconds(w), PrefillSteps(QueueShape(w)), w.slo.step_elapsed_seconds);
   }
 
   // The decode worker `d` reserves the prompt's blocks between two of its steps and only then
@@ -408,9 +410,10 @@ class SloPolicy final : public PolicyBase {
                     double decode_busy) const {
     const WorkerCandidate& decode = ctx.worker(d);
     const WorkerCandidate& prefill = ctx.worker(p);
-    const int64_t bytes_per_token = prefill.kv_bytes_per_token > 0 ? prefill.kv_bytes_per_token
-                                    : decode.kv_bytes_per_token > 0
-                                        ? decode.kv_bytes_per_token
+    const int64_t bytes_per_token = prefill.slo.kv_bytes_per_token > 0
+                                        ? prefill.slo.kv_bytes_per_token
+                                    : decode.slo.kv_bytes_per_token > 0
+                                        ? decode.slo.kv_bytes_per_token
                                         : options().default_kv_bytes_per_token;
     const double bytes = static_cast<double>(ctx.request().prompt_tokens - ctx.CachedTokens(d)) *
                          static_cast<double>(bytes_per_token);
@@ -437,11 +440,11 @@ class SloPolicy final : public PolicyBase {
     auto decode_step = [&](double batch, double context) {
       batch = std::min(batch, static_cast<double>(slots));
       return profile.StepSeconds(0, std::min(batch, static_cast<double>(budget)), context) *
-             std::max(1.0, batch / static_cast<double>(budget)) * w.tpot_correction;
+             std::max(1.0, batch / static_cast<double>(budget)) * w.slo.tpot_correction;
     };
     // The step of everything on the worker and this request: what the streams decoding now see.
     const int64_t sequences = w.running_seqs + w.waiting_seqs + w.placed_sequences + 1;
-    const int64_t others_context = w.active_decode_tokens + w.placed_decode_tokens;
+    const int64_t others_context = w.slo.active_decode_tokens + w.slo.placed_decode_tokens;
     const double step =
         decode_step(static_cast<double>(sequences),
                     static_cast<double>(others_context + ctx.request().prompt_tokens));
@@ -507,8 +510,8 @@ class SloPolicy final : public PolicyBase {
         local_headroom =
             std::min(local_headroom, Headroom(slo, mean(step, local.stall + local.compute)));
       };
-      if (w.running_groups.empty()) check({});
-      for (const RunningGroup& g : w.running_groups) check(g);
+      if (w.slo.running_groups.empty()) check({});
+      for (const RunningGroup& g : w.slo.running_groups) check(g);
     }
 
     Remote best_remote = {.ttft = kInf};

@@ -148,20 +148,20 @@ TEST(SloPolicyTest, LocalUntilItWouldStallTheRunningStreamsThenRemote) {
 
   // Streams with more tokens left spread the same stall thinner: 60 ms and 200 tokens average
   // 0.031 + 0.11 / 100 = 0.0321: local again.
-  cluster.workers[0].running_groups = {{.tpot_ms = 60, .max_tokens = 200}};
+  cluster.workers[0].slo.running_groups = {{.tpot_ms = 60, .max_tokens = 200}};
   d = PlaceOrDie(*policy, Prompt(500), cluster);
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.11, kTol);
   EXPECT_NEAR(d.headroom, 0.38, kTol);
 
   // The tightest group binds: adding back the 40 ms, 20-token streams sends it remote.
-  cluster.workers[0].running_groups.push_back({.tpot_ms = 40, .max_tokens = 20});
+  cluster.workers[0].slo.running_groups.push_back({.tpot_ms = 40, .max_tokens = 20});
   d = PlaceOrDie(*policy, Prompt(500), cluster);
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
 
   // Unknown streams (placed by an earlier router) count as the defaults: 50 ms and 100 tokens,
   // 0.031 + 0.11 / 50 = 0.0332: local.
-  cluster.workers[0].running_groups.clear();
+  cluster.workers[0].slo.running_groups.clear();
   d = PlaceOrDie(*policy, Prompt(500), cluster);
   EXPECT_EQ(d.reason, PrefillReason::kPredictedLocal);
 }
@@ -202,7 +202,7 @@ TEST(SloPolicyTest, ARemotePrefillWaitsForTheDecodeWorkersStepBoundaries) {
       {5, 0.021, 0},
   };
   for (const auto& c : in_progress) {
-    queued.workers[0].step_elapsed_seconds = c.step_elapsed;
+    queued.workers[0].slo.step_elapsed_seconds = c.step_elapsed;
     d = PlaceOrDie(*policy, Prompt(100), queued);
     EXPECT_NEAR(d.predicted_ttft_seconds, c.ttft, kTol) << c.step_elapsed;
     EXPECT_NEAR(d.predicted_wait_seconds, c.wait, kTol) << c.step_elapsed;
@@ -222,7 +222,7 @@ TEST(SloPolicyTest, TheStepInProgressShortensTheQueueWait) {
     double step_elapsed, wait, ttft;
   } cases[] = {{0, 0.4284, 0.5}, {0.03, 0.3984, 0.47}, {1, 0, 0.02}};
   for (const auto& c : cases) {
-    cluster.workers[0].step_elapsed_seconds = c.step_elapsed;
+    cluster.workers[0].slo.step_elapsed_seconds = c.step_elapsed;
     const Decision d = PlaceOrDie(*policy, Prompt(100), cluster);
     EXPECT_TRUE(d.local_prefill) << c.step_elapsed;
     EXPECT_NEAR(d.predicted_wait_seconds, c.wait, kTol) << c.step_elapsed;
@@ -233,8 +233,8 @@ TEST(SloPolicyTest, TheStepInProgressShortensTheQueueWait) {
 TEST(SloPolicyTest, LearnedCorrectionsScaleAWorkersPredictions) {
   std::unique_ptr<PlacementPolicy> policy = MakePolicy("slo", Options());
   ClusterView cluster = {.workers = {Worker("d0", Role::kDecode)}};
-  cluster.workers[0].ttft_correction = 0.5;
-  cluster.workers[0].tpot_correction = 2.0;
+  cluster.workers[0].slo.ttft_correction = 0.5;
+  cluster.workers[0].slo.tpot_correction = 2.0;
   // The step model says TTFT 2 * 0.010 + 0.1 = 0.12 and TPOT 0.011 here.
   Decision d = PlaceOrDie(*policy, Prompt(1000), cluster);
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.06, kTol);
@@ -246,7 +246,7 @@ TEST(SloPolicyTest, LearnedCorrectionsScaleAWorkersPredictions) {
   // d0's streams (40 ms, 2 tokens left) allow no local prefill; p0's 0.02 s doubles.
   cluster = {.workers = {Worker("d0", Role::kDecode).Seqs(20).MaxRunning(64).Running(40, 4),
                          Worker("p0", Role::kPrefill)}};
-  cluster.workers[1].ttft_correction = 2.0;
+  cluster.workers[1].slo.ttft_correction = 2.0;
   d = PlaceOrDie(*policy, Prompt(100), cluster);
   EXPECT_EQ(d.reason, PrefillReason::kRemote);
   EXPECT_NEAR(d.predicted_ttft_seconds, 0.041, kTol);
@@ -392,7 +392,7 @@ TEST(SloPolicyTest, AHigherPriorityRequestWaitsOnlyForItsClassAndAboveAndOneChun
       {0.03, 0.0312, 0.0312 + 0.0612}, {0.08, 0.0424, 0.0424 + 0.0612}, {1, 0, 0.014}};
   for (const auto& c : in_progress) {
     ClusterView busy = known;
-    busy.workers[0].step_elapsed_seconds = c.step_elapsed;
+    busy.workers[0].slo.step_elapsed_seconds = c.step_elapsed;
     d = PlaceOrDie(*policy, chat, busy);
     EXPECT_NEAR(d.predicted_wait_seconds, c.wait, kTol) << c.step_elapsed;
     EXPECT_NEAR(d.predicted_ttft_seconds, c.ttft, kTol) << c.step_elapsed;
@@ -428,7 +428,7 @@ TEST(SloPolicyTest, PromptsPlacedSinceTheSampleWaitForTheStepInProgress) {
     w.queued_prefill_tokens -= placed;
     w.placed_prefill_tokens = placed;
     w.placed_prompts = placed > 0 ? 2 : 0;
-    w.step_elapsed_seconds = 0.03;
+    w.slo.step_elapsed_seconds = 0.03;
     return ClusterView{.workers = {w}};
   };
   Request chat = Prompt(40);
@@ -604,7 +604,7 @@ TEST(SloPolicyTest, WhatAStreamHasSeenSoFarCounts) {
   ClusterView cluster = {.workers = {Worker("d0", Role::kDecode).Seqs(20).MaxRunning(64),
                                      Worker("p0", Role::kPrefill).Queue(8000)}};
   auto streams = [&](int64_t decoded, double seconds) {
-    cluster.workers[0].running_groups = {
+    cluster.workers[0].slo.running_groups = {
         {.tpot_ms = 40, .max_tokens = 20, .decoded_tokens = decoded, .decode_seconds = seconds}};
   };
   // Streams before their first token have all 19 gaps to spread the stall over:
@@ -643,7 +643,7 @@ TEST(SloPolicyTest, ANewStreamSharesItsStepsOnlyWithWhatOutlastsIt) {
   // 0.010 + 0.002375 + 443.75e-6.
   ClusterView cluster = {
       .workers = {Worker("d0", Role::kDecode).Seqs(3).Placed(1, 0).Active(1000)}};
-  cluster.workers[0].running_groups = {
+  cluster.workers[0].slo.running_groups = {
       {.tpot_ms = 50, .max_tokens = 32, .decoded_tokens = 30, .decode_seconds = 0.3},
       {.tpot_ms = 50, .max_tokens = 32, .decoded_tokens = 30, .decode_seconds = 0.3},
       {.tpot_ms = 50, .max_tokens = 32, .decoded_tokens = 0, .decode_seconds = 0},
@@ -657,7 +657,7 @@ TEST(SloPolicyTest, ANewStreamSharesItsStepsOnlyWithWhatOutlastsIt) {
   d = PlaceOrDie(*policy, request, cluster);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.010 + 0.004 + (100 + 750) * 1e-6, kTol);
   // Streams whose progress the router does not know count whole: batch 5, all the context.
-  cluster.workers[0].running_groups.clear();
+  cluster.workers[0].slo.running_groups.clear();
   request.max_tokens = 32;
   d = PlaceOrDie(*policy, request, cluster);
   EXPECT_NEAR(d.predicted_tpot_seconds, 0.010 + 0.005 + 1100e-6, kTol);

@@ -152,7 +152,7 @@ void LoadLedger::Apply(absl::Time now, placement::WorkerCandidate* candidate) co
   c.placed_sequences = placed_.sequences;
   c.placed_prefill_tokens = placed_.prefill_tokens;
   c.placed_prompts = placed_.prompts;
-  c.placed_decode_tokens = placed_.decode_tokens;
+  c.slo.placed_decode_tokens = placed_.decode_tokens;
   // Streams that ended and that the last sample may still count: as running, or as waiting
   // when it was taken before they started (a burst's first sample shows one running and the
   // rest posted to the engine; the burst may end before the next sample comes).
@@ -160,10 +160,11 @@ void LoadLedger::Apply(absl::Time now, placement::WorkerCandidate* candidate) co
   const int64_t ended_running = std::min(ended, c.running_seqs);
   c.running_seqs -= ended_running;
   c.waiting_seqs = std::max<int64_t>(c.waiting_seqs - (ended - ended_running), 0);
-  c.active_decode_tokens = std::max<int64_t>(c.active_decode_tokens - ended_context_tokens_, 0);
+  c.slo.active_decode_tokens =
+      std::max<int64_t>(c.slo.active_decode_tokens - ended_context_tokens_, 0);
   for (const auto& [serial, r] : running_) {
     const bool started = r.first_token_at != absl::InfinitePast();
-    c.running_groups.push_back(
+    c.slo.running_groups.push_back(
         {.tpot_ms = r.running.tpot_ms,
          .max_tokens = r.running.max_tokens,
          .decoded_tokens = started ? r.decoded_tokens : 0,
@@ -172,14 +173,14 @@ void LoadLedger::Apply(absl::Time now, placement::WorkerCandidate* candidate) co
   }
   // The queue by class: the worker's, and the prompts placed here that it does not show yet.
   // A worker that reports no classes while prompts are queued on it is not known by class.
-  if (!c.queued_by_priority.empty() || c.queued_prefill_tokens == 0) {
+  if (!c.slo.queued_by_priority.empty() || c.queued_prefill_tokens == 0) {
     for (const auto& [key, p] : pending_) {
       if (p.load.prefill_tokens <= 0 && p.load.prompts <= 0) continue;
       AddByPriority(placement::QueuedClass{.priority = p.receipt.priority,
                                            .tokens = p.load.prefill_tokens,
                                            .prompts = p.load.prompts},
-                    &c.queued_by_priority);
-      for (placement::QueuedClass& q : c.queued_by_priority) {
+                    &c.slo.queued_by_priority);
+      for (placement::QueuedClass& q : c.slo.queued_by_priority) {
         if (q.priority == p.receipt.priority) q.placed_tokens += p.load.prefill_tokens;
       }
     }

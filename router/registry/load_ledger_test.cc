@@ -94,7 +94,7 @@ TEST_F(LoadLedgerTest, EndedStreamsAreSubtractedUntilASampleShowsThemFinish) {
   // The last sample still counts both as running, with their context (prompt + 20 output).
   placement::WorkerCandidate c = Applied(Reported(3, 0, 3 * 120));
   EXPECT_EQ(c.running_seqs, 1);
-  EXPECT_EQ(c.active_decode_tokens, 120);
+  EXPECT_EQ(c.slo.active_decode_tokens, 120);
   // A sample showing one of them finished: one is left to subtract.
   ledger_.OnLoadSample(0, 11, t0_ + absl::Milliseconds(20));
   EXPECT_EQ(ledger_.ended_streams(), 1);
@@ -113,7 +113,7 @@ TEST_F(LoadLedgerTest, EndedStreamsComeOffWaitingTooWhenTheSamplePredatesTheirSt
   EXPECT_EQ(c.running_seqs, 0);
   EXPECT_EQ(c.waiting_seqs, 0);
   EXPECT_EQ(c.placed_sequences, 0);
-  EXPECT_TRUE(c.running_groups.empty());
+  EXPECT_TRUE(c.slo.running_groups.empty());
   // Ended streams never take the counts below zero, nor other work the sample shows.
   EXPECT_EQ(Applied(Reported(2, 7)).running_seqs, 0);
   EXPECT_EQ(Applied(Reported(2, 7)).waiting_seqs, 3);
@@ -167,8 +167,8 @@ TEST_F(LoadLedgerTest, RunningRequestsSayHowFarTheyAre) {
   ledger_.Progress(1, 10, t0_ - absl::Seconds(1));
   ledger_.Progress(7, 3, t0_);  // unknown: nothing
   placement::WorkerCandidate c = Applied(Reported(2, 0));
-  ASSERT_EQ(c.running_groups.size(), 2u);
-  for (const placement::RunningGroup& g : c.running_groups) {
+  ASSERT_EQ(c.slo.running_groups.size(), 2u);
+  for (const placement::RunningGroup& g : c.slo.running_groups) {
     if (g.tpot_ms == 80) {
       EXPECT_EQ(g.max_tokens, 64);
       EXPECT_EQ(g.decoded_tokens, 10);
@@ -186,20 +186,20 @@ TEST_F(LoadLedgerTest, PlacedPromptsJoinTheQueueOfTheirClass) {
   ledger_.Place(3, {.sequences = 1}, {.priority = 5}, t0_);  // no prompt: no class
   placement::WorkerCandidate reported = Reported(0, 1);
   reported.queued_prefill_tokens = 100;
-  reported.queued_by_priority = {{.priority = 0, .tokens = 100, .prompts = 1}};
+  reported.slo.queued_by_priority = {{.priority = 0, .tokens = 100, .prompts = 1}};
   const placement::WorkerCandidate c = Applied(reported);
-  ASSERT_EQ(c.queued_by_priority.size(), 2u);
-  EXPECT_EQ(c.queued_by_priority[0].priority, 1);
-  EXPECT_EQ(c.queued_by_priority[0].tokens, 300);
-  EXPECT_EQ(c.queued_by_priority[0].placed_tokens, 300);
-  EXPECT_EQ(c.queued_by_priority[1].priority, 0);
-  EXPECT_EQ(c.queued_by_priority[1].tokens, 300);
-  EXPECT_EQ(c.queued_by_priority[1].prompts, 2);
-  EXPECT_EQ(c.queued_by_priority[1].placed_tokens, 200);
+  ASSERT_EQ(c.slo.queued_by_priority.size(), 2u);
+  EXPECT_EQ(c.slo.queued_by_priority[0].priority, 1);
+  EXPECT_EQ(c.slo.queued_by_priority[0].tokens, 300);
+  EXPECT_EQ(c.slo.queued_by_priority[0].placed_tokens, 300);
+  EXPECT_EQ(c.slo.queued_by_priority[1].priority, 0);
+  EXPECT_EQ(c.slo.queued_by_priority[1].tokens, 300);
+  EXPECT_EQ(c.slo.queued_by_priority[1].prompts, 2);
+  EXPECT_EQ(c.slo.queued_by_priority[1].placed_tokens, 200);
   // A worker that queues prompts but reports no classes is not known by class.
   placement::WorkerCandidate unknown = Reported(0, 1);
   unknown.queued_prefill_tokens = 100;
-  EXPECT_TRUE(Applied(unknown).queued_by_priority.empty());
+  EXPECT_TRUE(Applied(unknown).slo.queued_by_priority.empty());
 }
 
 }  // namespace

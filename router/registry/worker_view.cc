@@ -205,11 +205,11 @@ std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view) {
       .waiting_seqs = load.waiting_seqs,
       .queued_prefill_tokens = load.queued_prefill_tokens,
       .cached_hashes = &view.cached_hashes(),
-      .active_decode_tokens = load.active_decode_tokens,
-      .max_tokens_per_step = view.max_tokens_per_step(),
-      .max_prefill_tokens = view.max_prefill_tokens(),
-      .queued_by_priority = load.queued_by_priority,
-      .kv_bytes_per_token = KvBytesPerToken(view.kv_pool().layout()),
+      .slo = {.max_tokens_per_step = view.max_tokens_per_step(),
+              .max_prefill_tokens = view.max_prefill_tokens(),
+              .kv_bytes_per_token = KvBytesPerToken(view.kv_pool().layout()),
+              .active_decode_tokens = load.active_decode_tokens,
+              .queued_by_priority = load.queued_by_priority},
   };
 }
 

@@ -396,8 +396,8 @@ TEST(WorkerViewTest, TheQueueByPriorityIsKeptWhenItAddsUpAndIsOrdered) {
   EXPECT_EQ(view.load().queued_by_priority[1].tokens, 2900);
   std::optional<placement::WorkerCandidate> candidate = ToCandidate(view);
   ASSERT_TRUE(candidate.has_value());
-  ASSERT_EQ(candidate->queued_by_priority.size(), 2u);
-  EXPECT_EQ(candidate->queued_by_priority[1].prompts, 2);
+  ASSERT_EQ(candidate->slo.queued_by_priority.size(), 2u);
+  EXPECT_EQ(candidate->slo.queued_by_priority[1].prompts, 2);
   // Out of order, a class twice, or not adding up to the queue: not known by class (every
   // queued token then counts for every class), never wrong by class.
   for (const auto& classes : std::vector<std::vector<std::array<int64_t, 3>>>{
@@ -508,7 +508,7 @@ TEST(ToCandidateTest, MapsRoleLoadAndCache) {
     EXPECT_EQ(candidate->waiting_seqs, 1);
     EXPECT_EQ(candidate->queued_prefill_tokens, 512);
     EXPECT_EQ(candidate->placed_sequences, 0);  // the router's own: LoadLedger::Apply
-    EXPECT_EQ(candidate->max_tokens_per_step, 256);
+    EXPECT_EQ(candidate->slo.max_tokens_per_step, 256);
     EXPECT_EQ(candidate->cached_hashes, &view.cached_hashes());
   }
 }

@@ -359,14 +359,14 @@ absl::StatusOr<Route> Registry::Place(placement::PlacementPolicy& policy,
     if (!candidate.has_value()) continue;
     placement::WorkerCandidate& c = *candidate;
     if (avoid.contains(c.id)) c.healthy = false;
-    c.cost_model = &w->cost;
-    c.ttft_correction = w->ttft.factor(request.priority);
-    c.tpot_correction = w->tpot.factor();
+    c.slo.cost_model = &w->cost;
+    c.slo.ttft_correction = w->ttft.factor(request.priority);
+    c.slo.tpot_correction = w->tpot.factor();
     // The step the worker was in at its last sample has gone on since (if it has ended, the next
     // sample says so within load_interval).
     if (const int64_t elapsed_us = w->view.load().step_elapsed_us; elapsed_us > 0) {
-      c.step_elapsed_seconds = static_cast<double>(elapsed_us) * 1e-6 +
-                               std::max(absl::ToDoubleSeconds(now - w->load_received_at), 0.0);
+      c.slo.step_elapsed_seconds = static_cast<double>(elapsed_us) * 1e-6 +
+                                   std::max(absl::ToDoubleSeconds(now - w->load_received_at), 0.0);
     }
     w->ledger.Apply(now, &c);
     by_id[c.id] = w.get();

@@ -343,7 +343,7 @@ TEST_F(RegistryTest, StreamsThatEndedAreNotCountedFromASampleTakenBeforeTheyStar
   EXPECT_EQ(policy.last.running_seqs, 0);
   EXPECT_EQ(policy.last.waiting_seqs, 0);
   EXPECT_EQ(policy.last.placed_sequences, 0);
-  EXPECT_TRUE(policy.last.running_groups.empty());
+  EXPECT_TRUE(policy.last.slo.running_groups.empty());
 }
 
 }  // namespace
