@@ -147,9 +147,9 @@ TEST_P(KvTransportConformanceTest, WritesLayerByLayerAndNotifiesAfterTheData) {
     mu.AwaitWithTimeout(absl::Condition(
                             +[](std::vector<std::string>* c) { return c->size() >= 4; }, &checked),
                         kWait);
-    EXPECT_THAT(checked, ::testing::ElementsAre("writer layer 0 in place", "writer layer 1 in place",
-                                                "writer layer 2 in place",
-                                                "writer layer 3 in place"));
+    EXPECT_THAT(checked,
+                ::testing::ElementsAre("writer layer 0 in place", "writer layer 1 in place",
+                                       "writer layer 2 in place", "writer layer 3 in place"));
   }
   owner.transport->SetNotificationHandler(nullptr);
   // Blocks that no pair names are untouched.
@@ -257,7 +257,8 @@ TEST_P(KvTransportConformanceTest, DescriptorOfADestroyedOwnerIsRefused) {
   EXPECT_GT(current.pool_epoch, old.pool_epoch);
   const absl::Time start = absl::Now();
   const absl::Duration timeout = absl::Seconds(3);
-  absl::StatusOr<std::shared_ptr<Connection>> conn = writer.transport->Connect(old, start + timeout);
+  absl::StatusOr<std::shared_ptr<Connection>> conn =
+      writer.transport->Connect(old, start + timeout);
   EXPECT_THAT(conn.status().code(),
               AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kFailedPrecondition))
       << conn.status();

@@ -22,7 +22,8 @@
 namespace tandem::kvtransfer::testing {
 
 inline constexpr absl::Duration kWait = absl::Seconds(10);  // bounds every wait; never reached when OK
-inline constexpr absl::Duration kSlack = absl::Seconds(1);  // how late after a deadline an error may come
+// How late after a deadline an operation may end with its error.
+inline constexpr absl::Duration kSlack = absl::Seconds(1);
 
 // `blocks` blocks of `layers` layers, `block_size` tokens a block, 2 K/V heads of 8.
 inline KvLayout Layout(int64_t blocks, int64_t layers = 4, int64_t block_size = 4) {
