@@ -33,11 +33,7 @@ AdmissionQueue::AdmissionQueue(const Options& options, placement::Admission admi
     : options_(options), admission_(std::move(admission)) {}
 
 AdmissionQueue::~AdmissionQueue() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (thread_.joinable()) thread_.join();
+  thread_.reset();
   std::vector<std::shared_ptr<WaitingRequest>> left;
   {
     absl::MutexLock lock(&mu_);
@@ -56,14 +52,8 @@ AdmissionQueue::~AdmissionQueue() {
 }
 
 void AdmissionQueue::Start() {
-  thread_ = std::thread([this] {
-    absl::MutexLock lock(&mu_);
-    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.poll)) {
-      mu_.Unlock();
-      Pump();
-      mu_.Lock();
-    }
-  });
+  thread_ = std::make_unique<PeriodicThread>(PeriodicThread::Options{.period = options_.poll},
+                                             [this] { Pump(); });
 }
 
 absl::StatusOr<placement::Outcome> AdmissionQueue::Offer(std::shared_ptr<WaitingRequest> request,

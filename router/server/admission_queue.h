@@ -20,7 +20,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -30,6 +29,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "router/placement/admission.h"
+#include "router/server/periodic_thread.h"
 
 namespace tandem::router {
 
@@ -114,8 +114,7 @@ class AdmissionQueue {
   absl::flat_hash_map<uint64_t, std::shared_ptr<WaitingRequest>> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<const WaitingRequest*, uint64_t> ids_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::unique_ptr<PeriodicThread> thread_;
 };
 
 }  // namespace tandem::router

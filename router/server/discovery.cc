@@ -39,13 +39,7 @@ WorkerDiscovery::WorkerDiscovery(Options options, Listener listener)
       listener_(std::move(listener)),
       membership_(options_.addresses) {}
 
-WorkerDiscovery::~WorkerDiscovery() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (thread_.joinable()) thread_.join();
-}
+WorkerDiscovery::~WorkerDiscovery() { thread_.reset(); }
 
 void WorkerDiscovery::Start() {
   {
@@ -53,15 +47,9 @@ void WorkerDiscovery::Start() {
     for (const std::string& address : membership_.fixed()) listener_.joined(address);
   }
   if (options_.dns_name.empty()) return;
-  thread_ = std::thread([this] {
-    Refresh();
-    absl::MutexLock lock(&mu_);
-    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.interval)) {
-      mu_.Unlock();
-      Refresh();
-      mu_.Lock();
-    }
-  });
+  thread_ = std::make_unique<PeriodicThread>(
+      PeriodicThread::Options{.period = options_.interval, .call_at_start = true},
+      [this] { Refresh(); });
 }
 
 void WorkerDiscovery::Refresh() {

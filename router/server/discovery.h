@@ -13,8 +13,8 @@
 #define TANDEM_ROUTER_SERVER_DISCOVERY_H_
 
 #include <functional>
+#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "router/registry/membership.h"
+#include "router/server/periodic_thread.h"
 
 namespace tandem::router {
 
@@ -73,9 +74,7 @@ class WorkerDiscovery {
   const Listener listener_;
   absl::Mutex membership_mu_;  // held through a Refresh: one at a time
   WorkerMembership membership_ ABSL_GUARDED_BY(membership_mu_);
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::unique_ptr<PeriodicThread> thread_;
 };
 
 }  // namespace tandem::router

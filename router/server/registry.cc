@@ -159,11 +159,10 @@ Registry::Registry(RegistryOptions options)
   CHECK_OK(placement::StepCostModel::Create(options_.cost_model).status());
   CHECK_OK(placement::LatencyCorrection::Create(options_.latency_correction).status());
   if (options_.liveness_timeout != absl::InfiniteDuration()) {
-    liveness_thread_ = std::thread([this] {
-      const absl::Duration period = std::max(options_.liveness_timeout / 4, absl::Milliseconds(10));
-      absl::MutexLock lock(&mu_);
-      while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) CheckLivenessLocked();
-    });
+    liveness_thread_ = std::make_unique<PeriodicThread>(
+        PeriodicThread::Options{
+            .period = std::max(options_.liveness_timeout / 4, absl::Milliseconds(10))},
+        [this] { CheckLiveness(); });
   }
   discovery_ = std::make_unique<WorkerDiscovery>(
       WorkerDiscovery::Options{.addresses = options_.addresses,
@@ -184,6 +183,7 @@ Registry::Registry(RegistryOptions options)
 
 Registry::~Registry() {
   discovery_.reset();  // first: it adds and removes workers
+  liveness_thread_.reset();
   std::vector<Worker*> all;
   {
     absl::MutexLock lock(&mu_);
@@ -194,15 +194,10 @@ Registry::~Registry() {
     }
   }
   for (Worker* w : all) w->thread.join();
-  if (liveness_thread_.joinable()) liveness_thread_.join();
 }
 
 int Registry::CheckLiveness() {
   absl::MutexLock lock(&mu_);
-  return CheckLivenessLocked();
-}
-
-int Registry::CheckLivenessLocked() {
   const absl::Time now = options_.clock->Now();
   int lost = 0;
   for (auto& [address, w] : workers_) {

@@ -22,6 +22,7 @@
 #include "router/placement/placement.h"
 #include "router/registry/worker_view.h"
 #include "router/server/discovery.h"
+#include "router/server/periodic_thread.h"
 
 namespace tandem::router {
 
@@ -144,7 +145,6 @@ class Registry {
  private:
   struct Worker;
   void Watch(Worker* worker);
-  int CheckLivenessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's health gauge and transition counter (docs/metrics.md).
   void SetHealthy(Worker* w, bool healthy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -157,7 +157,7 @@ class Registry {
   placement::TransferModel transfers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread liveness_thread_;
+  std::unique_ptr<PeriodicThread> liveness_thread_;
   std::unique_ptr<WorkerDiscovery> discovery_;
 };
 

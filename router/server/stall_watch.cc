@@ -4,23 +4,11 @@
 
 namespace tandem::router {
 
-StallWatch::~StallWatch() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (thread_.joinable()) thread_.join();
-}
+StallWatch::~StallWatch() { thread_.reset(); }
 
 void StallWatch::Start() {
-  thread_ = std::thread([this] {
-    absl::MutexLock lock(&mu_);
-    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.period)) {
-      mu_.Unlock();
-      Check();
-      mu_.Lock();
-    }
-  });
+  thread_ = std::make_unique<PeriodicThread>(PeriodicThread::Options{.period = options_.period},
+                                             [this] { Check(); });
 }
 
 void StallWatch::Add(std::weak_ptr<Stream> stream) {

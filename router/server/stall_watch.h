@@ -17,13 +17,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "router/server/periodic_thread.h"
 
 namespace tandem::router {
 
@@ -85,8 +85,7 @@ class StallWatch {
   const Options options_;
   absl::Mutex mu_;
   std::vector<std::weak_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::unique_ptr<PeriodicThread> thread_;
 };
 
 }  // namespace tandem::router
