@@ -69,7 +69,13 @@ void EngineLoop::Loop() {
     }
     for (auto& task : tasks) std::move(task)(engine_.get());
     if (stopping) break;
-    if (!engine_->HasWork()) continue;
+    if (!engine_->HasWork()) {
+      // A task may have freed blocks (a cancel, a release of held ones) with no step to follow.
+      if (!tasks.empty() && metrics_ != nullptr) {
+        metrics_->Update(engine_->scheduler_stats(), nullptr);
+      }
+      continue;
+    }
     StepInfo info;
     step_started_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
     const absl::Status stepped = engine_->Step(&info);
@@ -261,6 +267,17 @@ void EngineLoop::CancelAsync(uint64_t id, absl::AnyInvocable<void(bool) &&> done
     if (engine != nullptr) {
       absl::MutexLock lock(&mu_);
       if (found) --requests_;
+      PublishStats();
+    }
+    if (done != nullptr) std::move(done)(found);
+  });
+}
+
+void EngineLoop::ReleaseKvAsync(uint64_t id, absl::AnyInvocable<void(bool) &&> done) {
+  Post([this, id, done = std::move(done)](LocalEngine* engine) mutable {
+    const bool found = engine != nullptr && engine->ReleaseKv(id);
+    if (found) {
+      absl::MutexLock lock(&mu_);
       PublishStats();
     }
     if (done != nullptr) std::move(done)(found);

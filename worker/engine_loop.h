@@ -97,6 +97,9 @@ class EngineLoop {
                                   absl::AnyInvocable<void(absl::Status) &&> done);
   void FallBackToLocalPrefillAsync(uint64_t id, absl::AnyInvocable<void(absl::Status) &&> done);
   void CancelAsync(uint64_t id, absl::AnyInvocable<void(bool) &&> done = nullptr);
+  // As LocalEngine::ReleaseKv, on the engine thread: frees the blocks a hold_kv request kept when
+  // it ended. `done` (optional) as above.
+  void ReleaseKvAsync(uint64_t id, absl::AnyInvocable<void(bool) &&> done = nullptr);
 
   // Runs a few requests of known shapes after a warm-up -- prompts alone (prefill steps of 32
   // and 192 tokens),

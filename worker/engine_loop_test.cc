@@ -136,6 +136,47 @@ TEST(EngineLoopTest, CancelStopsTheStreamAndFreesItsBlocks) {
   EXPECT_EQ(deltas, seen);
 }
 
+TEST(EngineLoopTest, AHoldKvRequestKeepsItsBlocksUntilReleased) {
+  auto loop = StartLoop();
+  for (const bool cancel : {false, true}) {
+    SCOPED_TRACE(cancel ? "cancelled" : "finished");
+    const uint64_t id = cancel ? 2 : 1;
+    GenerationRequest r =
+        Greedy(loop->EncodePrompt("A prompt of a few tokens, held"), cancel ? 500 : 2);
+    r.hold_kv = true;
+    Stream s;
+    absl::Notification first;
+    ASSERT_TRUE(loop->Submit(id, r, [&](const GenerationDelta& d) {
+                      s.Callback()(d);
+                      if (!first.HasBeenNotified()) first.Notify();
+                    }).ok());
+    if (cancel) {
+      first.WaitForNotification();
+      EXPECT_TRUE(loop->Cancel(id));
+    } else {
+      EXPECT_EQ(s.Wait().size(), 2u);
+    }
+    EngineLoopTestPeer::WaitForStepBoundary(*loop);
+    const SchedulerStats held = loop->stats();
+    EXPECT_EQ(held.running, 0);
+    EXPECT_GT(held.used_blocks, 0);  // nothing runs, yet its blocks stay
+    // The id stays in use until the release.
+    EXPECT_EQ(loop->Submit(id, Greedy({1, 2, 3}, 1), [](const GenerationDelta&) {}).code(),
+              absl::StatusCode::kInvalidArgument);
+
+    absl::Notification released;
+    bool found = false;
+    loop->ReleaseKvAsync(id, [&](bool f) {
+      found = f;
+      released.Notify();
+    });
+    released.WaitForNotification();
+    EXPECT_TRUE(found);
+    EXPECT_EQ(loop->stats().used_blocks, 0);
+    loop->ReleaseKvAsync(id, [&](bool f) { EXPECT_FALSE(f); });
+  }
+}
+
 TEST(EngineLoopTest, TooManyRequestsAreRefused) {
   auto loop = StartLoop(/*max_requests=*/2);
   Stream a, b, c;

@@ -34,6 +34,7 @@ struct LocalEngine::Request {
   DeltaCallback on_delta;
   std::function<void(const KvLayerDone&)> on_kv_layer;
   bool remote = false;  // waiting for a peer's prefill
+  bool hold_kv = false;  // GenerationRequest::hold_kv
   bool reported_first = false;  // its first delta went out
   // Start of the first step that computed any of its prompt tokens here.
   std::optional<Clock::time_point> first_prompt_step = std::nullopt;
@@ -201,8 +202,7 @@ absl::Status LocalEngine::CompleteRemotePrefill(uint64_t id, int32_t first_token
   token.id = first_token;
   absl::StatusOr<bool> done = Deliver(r, std::move(token));
   if (!done.ok() || *done) {
-    requests_.erase(it);
-    scheduler_->Finish(id);
+    End(it);
   }
   return done.status();
 }
@@ -246,6 +246,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine::Request>> LocalEngine::MakeRequest(
   auto r = std::make_unique<Request>(Request{id, std::move(sampler), std::move(stop),
                                              StreamingDetokenizer(*tokenizer_), std::move(on_delta),
                                              request.on_kv_layer});
+  r->hold_kv = request.hold_kv;
   // Replay the output generated elsewhere; its text was emitted there.
   for (int32_t token : prompt.subspan(original_prompt)) {
     RETURN_IF_ERROR(r->sampler.Accept(token));
@@ -260,10 +261,20 @@ absl::StatusOr<std::unique_ptr<LocalEngine::Request>> LocalEngine::MakeRequest(
 }
 
 bool LocalEngine::Cancel(uint64_t id) {
-  if (requests_.erase(id) == 0) return false;
-  CHECK(scheduler_->Finish(id));
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  End(it);
   return true;
 }
+
+void LocalEngine::End(RequestMap::iterator it) {
+  const uint64_t id = it->first;
+  const bool hold = it->second->hold_kv;
+  requests_.erase(it);
+  CHECK(hold ? scheduler_->FinishAndHold(id) : scheduler_->Finish(id)) << "request " << id;
+}
+
+bool LocalEngine::ReleaseKv(uint64_t id) { return scheduler_->ReleaseHeld(id); }
 
 absl::StatusOr<bool> LocalEngine::Advance(Request& r, const float* logits) {
   const ModelConfig& c = model_.config;
@@ -353,8 +364,7 @@ absl::Status LocalEngine::Step(StepInfo* info) {
       if (it == requests_.end()) continue;
       it->second->on_delta(GenerationDelta{.index = item.id, .token = -1,
                                            .finish = sampling::FinishReason::kError});
-      requests_.erase(it);
-      scheduler_->Finish(item.id);
+      End(it);
     }
     return Annotate(forward, "engine step");
   }
@@ -375,8 +385,7 @@ absl::Status LocalEngine::Step(StepInfo* info) {
       first_error.Update(Annotate(done.status(), absl::StrCat("request ", item.id)));
     }
     if (!done.ok() || *done) {
-      requests_.erase(it);
-      scheduler_->Finish(item.id);
+      End(it);
     }
   }
   in.total_seconds = SecondsSince(start);

@@ -60,6 +60,11 @@ struct GenerationRequest {
   // Positions before the first call's first_position came from the prefix cache. On the
   // stepping thread; must not block.
   std::function<void(const KvLayerDone&)> on_kv_layer = nullptr;
+  // Keep the request's KV blocks when it ends (finished, cancelled or failed) until
+  // LocalEngine::ReleaseKv(id): they stay allocated and unchanged, so that transfers still
+  // reading them (a prefill worker's writes to a decode worker, which on_kv_layer started) never
+  // read blocks another request reuses. The id stays in use until then.
+  bool hold_kv = false;
 };
 
 // One new token of request `index` (the id given to Add, or the request's index in Generate). `text` holds whole UTF-8 characters only and omits stop
@@ -148,9 +153,11 @@ class LocalEngine {
   // RESOURCE_EXHAUSTED when the whole KV pool could not hold the request at its longest. A request
   // without max_tokens generates until a stop condition or the end of the context.
   absl::Status Add(uint64_t id, GenerationRequest request, DeltaCallback on_delta);
-  // Drops a request at once and frees its KV blocks; no further delta is sent. False for an
-  // unknown id.
+  // Drops a request at once and frees its KV blocks (or holds them, GenerationRequest::hold_kv);
+  // no further delta is sent. False for an unknown id.
   bool Cancel(uint64_t id);
+  // Frees the blocks a hold_kv request kept when it ended. False when `id` holds none.
+  bool ReleaseKv(uint64_t id);
   bool HasWork() const { return scheduler_->HasWork(); }
   // Disaggregated prefill, decode side: validates like Add and reserves the request's blocks
   // (after its cached prefix) for a peer to write the rest of the prompt's K/V into. The request
@@ -189,6 +196,9 @@ class LocalEngine {
   absl::StatusOr<bool> Advance(Request& r, const float* logits);
   // Reports `next` as the request's new token; true when the request ended.
   absl::StatusOr<bool> Deliver(Request& r, sampling::SampledToken next);
+  using RequestMap = absl::flat_hash_map<uint64_t, std::unique_ptr<Request>>;
+  // Removes an ended request and finishes its sequence (holding its blocks when it asked).
+  void End(RequestMap::iterator it);
   absl::StatusOr<std::unique_ptr<Request>> MakeRequest(uint64_t id, const GenerationRequest& request,
                                                        DeltaCallback on_delta) const;
   // How many tokens the request may add to its prompt.
@@ -202,7 +212,7 @@ class LocalEngine {
   std::unique_ptr<CpuForward> forward_;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;
-  absl::flat_hash_map<uint64_t, std::unique_ptr<Request>> requests_;
+  RequestMap requests_;
   std::vector<int32_t> eos_ids_;
   StepOutput step_out_;  // reused by every step (a batch's logits are megabytes)
 };

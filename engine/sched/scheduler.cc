@@ -67,7 +67,7 @@ absl::Status Scheduler::Add(SequenceId id, std::vector<int32_t> prompt, int64_t 
   if (max_new_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens ", max_new_tokens, " < 0"));
   }
-  if (sequences_.contains(id)) {
+  if (sequences_.contains(id) || held_.contains(id)) {
     return absl::InvalidArgumentError(absl::StrCat("sequence id ", id, " is in use"));
   }
   const int64_t max_total = static_cast<int64_t>(prompt.size()) + max_new_tokens;
@@ -97,6 +97,27 @@ bool Scheduler::Finish(SequenceId id) {
   sequences_.erase(it);
   ++counters_.finished_sequences;
   return true;
+}
+
+bool Scheduler::FinishAndHold(SequenceId id) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return false;
+  held_.emplace(id, std::move(it->second->table));
+  return Finish(id);
+}
+
+bool Scheduler::ReleaseHeld(SequenceId id) {
+  auto it = held_.find(id);
+  if (it == held_.end()) return false;
+  it->second.Release();
+  held_.erase(it);
+  return true;
+}
+
+int64_t Scheduler::num_held_blocks() const {
+  int64_t n = 0;
+  for (const auto& [id, table] : held_) n += static_cast<int64_t>(table.blocks().size());
+  return n;
 }
 
 absl::Span<const int32_t> Scheduler::tokens(SequenceId id) const {
@@ -433,6 +454,10 @@ void Scheduler::CheckInvariants() const {
     for (int32_t b : seq->table.blocks()) ++holders[static_cast<size_t>(b)];
   }
   CHECK(sequences_.size() == running_.size() + waiting_.size() + remote_.size());
+  for (const auto& [id, table] : held_) {
+    CHECK(!sequences_.contains(id)) << "sequence " << id << " runs and is held";
+    for (int32_t b : table.blocks()) ++holders[static_cast<size_t>(b)];
+  }
   for (size_t b = 0; b < holders.size(); ++b) {
     CHECK(holders[b] == pool_->ref_count(static_cast<int32_t>(b)))
         << "block " << b << " has a reference count that no sequence accounts for";

@@ -160,6 +160,16 @@ class Scheduler {
   // Drops a sequence, running, waiting or remote, and releases its blocks at once. False for an
   // unknown id.
   bool Finish(SequenceId id);
+  // Drops a sequence like Finish but keeps its blocks allocated (used, neither cached nor
+  // evictable, their contents unchanged) until ReleaseHeld(id): for K/V that a transfer still
+  // reads after the sequence ended. The id stays in use until then. False for an unknown id.
+  bool FinishAndHold(SequenceId id);
+  // Releases the blocks FinishAndHold kept (full ones stay in the prefix cache). False when `id`
+  // holds none.
+  bool ReleaseHeld(SequenceId id);
+  // Sequences whose blocks FinishAndHold keeps, and those blocks.
+  int64_t num_held() const { return static_cast<int64_t>(held_.size()); }
+  int64_t num_held_blocks() const;
 
   // Picks the next step. Items point into the scheduler's state: valid until the next call of a
   // non-const method.
@@ -170,6 +180,7 @@ class Scheduler {
   // Appends a generated token to a sequence whose item sampled in the last step.
   void AppendToken(SequenceId id, int32_t token);
 
+  // Sequences in the batch or waiting (held blocks are not work).
   bool HasWork() const { return !sequences_.empty(); }
   bool Contains(SequenceId id) const { return sequences_.contains(id); }
   // The sequence's tokens so far (prompt, then generated).
@@ -208,6 +219,7 @@ class Scheduler {
   std::vector<Sequence*> running_;  // in admission order
   std::vector<Sequence*> waiting_;  // unordered; Schedule sorts
   std::vector<Sequence*> remote_;   // being prefilled by a peer
+  absl::flat_hash_map<SequenceId, BlockTable> held_;  // FinishAndHold's blocks
   uint64_t next_arrival_ = 0;
   SchedulerStats counters_;
 };

@@ -172,6 +172,17 @@ class FakeEngine {
     return found;
   }
 
+  // Cancel, keeping the blocks (Scheduler::FinishAndHold): none goes back to the pool.
+  bool CancelAndHold(SequenceId id) {
+    const int64_t used = pool_->num_used();
+    const bool found = sched_.FinishAndHold(id);
+    EXPECT_EQ(found, live_.erase(id) == 1) << "sequence " << id;
+    EXPECT_EQ(pool_->num_used(), used);
+    sched_.CheckInvariants();
+    CheckStats();
+    return found;
+  }
+
   // One engine step; `mid_step` runs between Schedule and Commit (e.g. to cancel a sequence).
   StepRecord Step(const std::function<void()>& mid_step = nullptr) {
     ScheduledStep step = sched_.Schedule();
@@ -449,8 +460,8 @@ class FakeEngine {
     EXPECT_EQ(st.waiting, num_live() - running);
     EXPECT_GE(st.wasted_slots, 0);
     EXPECT_LE(st.wasted_slots, (kBlockSize - 1) * running);
-    if (running == 0) {
-      EXPECT_EQ(st.used_blocks, 0);
+    if (running == 0) {  // only blocks FinishAndHold keeps (some may be shared)
+      EXPECT_LE(st.used_blocks, sched_.num_held_blocks());
     }
     EXPECT_EQ(st.admitted_tokens, admitted_tokens_);
     EXPECT_EQ(st.prefix_hit_tokens, prefix_hit_tokens_);
@@ -550,6 +561,44 @@ TEST(SchedulerTest, FinishReleasesBlocksOfRunningAndWaitingSequencesAtOnce) {
   EXPECT_EQ(pool->num_used(), 0);
   EXPECT_FALSE(engine.sched().HasWork());
   EXPECT_EQ(pool->num_free() + pool->num_cached(), 16);
+}
+
+TEST(SchedulerTest, FinishAndHoldKeepsTheBlocksUntilReleased) {
+  auto pool = MakePool(16);
+  FakeEngine engine(pool.get(), {});
+  ASSERT_TRUE(engine.Add({.id = 1, .prompt = Tokens(10, 0), .max_new_tokens = 4}).ok());
+  engine.Step();
+  ASSERT_EQ(pool->num_used(), 3);
+
+  EXPECT_FALSE(engine.CancelAndHold(99));
+  ASSERT_TRUE(engine.CancelAndHold(1));
+  EXPECT_FALSE(engine.sched().Contains(1));
+  EXPECT_FALSE(engine.sched().HasWork());
+  EXPECT_EQ(engine.sched().stats().finished_sequences, 1);
+  // Still allocated, and neither cached nor evictable: nothing may overwrite them.
+  EXPECT_EQ(pool->num_used(), 3);
+  EXPECT_EQ(pool->num_available(), 13);
+  EXPECT_EQ(engine.sched().num_held(), 1);
+  EXPECT_EQ(engine.sched().num_held_blocks(), 3);
+  engine.sched().CheckInvariants();
+  // The id is in use until the blocks are released.
+  EXPECT_EQ(engine.Add({.id = 1, .prompt = Tokens(4, 50), .max_new_tokens = 1}).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // A sequence that needs the whole rest of the pool runs beside them without taking one.
+  ASSERT_TRUE(engine.Add({.id = 2, .prompt = Tokens(40, 100), .max_new_tokens = 12}).ok());
+  engine.RunUntilIdle();
+  EXPECT_EQ(engine.Stream(2), Generate(Tokens(40, 100), 12));
+  EXPECT_EQ(engine.sched().num_held_blocks(), 3);
+  engine.sched().CheckInvariants();
+
+  EXPECT_TRUE(engine.sched().ReleaseHeld(1));
+  EXPECT_FALSE(engine.sched().ReleaseHeld(1));
+  EXPECT_EQ(engine.sched().num_held(), 0);
+  EXPECT_EQ(pool->num_used(), 0);
+  EXPECT_EQ(pool->num_available(), 16);
+  engine.sched().CheckInvariants();
+  EXPECT_TRUE(engine.Add({.id = 1, .prompt = Tokens(4, 50), .max_new_tokens = 1}).ok());
 }
 
 TEST(SchedulerTest, FinishOfASequenceSharingAPrefixKeepsTheSharedBlocks) {
