@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_conversion.h"
+#include "kvtransfer/prompt_write_plan.h"
 #include "proto/conversion.h"
 
 namespace tandem {
@@ -40,33 +41,384 @@ grpc::Status Invalid(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
 }
 
-absl::Time Deadline(const grpc::ServerContext& context, absl::Duration timeout) {
-  const absl::Time own = absl::Now() + timeout;
-  const auto client = context.deadline();
-  if (client == std::chrono::system_clock::time_point::max()) return own;
-  return std::min(own, absl::FromChrono(client));
-}
-
-// What one Prefill call shares with the engine thread and the transport's thread.
-struct Transfer {
-  absl::Mutex mu;
-  int64_t outstanding ABSL_GUARDED_BY(mu) = 0;
-  absl::Status error ABSL_GUARDED_BY(mu);
-  bool have_token ABSL_GUARDED_BY(mu) = false;
-  int32_t token ABSL_GUARDED_BY(mu) = -1;
-  std::optional<float> logprob ABSL_GUARDED_BY(mu);
-  int64_t reused_tokens ABSL_GUARDED_BY(mu) = -1;  // prefix found in this worker's own cache
-  uint64_t bytes ABSL_GUARDED_BY(mu) = 0;
-  absl::Time compute_done ABSL_GUARDED_BY(mu);
-  double compute_seconds ABSL_GUARDED_BY(mu) = 0;  // the first delta's prompt_seconds
-  absl::Time writes_done ABSL_GUARDED_BY(mu);
-};
-
 }  // namespace
+
+// One Prefill call. Owned by itself from Begin until gRPC's OnDone, and by every callback it
+// handed out (the engine's, the transport's, the timers'), so a late callback finds it alive;
+// once Finish was called the reactor is never touched again.
+//
+// It ends when the first token is known and every KV write it started has ended, or, given up
+// (the caller cancelled, the deadline passed), when the engine let go of the request and its
+// writes ended (or 10 x abandon_grace later). The engine holds the request's blocks
+// (GenerationRequest::hold_kv) until the engine let go and no write reads them; then the call
+// releases them.
+//
+// Threads: Begin on gRPC's (inside Prefill); the deltas, the KV layers and the engine's results
+// on the engine thread; write completions on the transport's; OnCancel on gRPC's; the timers on
+// the timer queue's. Everything shared is under mu_.
+class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
+                                         public std::enable_shared_from_this<PrefillCall> {
+ public:
+  PrefillCall(PrefillService* service, grpc::CallbackServerContext* context,
+              const v1::PrefillRequest* request, v1::PrefillResponse* response)
+      : service_(service),
+        context_(context),
+        request_(*request),
+        response_(response),
+        clock_(service->timers_->clock()),
+        start_(clock_->Now()) {}
+
+  void Begin(std::shared_ptr<PrefillCall> self) {
+    self_ = self;
+    if (!Prepare(self)) return;
+    service_->loop_->SubmitAsync(
+        id_for_submit_, MakeRequest(self), [self](const GenerationDelta& d) { self->OnDelta(d); },
+        [self](absl::Status s) {
+          if (s.ok()) return;
+          absl::MutexLock lock(&self->mu_);
+          self->refused_ = true;  // the engine never had it: nothing is held
+          self->engine_done_ = true;
+          self->FinishLocked(ToGrpcStatus(s));
+        });
+    // From here a CancelAsync reaches the engine after the submission. The call may have been
+    // given up, or even answered, meanwhile.
+    absl::MutexLock lock(&mu_);
+    submitted_ = true;
+    if (give_up_.has_value() && !engine_done_) CancelEngine();
+    if (!finished_) {
+      deadline_timer_ = service_->timers_->At(deadline_, [self] {
+        self->GiveUp(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                  "the prefill's deadline passed"));
+      });
+    }
+    Progress();
+  }
+
+  // Checks the request, connects to the destination and registers the call; false when the call
+  // has finished with an error instead.
+  bool Prepare(const std::shared_ptr<PrefillCall>& self) {
+    absl::MutexLock lock(&mu_);
+    if (grpc::Status invalid = Validate(); !invalid.ok()) {
+      FinishLocked(invalid);
+      return false;
+    }
+    const absl::Duration timeout = request_.timeout_ms() > 0
+                                       ? absl::Milliseconds(request_.timeout_ms())
+                                       : service_->options_.default_timeout;
+    deadline_ = start_ + timeout;
+    const auto client = context_->deadline();
+    if (client != std::chrono::system_clock::time_point::max()) {
+      deadline_ = std::min(deadline_, absl::FromChrono(client));
+    }
+    absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> conn =
+        service_->ConnectionTo(request_.destination(), pool_, deadline_);
+    if (!conn.ok()) {
+      FinishLocked(ToGrpcStatus(conn.status()));
+      return false;
+    }
+    connection_ = *std::move(conn);
+    absl::StatusOr<kvtransfer::PromptWritePlan> plan = kvtransfer::PromptWritePlan::Create(
+        {.block_size = service_->loop_->kv_layout().block_size,
+         .num_layers = service_->loop_->kv_layout().num_layers,
+         .destination_cached_tokens = request_.num_destination_cached_tokens(),
+         .destination_blocks = {request_.destination().block_ids().begin(),
+                                request_.destination().block_ids().end()}});
+    if (!plan.ok()) {
+      FinishLocked(ToGrpcStatus(plan.status()));
+      return false;
+    }
+    plan_.emplace(*std::move(plan));
+    {
+      absl::MutexLock service_lock(&service_->mu_);
+      id_ = service_->next_id_++;
+      service_->calls_[request_.request_id()] = self;
+    }
+    id_for_submit_ = id_;
+    return true;
+  }
+
+  void OnCancel() override {
+    GiveUp(grpc::Status(grpc::StatusCode::CANCELLED, "the caller cancelled the prefill"));
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&service_->mu_);
+      auto it = service_->calls_.find(request_.request_id());
+      if (it != service_->calls_.end() && it->second.lock().get() == this) {
+        service_->calls_.erase(it);
+      }
+    }
+    self_.reset();  // the last callback still holding the call frees it
+  }
+
+  // The caller went away, the deadline passed, or the Cancel RPC: the engine drops the request
+  // (if it still has it), writes still running abandon_grace later are ended by cancelling the
+  // connection. False when the call had already ended or was given up.
+  bool GiveUp(grpc::Status why) {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || give_up_.has_value()) return false;
+    // The token came but the writes did not end in time.
+    if (have_token_ && why.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      why = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                         "the KV writes did not finish before the deadline");
+    }
+    give_up_ = why;
+    given_up_at_ = clock_->Now();
+    std::shared_ptr<PrefillCall> self = shared_from_this();
+    if (submitted_ && !engine_done_) CancelEngine();
+    grace_timer_ = service_->timers_->At(given_up_at_ + service_->options_.abandon_grace,
+                                         [self] { self->AbandonWrites(); });
+    last_timer_ = service_->timers_->At(given_up_at_ + 10 * service_->options_.abandon_grace,
+                                        [self] { self->StopWaiting(); });
+    Progress();
+    return true;
+  }
+
+ private:
+  // Drops the request in the engine; the engine has let go of it once this is done.
+  void CancelEngine() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    service_->loop_->CancelAsync(id_, [self = shared_from_this()](bool) {
+      absl::MutexLock lock(&self->mu_);
+      self->engine_done_ = true;
+      self->Progress();
+    });
+  }
+
+  grpc::Status Validate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    EngineLoop* loop = service_->loop_;
+    if (!request_.model().empty() && request_.model() != loop->model_id()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("model '", request_.model(), "' is not served here"));
+    }
+    const int64_t n = request_.token_ids_size();
+    const int64_t bs = loop->kv_layout().block_size;
+    const int64_t dst_cached = request_.num_destination_cached_tokens();
+    if (n == 0) return Invalid("the prompt is empty");
+    if (dst_cached % bs != 0 || dst_cached >= n) {
+      return Invalid(absl::StrCat("num_destination_cached_tokens ", dst_cached,
+                                  " must be a multiple of ", bs, " below the prompt's ", n));
+    }
+    if (request_.destination().block_ids_size() < (n + bs - 1) / bs) {
+      return Invalid(absl::StrCat("the destination has ", request_.destination().block_ids_size(),
+                                  " blocks; the prompt needs ", (n + bs - 1) / bs));
+    }
+    absl::StatusOr<kvtransfer::PoolDescriptor> pool =
+        kvtransfer::FromProto(request_.destination().pool());
+    if (!pool.ok()) return ToGrpcStatus(pool.status());
+    for (uint32_t b : request_.destination().block_ids()) {
+      if (static_cast<int64_t>(b) >= pool->layout.num_blocks) {
+        return Invalid(absl::StrCat("destination block ", b, " is outside its pool of ",
+                                    pool->layout.num_blocks));
+      }
+    }
+    pool_ = *std::move(pool);
+    return grpc::Status::OK;
+  }
+
+  GenerationRequest MakeRequest(const std::shared_ptr<PrefillCall>& self) {
+    GenerationRequest r;
+    r.prompt.assign(request_.token_ids().begin(), request_.token_ids().end());
+    r.sampling = SamplingFromProto(request_.sampling());
+    r.priority = request_.priority();
+    // Only the next token, sampled after the request's earlier output (a migrated request).
+    r.prior_output_tokens = request_.num_prior_output_tokens();
+    r.sampling.max_tokens = r.prior_output_tokens + 1;
+    r.sampling.min_tokens = std::min<int64_t>(r.sampling.min_tokens, r.prior_output_tokens + 1);
+    r.on_kv_layer = [self](const KvLayerDone& d) { self->OnKvLayer(d); };
+    r.hold_kv = true;  // released once no write reads the blocks
+    return r;
+  }
+
+  // On the engine thread: starts the writes of one computed layer; the transport ends them on
+  // its own thread.
+  void OnKvLayer(const KvLayerDone& d) {
+    std::vector<kvtransfer::WriteOp> ops;
+    absl::Time deadline;
+    std::shared_ptr<kvtransfer::Connection> connection;
+    {
+      absl::MutexLock lock(&mu_);
+      if (reused_tokens_ < 0) reused_tokens_ = d.first_position;
+      ops = plan_->OnLayer(d.layer, d.first_position, d.num_tokens, d.block_table);
+      if (!error_.ok() || give_up_.has_value()) return;  // nobody will read them
+      const uint64_t block_bytes =
+          static_cast<uint64_t>(service_->loop_->kv_layout().block_bytes());
+      for (const kvtransfer::WriteOp& op : ops) {
+        bytes_ += op.blocks.size() * static_cast<uint64_t>(op.num_layers) * block_bytes;
+      }
+      outstanding_ += static_cast<int64_t>(ops.size());  // counted before any can end
+      deadline = deadline_;
+      connection = connection_;
+    }
+    std::shared_ptr<PrefillCall> self = shared_from_this();
+    for (const kvtransfer::WriteOp& op : ops) {
+      absl::Status started = connection->Write(
+          op, deadline, [self](absl::Status s) { self->OnWriteDone(std::move(s)); });
+      if (!started.ok()) {
+        absl::MutexLock lock(&mu_);
+        --outstanding_;
+        error_.Update(started);
+        Progress();
+      }
+    }
+  }
+
+  void OnWriteDone(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    --outstanding_;
+    if (!s.ok()) error_.Update(s);
+    writes_done_ = clock_->Now();
+    Progress();
+  }
+
+  // The request's only delta (max_tokens is one more than its prior output), on the engine
+  // thread; the engine has let go of the request.
+  void OnDelta(const GenerationDelta& d) {
+    absl::MutexLock lock(&mu_);
+    engine_done_ = true;
+    if (d.finish == sampling::FinishReason::kError || d.token < 0) {
+      error_.Update(absl::InternalError("the engine failed computing the prompt"));
+    } else {
+      have_token_ = true;
+      token_ = d.token;
+      logprob_ = d.logprob;
+    }
+    compute_done_ = clock_->Now();
+    compute_seconds_ = d.prompt_seconds;
+    Progress();
+  }
+
+  // abandon_grace after giving up: writes still running end by cancelling their connection.
+  void AbandonWrites() {
+    std::shared_ptr<kvtransfer::Connection> connection;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || outstanding_ == 0) return;
+      LOG(WARNING) << "request " << request_.request_id() << ": " << outstanding_
+                   << " KV writes to " << request_.destination().worker_id()
+                   << " still running after the prefill was given up; closing the connection";
+      connection = connection_;
+    }
+    // Outside mu_: the writes' completions run inside Cancel.
+    connection->Cancel();
+    service_->ForgetConnection(connection.get());
+  }
+
+  // 10 x abandon_grace after giving up: the call answers even though writes did not end; the
+  // engine keeps the blocks until they do.
+  void StopWaiting() {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    LOG(ERROR) << "request " << request_.request_id() << ": " << outstanding_
+               << " KV writes did not end after their connection was cancelled";
+    FinishLocked(*give_up_);
+  }
+
+  // Finishes the call when it is complete, and releases the blocks once nothing reads them.
+  void Progress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (submitted_ && !refused_ && engine_done_ && outstanding_ == 0 && !released_) {
+      released_ = true;
+      service_->loop_->ReleaseKvAsync(id_);
+    }
+    if (finished_) return;
+    if (give_up_.has_value()) {
+      if (engine_done_ && outstanding_ == 0) FinishLocked(*give_up_);
+      return;
+    }
+    if (!engine_done_ || outstanding_ > 0) return;
+    if (!have_token_ || !error_.ok()) {
+      // The connection may be broken for good: the next request connects again.
+      if (connection_ != nullptr) service_->ForgetConnection(connection_.get());
+      return FinishLocked(
+          have_token_ ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                     absl::StrCat("writing the KV to ",
+                                                  request_.destination().worker_id(),
+                                                  " failed: ", error_.message()))
+                      : ToGrpcStatus(error_));
+    }
+    FillResponse();
+    FinishLocked(grpc::Status::OK);
+  }
+
+  void FillResponse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Metrics().bytes.Increment(static_cast<double>(bytes_));
+    const absl::Time in_place = std::max(writes_done_, compute_done_);
+    Metrics().seconds.Observe(absl::ToDoubleSeconds(in_place - start_));
+    response_->set_first_token_id(token_);
+    if (logprob_.has_value()) {
+      response_->mutable_first_token_logprobs()->set_token_id(token_);
+      response_->mutable_first_token_logprobs()->set_logprob(*logprob_);
+    }
+    const int64_t n = request_.token_ids_size();
+    const int64_t reused = std::max<int64_t>(0, reused_tokens_);
+    response_->set_num_reused_tokens(static_cast<uint32_t>(reused));
+    response_->set_num_computed_tokens(static_cast<uint32_t>(n - reused));
+    // The engine timed the prompt's steps; before them it queued.
+    const absl::Time compute_start =
+        std::max(compute_done_ - absl::Seconds(compute_seconds_), start_);
+    v1::PrefillTimings* t = response_->mutable_timings();
+    t->set_queue_us(MicrosForProto(compute_start - start_));
+    t->set_compute_us(MicrosForProto(compute_done_ - compute_start));
+    t->set_transfer_us(MicrosForProto(in_place - compute_start));
+    t->set_transfer_bytes(bytes_);
+  }
+
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    for (TimerQueue::Id timer : {deadline_timer_, grace_timer_, last_timer_}) {
+      if (timer != 0) service_->timers_->Cancel(timer);
+    }
+    Metrics().requests.Add({{"outcome", status.ok() ? "ok" : "error"}}).Increment();
+    Finish(status);
+  }
+
+  PrefillService* const service_;
+  grpc::CallbackServerContext* const context_;
+  const v1::PrefillRequest request_;  // a copy: the callbacks may outlive gRPC's
+  v1::PrefillResponse* const response_;
+  Clock* const clock_;
+  const absl::Time start_;
+  std::shared_ptr<PrefillCall> self_;  // from Begin until OnDone
+  uint64_t id_for_submit_ = 0;         // id_, read by Begin without the lock
+
+  absl::Mutex mu_;
+  uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;  // the engine's
+  kvtransfer::PoolDescriptor pool_ ABSL_GUARDED_BY(mu_);
+  absl::Time deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::shared_ptr<kvtransfer::Connection> connection_ ABSL_GUARDED_BY(mu_);
+  std::optional<kvtransfer::PromptWritePlan> plan_ ABSL_GUARDED_BY(mu_);
+  bool submitted_ ABSL_GUARDED_BY(mu_) = false;    // posted to the engine (it may refuse it)
+  bool refused_ ABSL_GUARDED_BY(mu_) = false;      // ... and it did
+  bool engine_done_ ABSL_GUARDED_BY(mu_) = false;  // ... and has let go of it
+  bool released_ ABSL_GUARDED_BY(mu_) = false;     // its held blocks were released
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;     // Finish was called
+  std::optional<grpc::Status> give_up_ ABSL_GUARDED_BY(mu_);
+  absl::Time given_up_at_ ABSL_GUARDED_BY(mu_);
+  TimerQueue::Id deadline_timer_ ABSL_GUARDED_BY(mu_) = 0;
+  TimerQueue::Id grace_timer_ ABSL_GUARDED_BY(mu_) = 0;
+  TimerQueue::Id last_timer_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // writes started and not ended
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool have_token_ ABSL_GUARDED_BY(mu_) = false;
+  int32_t token_ ABSL_GUARDED_BY(mu_) = -1;
+  std::optional<float> logprob_ ABSL_GUARDED_BY(mu_);
+  int64_t reused_tokens_ ABSL_GUARDED_BY(mu_) = -1;  // prefix found in this worker's own cache
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time compute_done_ ABSL_GUARDED_BY(mu_);
+  double compute_seconds_ ABSL_GUARDED_BY(mu_) = 0;  // the delta's prompt_seconds
+  absl::Time writes_done_ ABSL_GUARDED_BY(mu_);
+};
 
 PrefillService::PrefillService(EngineLoop* loop, kvtransfer::KvTransport* transport,
                                Options options)
-    : loop_(loop), transport_(transport), options_(std::move(options)) {}
+    : loop_(loop),
+      transport_(transport),
+      options_(std::move(options)),
+      own_timers_(options_.timers == nullptr ? std::make_unique<TimerQueue>() : nullptr),
+      timers_(options_.timers != nullptr ? options_.timers : own_timers_.get()) {}
+
+PrefillService::~PrefillService() = default;
 
 absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> PrefillService::ConnectionTo(
     const v1::KvDestination& destination, const kvtransfer::PoolDescriptor& pool,
@@ -96,231 +448,30 @@ void PrefillService::ForgetConnection(const kvtransfer::Connection* connection) 
   }
 }
 
-grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
-                                     const v1::PrefillRequest* request,
-                                     v1::PrefillResponse* response) {
-  grpc::Status status = Serve(context, request, response);
-  Metrics().requests.Add({{"outcome", status.ok() ? "ok" : "error"}}).Increment();
-  return status;
+grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
+                                                  const v1::PrefillRequest* request,
+                                                  v1::PrefillResponse* response) {
+  auto call = std::make_shared<PrefillCall>(this, context, request, response);
+  call->Begin(call);
+  return call.get();
 }
 
-grpc::Status PrefillService::Serve(grpc::ServerContext* context, const v1::PrefillRequest* request,
-                                   v1::PrefillResponse* response) {
-  const absl::Time start = absl::Now();
-  if (!request->model().empty() && request->model() != loop_->model_id()) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("model '", request->model(), "' is not served here"));
-  }
-  const int64_t n = request->token_ids_size();
-  const int64_t bs = loop_->kv_layout().block_size;
-  const int64_t dst_cached = request->num_destination_cached_tokens();
-  if (n == 0) return Invalid("the prompt is empty");
-  if (dst_cached % bs != 0 || dst_cached >= n) {
-    return Invalid(absl::StrCat("num_destination_cached_tokens ", dst_cached,
-                                " must be a multiple of ", bs, " below the prompt's ", n));
-  }
-  if (request->destination().block_ids_size() < (n + bs - 1) / bs) {
-    return Invalid(absl::StrCat("the destination has ", request->destination().block_ids_size(),
-                                " blocks; the prompt needs ", (n + bs - 1) / bs));
-  }
-  absl::StatusOr<kvtransfer::PoolDescriptor> pool =
-      kvtransfer::FromProto(request->destination().pool());
-  if (!pool.ok()) return ToGrpcStatus(pool.status());
-  for (uint32_t b : request->destination().block_ids()) {
-    if (static_cast<int64_t>(b) >= pool->layout.num_blocks) {
-      return Invalid(absl::StrCat("destination block ", b, " is outside its pool of ",
-                                  pool->layout.num_blocks));
-    }
-  }
-  const absl::Duration timeout = request->timeout_ms() > 0
-                                     ? absl::Milliseconds(request->timeout_ms())
-                                     : options_.default_timeout;
-  const absl::Time deadline = Deadline(*context, timeout);
-  absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> conn =
-      ConnectionTo(request->destination(), *pool, deadline);
-  if (!conn.ok()) return ToGrpcStatus(conn.status());
-
-  std::vector<int32_t> dst(request->destination().block_ids().begin(),
-                           request->destination().block_ids().end());
-  auto transfer = std::make_shared<Transfer>();
-  const int64_t num_layers = loop_->kv_layout().num_layers;
-  const uint64_t block_bytes = static_cast<uint64_t>(loop_->kv_layout().block_bytes());
-  std::shared_ptr<kvtransfer::Connection> connection = *conn;
-
-  // Writes layers [first, first + count) of logical blocks [from, to) on the engine thread; the
-  // transport completes them on its own.
-  auto write = [transfer, connection, dst, deadline, block_bytes](
-                   absl::Span<const int32_t> table, int64_t from, int64_t to, int64_t first,
-                   int64_t count) {
-    kvtransfer::WriteOp op{.blocks = {}, .first_layer = static_cast<int32_t>(first),
-                           .num_layers = static_cast<int32_t>(count)};
-    for (int64_t k = from; k < to; ++k) {
-      op.blocks.push_back({.src = table[static_cast<size_t>(k)], .dst = dst[static_cast<size_t>(k)]});
-    }
-    if (op.blocks.empty()) return;
-    {
-      absl::MutexLock lock(&transfer->mu);
-      if (!transfer->error.ok()) return;
-      ++transfer->outstanding;
-      transfer->bytes += op.blocks.size() * static_cast<uint64_t>(count) * block_bytes;
-    }
-    absl::Status started = connection->Write(op, deadline, [transfer](absl::Status s) {
-      absl::MutexLock lock(&transfer->mu);
-      --transfer->outstanding;
-      if (!s.ok()) transfer->error.Update(s);
-      transfer->writes_done = absl::Now();
-    });
-    if (!started.ok()) {
-      absl::MutexLock lock(&transfer->mu);
-      --transfer->outstanding;
-      transfer->error.Update(started);
-    }
-  };
-
-  GenerationRequest r;
-  r.prompt.assign(request->token_ids().begin(), request->token_ids().end());
-  r.sampling = SamplingFromProto(request->sampling());
-  r.priority = request->priority();
-  // Only the next token, sampled after the request's earlier output (a migrated request).
-  r.prior_output_tokens = request->num_prior_output_tokens();
-  r.sampling.max_tokens = r.prior_output_tokens + 1;
-  r.sampling.min_tokens = std::min<int64_t>(r.sampling.min_tokens, r.prior_output_tokens + 1);
-  const int64_t dst_cached_blocks = dst_cached / bs;
-  r.on_kv_layer = [transfer, write, dst_cached_blocks, bs, num_layers](const KvLayerDone& d) {
-    {
-      absl::MutexLock lock(&transfer->mu);
-      if (transfer->reused_tokens < 0) transfer->reused_tokens = d.first_position;
-    }
-    // What this worker's own cache supplied was not computed: send it whole, once.
-    if (d.layer == 0) {
-      write(d.block_table, dst_cached_blocks, std::max(dst_cached_blocks, d.first_position / bs), 0,
-            num_layers);
-    }
-    const int64_t from = std::max(dst_cached_blocks, d.first_position / bs);
-    const int64_t to = (d.first_position + d.num_tokens + bs - 1) / bs;
-    write(d.block_table, from, to, d.layer, 1);
-  };
-  uint64_t id;
-  {
-    absl::MutexLock lock(&mu_);
-    id = next_id_++;
-    calls_[request->request_id()] = id;
-  }
-  struct Unregister {
-    PrefillService* self;
-    const std::string& key;
-    ~Unregister() {
-      absl::MutexLock lock(&self->mu_);
-      self->calls_.erase(key);
-    }
-  } unregister{this, request->request_id()};
-
-  const absl::Status submitted =
-      loop_->Submit(id, std::move(r), [transfer, deadline](const GenerationDelta& d) {
-        absl::MutexLock lock(&transfer->mu);
-        transfer->token = d.token;
-        transfer->logprob = d.logprob;
-        transfer->compute_done = absl::Now();
-        transfer->compute_seconds = d.prompt_seconds;
-        // The request's blocks are released when this returns: its writes must be done first.
-        transfer->mu.AwaitWithDeadline(
-            absl::Condition(
-                +[](Transfer* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu) { return t->outstanding == 0; },
-                transfer.get()),
-            deadline);
-        transfer->have_token = true;
-      });
-  if (!submitted.ok()) return ToGrpcStatus(submitted);
-
-  // Wait for the token (and the writes), the deadline or the caller going away. A prefill given
-  // up is cancelled in the engine without waiting here (the engine thread may be waiting for its
-  // writes in the delta callback); writes still running abandon_grace later are ended by
-  // cancelling the connection.
-  auto engine_done = std::make_shared<absl::Notification>();
-  absl::Time given_up = absl::InfiniteFuture();
-  bool connection_cancelled = false;
-  absl::MutexLock lock(&transfer->mu);
-  while (!transfer->have_token) {
-    const absl::Time now = absl::Now();
-    if (given_up == absl::InfiniteFuture() && (context->IsCancelled() || now > deadline)) {
-      given_up = now;
-      transfer->mu.Unlock();
-      loop_->CancelAsync(id, [engine_done](bool) { engine_done->Notify(); });
-      transfer->mu.Lock();
-    }
-    if (given_up != absl::InfiniteFuture()) {
-      // Done once the engine let go of the request and no write reads its blocks any more.
-      if (engine_done->HasBeenNotified() && transfer->outstanding == 0) break;
-      if (engine_done->HasBeenNotified() && now > given_up + 10 * options_.abandon_grace) {
-        LOG(ERROR) << "request " << request->request_id() << ": " << transfer->outstanding
-                   << " KV writes did not end after their connection was cancelled";
-        break;
-      }
-      if (!connection_cancelled && transfer->outstanding > 0 &&
-          now > given_up + options_.abandon_grace) {
-        connection_cancelled = true;
-        LOG(WARNING) << "request " << request->request_id() << ": " << transfer->outstanding
-                     << " KV writes to " << request->destination().worker_id()
-                     << " still running after the prefill was given up; closing the connection";
-        transfer->mu.Unlock();
-        connection->Cancel();
-        ForgetConnection(connection.get());
-        transfer->mu.Lock();
-      }
-    }
-    transfer->mu.AwaitWithTimeout(absl::Condition(&transfer->have_token), absl::Milliseconds(50));
-  }
-  if (!transfer->have_token) {
-    return context->IsCancelled()
-               ? grpc::Status(grpc::StatusCode::CANCELLED, "the caller cancelled the prefill")
-               : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the prefill's deadline passed");
-  }
-  if (transfer->outstanding > 0 || !transfer->error.ok()) {
-    // The connection may be broken for good: the next request connects again.
-    ForgetConnection(connection.get());
-  }
-  if (transfer->outstanding > 0) {
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        "the KV writes did not finish before the deadline");
-  }
-  if (!transfer->error.ok()) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        absl::StrCat("writing the KV to ", request->destination().worker_id(),
-                                     " failed: ", transfer->error.message()));
-  }
-  Metrics().bytes.Increment(static_cast<double>(transfer->bytes));
-  const absl::Time in_place = std::max(transfer->writes_done, transfer->compute_done);
-  Metrics().seconds.Observe(absl::ToDoubleSeconds(in_place - start));
-  response->set_first_token_id(transfer->token);
-  if (transfer->logprob.has_value()) {
-    response->mutable_first_token_logprobs()->set_token_id(transfer->token);
-    response->mutable_first_token_logprobs()->set_logprob(*transfer->logprob);
-  }
-  const int64_t reused = std::max<int64_t>(0, transfer->reused_tokens);
-  response->set_num_reused_tokens(static_cast<uint32_t>(reused));
-  response->set_num_computed_tokens(static_cast<uint32_t>(n - reused));
-  // The engine timed the prompt's steps; before them it queued.
-  const absl::Time compute_start =
-      std::max(transfer->compute_done - absl::Seconds(transfer->compute_seconds), start);
-  v1::PrefillTimings* t = response->mutable_timings();
-  t->set_queue_us(MicrosForProto(compute_start - start));
-  t->set_compute_us(MicrosForProto(transfer->compute_done - compute_start));
-  t->set_transfer_us(MicrosForProto(in_place - compute_start));
-  t->set_transfer_bytes(transfer->bytes);
-  return grpc::Status::OK;
-}
-
-grpc::Status PrefillService::Cancel(grpc::ServerContext* /*context*/,
-                                    const v1::CancelRequest* request,
-                                    v1::CancelResponse* response) {
-  uint64_t id = 0;
+grpc::ServerUnaryReactor* PrefillService::Cancel(grpc::CallbackServerContext* context,
+                                                 const v1::CancelRequest* request,
+                                                 v1::CancelResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<PrefillCall> call;
   {
     absl::MutexLock lock(&mu_);
     auto it = calls_.find(request->request_id());
-    if (it != calls_.end()) id = it->second;
+    if (it != calls_.end()) call = it->second.lock();
   }
-  response->set_found(id != 0 && loop_->Cancel(id));
-  return grpc::Status::OK;
+  // The call answers CANCELLED once the engine let go of it and its writes ended.
+  response->set_found(call != nullptr &&
+                      call->GiveUp(grpc::Status(grpc::StatusCode::CANCELLED,
+                                                "the prefill was cancelled by its caller")));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
 }  // namespace tandem

@@ -2,6 +2,11 @@
 // with the other prompts in its engine), writes each layer's K/V straight into the decode
 // worker's blocks as soon as the layer is computed, and answers with the first token once every
 // write is in place.
+//
+// Built on gRPC's callback API, and nothing in it waits: a call holds no thread while its prompt
+// queues, computes or transfers. The engine keeps a prompt's blocks after its last step
+// (GenerationRequest::hold_kv) until the transport reports the writes that read them done, so a
+// slow or stuck decode peer delays only its own request, never the engine's batch.
 #ifndef TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 #define TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 
@@ -10,13 +15,14 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "worker/engine_loop.h"
+#include "common/timer_queue.h"
 #include "kvtransfer/kv_transport.h"
 #include "tandem/v1/worker.grpc.pb.h"
+#include "worker/engine_loop.h"
 
 namespace tandem {
 
-class PrefillService final : public v1::Prefill::Service {
+class PrefillService final : public v1::Prefill::CallbackService {
  public:
   struct Options {
     std::string worker_id;
@@ -26,21 +32,29 @@ class PrefillService final : public v1::Prefill::Service {
     // ended this long after: its connection is cancelled, which ends them at once (and the other
     // writes on it) and lands none of them later, so that its blocks can be freed here and the
     // decode worker can reuse its own. The peer is then most likely unreachable; the next
-    // request connects again.
+    // request connects again. The call answers once its writes ended, or 10 x abandon_grace
+    // after it was given up (its blocks then stay held until the writes end).
     absl::Duration abandon_grace = absl::Seconds(1);
+    // Runs the deadlines and abandon_grace, on its clock. Null: the service's own queue over
+    // the real clock. Must outlive the service.
+    TimerQueue* timers = nullptr;
   };
 
   // `loop` and `transport` (with the loop's pool registered) must outlive the service.
   PrefillService(EngineLoop* loop, kvtransfer::KvTransport* transport, Options options);
+  // Stops the service's own timers. Call after the server has shut down.
+  ~PrefillService() override;
 
-  grpc::Status Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
-                       v1::PrefillResponse* response) override;
-  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
-                      v1::CancelResponse* response) override;
+  grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
+                                    const v1::PrefillRequest* request,
+                                    v1::PrefillResponse* response) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
+                                   const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) override;
 
  private:
-  grpc::Status Serve(grpc::ServerContext* context, const v1::PrefillRequest* request,
-                     v1::PrefillResponse* response);
+  class PrefillCall;
+
   // A connection to the destination pool, reused across requests until it breaks
   // (ForgetConnection).
   absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> ConnectionTo(
@@ -53,9 +67,12 @@ class PrefillService final : public v1::Prefill::Service {
   EngineLoop* const loop_;
   kvtransfer::KvTransport* const transport_;
   const Options options_;
+  std::unique_ptr<TimerQueue> own_timers_;  // when Options::timers is null
+  TimerQueue* const timers_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<std::string, uint64_t> calls_ ABSL_GUARDED_BY(mu_);  // request id -> engine id
+  // Calls by request id, for the Cancel RPC.
+  absl::flat_hash_map<std::string, std::weak_ptr<PrefillCall>> calls_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<kvtransfer::Connection>> connections_
       ABSL_GUARDED_BY(mu_);
 };

@@ -421,7 +421,10 @@ def test_c_a_prefill_host_cut_mid_transfer_leaks_no_block(pb):
             print(cluster.net.shape(w.host, rate_mbit=rate_mbit))
         prompt = "Who kept the last lighthouse? " + LONG * 2  # no prefix cached anywhere
         stream = GrpcStream(pb, cluster, prompt, max_tokens)
-        busy = wait_until(lambda: next((w for w in cluster.prefill if w.running() >= 1), None),
+        # A prefill worker holds the prompt's blocks from its first step until the last write to
+        # the decode worker ended (it computes in a fraction of the transfer's time).
+        busy = wait_until(lambda: next((w for w in cluster.prefill if (w.blocks()[1] or 0) > 0),
+                                       None),
                           timeout=60, interval=0.02, what="a prefill worker to take the prompt")
         assert not stream.flowing.is_set(), "the KV arrived before the cut"
         cut_at = time.monotonic()
