@@ -352,8 +352,8 @@ absl::Status RunServingRows(const std::string& model_path, int threads, int reps
   constexpr int64_t kServePrompt = 128, kServeOutput = 64, kPrefix = 512, kSuffix = 16;
   const int64_t kConcurrency[] = {1, 8, 32, 64};
   LocalEngine::Options options;
-  options.forward.num_threads = threads;
-  options.forward.block_size = kBlockSize;
+  options.cpu.num_threads = threads;
+  options.cpu.block_size = kBlockSize;
   options.scheduler.max_running = 64;
   options.scheduler.max_tokens_per_step = 512;
   options.kv_blocks = 64 * ((kServePrompt + kServeOutput + kBlockSize - 1) / kBlockSize) + 8;
@@ -453,8 +453,8 @@ absl::Status Main() {
       max_decode_batch * ((decode_prompt + steps + 1 + kBlockSize - 1) / kBlockSize);
   const int64_t prefill_blocks = (kPrefillLengths[1] + 1 + kBlockSize - 1) / kBlockSize;
   LocalEngine::Options options;
-  options.forward.num_threads = threads;
-  options.forward.block_size = kBlockSize;
+  options.cpu.num_threads = threads;
+  options.cpu.block_size = kBlockSize;
   options.scheduler.max_running = max_decode_batch;
   options.kv_blocks = std::max(decode_blocks, prefill_blocks);
   absl::StatusOr<std::unique_ptr<LocalEngine>> engine = LocalEngine::Open(*model_path, options);

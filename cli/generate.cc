@@ -142,10 +142,10 @@ int RunRemoteGenerate(absl::string_view url) {
 int RunGenerate(const std::string& model_path) {
   if (!absl::GetFlag(FLAGS_url).empty()) return RunRemoteGenerate(absl::GetFlag(FLAGS_url));
   LocalEngine::Options options;
-  options.forward.num_threads = absl::GetFlag(FLAGS_threads);
+  options.cpu.num_threads = absl::GetFlag(FLAGS_threads);
   absl::StatusOr<DType> kv_dtype = ParseKvDType(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return ExitCode(kv_dtype.status());
-  options.forward.kv_dtype = *kv_dtype;
+  options.cpu.kv_dtype = *kv_dtype;
   auto engine = LocalEngine::Open(model_path, options);
   if (!engine.ok()) return ExitCode(engine.status());
 

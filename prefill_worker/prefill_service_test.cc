@@ -182,7 +182,7 @@ class PrefillServiceTest : public ::testing::Test {
       timers = timers_.get();
     }
     EngineLoop::Options options;
-    options.engine.forward.num_threads = 2;
+    options.engine.cpu.num_threads = 2;
     options.engine.kv_blocks = 64;
     options.engine.scheduler.max_running = 8;
     options.export_metrics = false;

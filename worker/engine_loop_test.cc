@@ -40,7 +40,7 @@ std::string ModelPath() {
 
 std::unique_ptr<EngineLoop> StartLoop(int64_t max_requests = 64) {
   EngineLoop::Options options;
-  options.engine.forward.num_threads = 2;
+  options.engine.cpu.num_threads = 2;
   options.engine.kv_blocks = 96;
   options.engine.scheduler.max_running = 8;
   options.max_requests = max_requests;

@@ -78,9 +78,9 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
                                                    s.message()));
   }
   EngineLoop::Options& o = f.loop;
-  o.engine.forward.num_threads = absl::GetFlag(FLAGS_threads);
+  o.engine.cpu.num_threads = absl::GetFlag(FLAGS_threads);
   o.engine.kv_cache_bytes = kv_mb << 20;
-  ASSIGN_OR_RETURN(o.engine.forward.kv_dtype, ParseKvDType(absl::GetFlag(FLAGS_kv_dtype)));
+  ASSIGN_OR_RETURN(o.engine.cpu.kv_dtype, ParseKvDType(absl::GetFlag(FLAGS_kv_dtype)));
   o.engine.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
   o.engine.scheduler.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
   o.engine.scheduler.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);

@@ -33,7 +33,7 @@ struct KvLayout {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   // Element type: F32, or F16 (half the memory and the bytes a transfer moves). Engines pick it
-  // with --kv_dtype (CpuForward::Options::kv_dtype), default F16; a bare layout is F32.
+  // with --kv_dtype (CpuBackend::Options::kv_dtype), default F16; a bare layout is F32.
   DType dtype = DType::kF32;
 
   // Strides in elements.

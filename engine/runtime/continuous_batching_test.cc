@@ -33,7 +33,7 @@ struct EngineConfig {
 
 std::unique_ptr<LocalEngine> OpenEngine(const EngineConfig& c) {
   LocalEngine::Options options;
-  options.forward.num_threads = 2;
+  options.cpu.num_threads = 2;
   options.kv_blocks = c.kv_blocks;
   options.scheduler.max_running = c.max_running;
   options.scheduler.max_tokens_per_step = c.budget;

@@ -70,10 +70,14 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(const std::string
   }
   const std::string& jinja = engine->tokenizer_->data().chat_template;
   if (!jinja.empty()) engine->chat_template_ = ChatTemplate::FromJinja(jinja);
-  ASSIGN_OR_RETURN(engine->forward_, CpuForward::Create(&engine->model_, options.forward));
+  if (options.backend != nullptr) {
+    ASSIGN_OR_RETURN(engine->backend_, options.backend(engine->model_));
+  } else {
+    ASSIGN_OR_RETURN(engine->backend_, CpuBackend::Create(&engine->model_, options.cpu));
+  }
   int64_t blocks = options.kv_blocks;
   if (blocks == 0) {
-    const int64_t block_bytes = engine->forward_->KvLayoutFor(1).block_stride_bytes();
+    const int64_t block_bytes = engine->backend_->KvLayoutFor(1).block_stride_bytes();
     blocks = options.kv_cache_bytes / block_bytes;
     if (blocks == 0) {
       return absl::InvalidArgumentError(absl::StrCat("kv_cache_bytes ", options.kv_cache_bytes,
@@ -82,10 +86,12 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(const std::string
     }
   }
   ASSIGN_OR_RETURN(engine->pool_,
-                   BlockPool::Create(engine->forward_->KvLayoutFor(blocks),
+                   BlockPool::Create(engine->backend_->KvLayoutFor(blocks),
                                      {.model_id = engine->model_id_,
                                       .enable_prefix_caching = options.enable_prefix_caching,
-                                      .allocator = options.kv_allocator}));
+                                      .allocator = options.kv_allocator.allocate != nullptr
+                                                       ? options.kv_allocator
+                                                       : engine->backend_->KvMemory()}));
   engine->scheduler_ = std::make_unique<Scheduler>(engine->pool_.get(), options.scheduler);
   const int32_t eos = engine->tokenizer_->eos_id();
   if (eos >= 0) engine->eos_ids_.push_back(eos);
@@ -355,7 +361,7 @@ absl::Status LocalEngine::Step(StepInfo* info) {
   }
   StepOutput& out = step_out_;
   const auto forward_start = Clock::now();
-  const absl::Status forward = forward_->Step(batch, &pool_->storage(), &out);
+  const absl::Status forward = backend_->Step(batch, &pool_->storage(), &out);
   in.forward_seconds = SecondsSince(forward_start);
   if (!forward.ok()) {
     // Nothing of this step can be trusted: end its requests.

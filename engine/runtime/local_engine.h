@@ -4,7 +4,7 @@
 // already computed is reused from the KV pool's prefix cache, and when KV blocks run out the
 // newest, least important sequence is preempted and recomputed later.
 //
-//   ASSIGN_OR_RETURN(auto engine, LocalEngine::Open(path, {.forward = {.num_threads = 4}}));
+//   ASSIGN_OR_RETURN(auto engine, LocalEngine::Open(path, {.cpu = {.num_threads = 4}}));
 //   ASSIGN_OR_RETURN(std::vector<int32_t> prompt, engine->EncodeChat({{"user", "Hi"}}));
 //   RETURN_IF_ERROR(engine->Add(/*id=*/7, {.prompt = prompt, .sampling = {.max_tokens = 64}},
 //                               [](const GenerationDelta& d) { std::cout << d.text; }));
@@ -25,7 +25,8 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/kv/block_pool.h"
-#include "engine/runtime/cpu_forward.h"
+#include "engine/runtime/backend.h"
+#include "engine/runtime/cpu_backend.h"
 #include "engine/sched/scheduler.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/sampling_options.h"
@@ -117,7 +118,11 @@ struct StepInfo {
 class LocalEngine {
  public:
   struct Options {
-    CpuForward::Options forward;
+    // Builds the backend that computes the steps, over the loaded model (which outlives it);
+    // null: a CpuBackend with `cpu`.
+    std::function<absl::StatusOr<std::unique_ptr<Backend>>(const LoadedModel& model)> backend =
+        nullptr;
+    CpuBackend::Options cpu;
     // KV blocks in the pool; 0: as many as kv_cache_bytes holds.
     int64_t kv_blocks = 0;
     int64_t kv_cache_bytes = int64_t{512} << 20;
@@ -125,7 +130,8 @@ class LocalEngine {
     bool enable_prefix_caching = true;
     // Input of every block hash; empty: the model file's name without its extension.
     std::string model_id;
-    // Where the KV pool's memory comes from (default: the heap).
+    // Where the KV pool's memory comes from (a transport's); none: the backend's
+    // (Backend::KvMemory: the heap for the CPU).
     KvAllocator kv_allocator = {};
   };
 
@@ -186,6 +192,7 @@ class LocalEngine {
 
   SchedulerStats scheduler_stats() const { return scheduler_->stats(); }
   BlockPool& kv_pool() { return *pool_; }
+  Backend& backend() { return *backend_; }
   const std::string& model_id() const { return model_id_; }
 
  private:
@@ -209,7 +216,7 @@ class LocalEngine {
   std::string model_id_;
   std::unique_ptr<Tokenizer> tokenizer_;
   absl::StatusOr<ChatTemplate> chat_template_;
-  std::unique_ptr<CpuForward> forward_;
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;
   RequestMap requests_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -17,7 +18,7 @@ using ::testing::HasSubstr;
 LocalEngine& Engine() {
   static LocalEngine* engine = [] {
     LocalEngine::Options options;
-    options.forward.num_threads = 2;
+    options.cpu.num_threads = 2;
     options.scheduler.max_running = 4;
     options.kv_blocks = 256;
     auto e = LocalEngine::Open(absl::StrCat(kSourceDir, "/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -231,6 +232,58 @@ TEST(LocalEngineTest, BadRequestsAreRejectedBeforeAnythingRuns) {
   absl::Status status;
   GenerateAll({Greedy("still serving", 3)}, &status);
   EXPECT_TRUE(status.ok()) << status;
+}
+
+// Delegates to a CpuBackend and counts the phases LocalEngine drives.
+class CountingBackend final : public Backend {
+ public:
+  explicit CountingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  const BackendSupport& support() const override { return inner_->support(); }
+  const ModelConfig& config() const override { return inner_->config(); }
+  KvLayout KvLayoutFor(int64_t num_blocks) const override { return inner_->KvLayoutFor(num_blocks); }
+  absl::Status Plan(const StepBatch& batch, const KvStorage& kv) override {
+    ++plans;
+    return inner_->Plan(batch, kv);
+  }
+  absl::Status Embed(const TensorDump& dump) override { return inner_->Embed(dump); }
+  absl::Status RunLayer(int64_t layer, KvStorage* kv, const TensorDump& dump) override {
+    ++layers;
+    return inner_->RunLayer(layer, kv, dump);
+  }
+  absl::Status Finish(StepOutput* out, const TensorDump& dump) override {
+    return inner_->Finish(out, dump);
+  }
+  int64_t plans = 0, layers = 0;
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+TEST(LocalEngineTest, StepsRunOnTheBackendItWasGiven) {
+  CountingBackend* counting = nullptr;
+  LocalEngine::Options options;
+  options.kv_blocks = 64;
+  options.backend = [&](const LoadedModel& model) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu, CpuBackend::Create(&model, {.num_threads = 2}));
+    auto b = std::make_unique<CountingBackend>(std::move(cpu));
+    counting = b.get();
+    return b;
+  };
+  auto engine = LocalEngine::Open(
+      absl::StrCat(kSourceDir, "/models/SmolLM2-135M-Instruct.Q4_1.gguf"), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_NE(counting, nullptr);
+  EXPECT_EQ(&(*engine)->backend(), counting);
+  const GenerationRequest request = Greedy("The capital of France is", 4);
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE((*engine)
+                  ->Generate({request}, [&](const GenerationDelta& d) { tokens.push_back(d.token); })
+                  .ok());
+  EXPECT_EQ(counting->plans, 4);  // the prompt, then three decode steps
+  EXPECT_EQ(counting->layers, 4 * counting->config().num_layers);
+  absl::Status status;
+  EXPECT_EQ(tokens, GenerateAll({request}, &status)[0].tokens);  // the default engine's
+  EXPECT_TRUE(status.ok());
 }
 
 }  // namespace

@@ -20,7 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "engine/runtime/cpu_forward.h"
+#include "engine/runtime/cpu_backend.h"
 
 namespace tandem {
 namespace {
@@ -44,7 +44,7 @@ absl::Status Run(int argc, char** argv) {
 
   ASSIGN_OR_RETURN(LoadedModel model, LoadModel(argv[1]));
   ASSIGN_OR_RETURN(auto forward,
-                   CpuForward::Create(&model, {.block_size = block_size, .kv_dtype = kv_dtype}));
+                   CpuBackend::Create(&model, {.block_size = block_size, .kv_dtype = kv_dtype}));
   const int64_t total = static_cast<int64_t>(tokens.size()) + greedy;
   ASSIGN_OR_RETURN(auto kv, KvStorage::Create(forward->KvLayoutFor(total / block_size + 1)));
   std::vector<int32_t> blocks(static_cast<size_t>(total / block_size + 1));

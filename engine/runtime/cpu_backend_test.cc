@@ -1,4 +1,4 @@
-#include "engine/runtime/cpu_forward.h"
+#include "engine/runtime/cpu_backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -30,13 +30,13 @@ const LoadedModel& DefaultModel() {
 }
 
 struct Harness {
-  std::unique_ptr<CpuForward> forward;
+  std::unique_ptr<CpuBackend> forward;
   std::unique_ptr<KvStorage> kv;
 };
 
 Harness MakeHarness(int64_t block_size = 16, int64_t num_blocks = 64, bool prefetch_kv = true) {
   Harness h;
-  auto forward = CpuForward::Create(
+  auto forward = CpuBackend::Create(
       &DefaultModel(),
       {.num_threads = 2, .block_size = block_size, .prefetch_kv = prefetch_kv});
   CHECK(forward.ok()) << forward.status();
@@ -88,7 +88,7 @@ void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, float
   EXPECT_EQ(Argmax(a), Argmax(b));
 }
 
-TEST(CpuForwardTest, LogitsAreFiniteAndVaried) {
+TEST(CpuBackendTest, LogitsAreFiniteAndVaried) {
   Harness h = MakeHarness();
   const std::vector<float> logits = PrefillLogits(h, kPromptA, kPromptA.size());
   ASSERT_EQ(static_cast<int64_t>(logits.size()), DefaultModel().config.vocab_size);
@@ -100,7 +100,7 @@ TEST(CpuForwardTest, LogitsAreFiniteAndVaried) {
 // Chunked prefill and token-by-token decoding go through the paged cache; they must give the same
 // logits as one prefill of the whole prompt. Each row is computed independently, so the only
 // differences are float summation orders inside attention.
-TEST(CpuForwardTest, ChunkingAndDecodingMatchOneShotPrefill) {
+TEST(CpuBackendTest, ChunkingAndDecodingMatchOneShotPrefill) {
   Harness h = MakeHarness();
   const std::vector<float> whole = PrefillLogits(h, kPromptA, kPromptA.size());
   for (size_t chunk : {1, 3, 7, 16}) {
@@ -109,7 +109,7 @@ TEST(CpuForwardTest, ChunkingAndDecodingMatchOneShotPrefill) {
   }
 }
 
-TEST(CpuForwardTest, BlockSizeDoesNotChangeTheResult) {
+TEST(CpuBackendTest, BlockSizeDoesNotChangeTheResult) {
   Harness h16 = MakeHarness(16);
   Harness h1 = MakeHarness(1, 64);
   Harness h5 = MakeHarness(5, 64);
@@ -120,7 +120,7 @@ TEST(CpuForwardTest, BlockSizeDoesNotChangeTheResult) {
 
 // A step mixing a prefill chunk of one sequence with a decode token of another gives each the
 // logits it gets alone.
-TEST(CpuForwardTest, MixedBatchMatchesSequencesAlone) {
+TEST(CpuBackendTest, MixedBatchMatchesSequencesAlone) {
   Harness h = MakeHarness();
   const std::vector<float> alone_a = PrefillLogits(h, kPromptA, kPromptA.size());
   const std::vector<float> alone_b = PrefillLogits(h, kPromptB, kPromptB.size());
@@ -148,11 +148,11 @@ TEST(CpuForwardTest, MixedBatchMatchesSequencesAlone) {
 
 // Asking for the KV rows ahead (Options::prefetch_kv) is only a cache hint: decode batches large
 // enough to use it, with sequences crossing block boundaries, give the same logits bit for bit.
-TEST(CpuForwardTest, KvPrefetchDoesNotChangeTheResult) {
+TEST(CpuBackendTest, KvPrefetchDoesNotChangeTheResult) {
   Harness with = MakeHarness(16, 64, /*prefetch_kv=*/true);
   Harness without = MakeHarness(16, 64, /*prefetch_kv=*/false);
   const std::vector<size_t> prompt_lengths = {15, 16, 20, 9, 1};
-  ASSERT_GE(static_cast<int64_t>(prompt_lengths.size()), CpuForward::kPrefetchKvMinTokens);
+  ASSERT_GE(static_cast<int64_t>(prompt_lengths.size()), CpuBackend::kPrefetchKvMinTokens);
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<int32_t>> blocks;
   for (size_t n : prompt_lengths) {
@@ -185,7 +185,7 @@ TEST(CpuForwardTest, KvPrefetchDoesNotChangeTheResult) {
   }
 }
 
-TEST(CpuForwardTest, DumpNamesEveryLayerLikeLlamaCpp) {
+TEST(CpuBackendTest, DumpNamesEveryLayerLikeLlamaCpp) {
   Harness h = MakeHarness();
   const std::vector<int32_t> blocks = Blocks(0, 1);
   std::set<std::string> names;
@@ -212,7 +212,7 @@ TEST(CpuForwardTest, DumpNamesEveryLayerLikeLlamaCpp) {
   EXPECT_TRUE(names.contains("result_output"));
 }
 
-TEST(CpuForwardTest, BadBatchesAreInvalidArgument) {
+TEST(CpuBackendTest, BadBatchesAreInvalidArgument) {
   Harness h = MakeHarness(16, 4);
   const std::vector<int32_t> blocks = Blocks(0, 1);
   const std::vector<int32_t> out_of_vocab = {1, static_cast<int32_t>(DefaultModel().config.vocab_size)};
@@ -263,7 +263,7 @@ namespace {
 
 // Each layer is reported once, in order, as soon as its K/V are final and before any later layer
 // is written, so a transfer can send it while the rest of the step runs.
-TEST(CpuForwardTest, LayerDoneComesAsEachLayerIsInTheCache) {
+TEST(CpuBackendTest, LayerDoneComesAsEachLayerIsInTheCache) {
   Harness h = MakeHarness(16, 8);
   const KvLayout& l = h.kv->layout();
   std::memset(h.kv->data<std::byte>(), 0, static_cast<size_t>(l.total_bytes()));

@@ -1,0 +1,463 @@
+#include "engine/runtime/cpu_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <numbers>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/cpu/elementwise.h"
+#include "engine/cpu/matmul.h"
+#include "engine/cpu/paged_attention.h"
+#include "engine/cpu/rms_norm.h"
+
+namespace tandem {
+namespace {
+
+std::vector<float> ToFloat(const GgufTensor* t) {
+  if (t == nullptr) return {};
+  std::vector<float> out(static_cast<size_t>(t->elements()));
+  DequantizeReference(t->type, t->data, out.data(), t->elements());
+  return out;
+}
+
+// Llama 3.1's frequency-dependent RoPE scaling (Hugging Face's "llama3" rope_type).
+void ApplyLlama3Scaling(const RopeScaling& s, std::vector<float>* inv_freq) {
+  const double old_context = static_cast<double>(s.original_max_position);
+  const double low_wavelen = old_context / s.low_freq_factor;
+  const double high_wavelen = old_context / s.high_freq_factor;
+  for (float& f : *inv_freq) {
+    const double freq = f;
+    const double wavelen = 2 * std::numbers::pi / freq;
+    if (wavelen < high_wavelen) continue;
+    if (wavelen > low_wavelen) {
+      f = static_cast<float>(freq / s.factor);
+    } else {
+      const double smooth =
+          (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      f = static_cast<float>((1 - smooth) * freq / s.factor + smooth * freq);
+    }
+  }
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const LoadedModel* model, const Options& options)
+    : model_(model), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LoadedModel* model,
+                                                               const Options& options) {
+  if (model == nullptr || model->weights.token_embd == nullptr) {
+    return absl::InvalidArgumentError("CpuBackend needs a loaded model");
+  }
+  RETURN_IF_ERROR(CheckSupport(Support(), *model, options.kv_dtype));
+  if (options.block_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("block_size must be positive, got ",
+                                                   options.block_size));
+  }
+  auto forward = std::unique_ptr<CpuBackend>(new CpuBackend(model, options));
+  RETURN_IF_ERROR(forward->Init());
+  return forward;
+}
+
+absl::Status CpuBackend::Init() {
+  const ModelConfig& c = model_->config;
+  RETURN_IF_ERROR(c.Validate());
+  pool_ = std::make_unique<cpu::ThreadPool>(cpu::ThreadPool::Options{.num_threads = options_.num_threads});
+  rope_style_ = c.rope_neox ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kInterleaved;
+
+  inv_freq_.resize(static_cast<size_t>(c.head_dim / 2));
+  cpu::RopeInvFreq(c.rope_theta, c.head_dim, inv_freq_.data());
+  if (model_->weights.rope_freqs != nullptr) {
+    // Per-frequency divisors stored in the file (llama.cpp's form of Llama 3.1 scaling).
+    const std::vector<float> factors = ToFloat(model_->weights.rope_freqs);
+    if (factors.size() != inv_freq_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("rope_freqs has ", factors.size(),
+                                                     " entries, expected ", inv_freq_.size()));
+    }
+    for (size_t i = 0; i < factors.size(); ++i) inv_freq_[i] /= factors[i];
+  } else if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
+    ApplyLlama3Scaling(c.rope_scaling, &inv_freq_);
+  } else if (c.rope_scaling.type == RopeScaling::Type::kLinear) {
+    for (float& f : inv_freq_) f /= c.rope_scaling.factor;
+  }
+
+  output_norm_ = ToFloat(model_->weights.output_norm);
+  layers_.resize(static_cast<size_t>(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = model_->weights.layers[static_cast<size_t>(l)];
+    SmallLayer& s = layers_[static_cast<size_t>(l)];
+    s.attn_norm = ToFloat(w.attn_norm);
+    s.ffn_norm = ToFloat(w.ffn_norm);
+    s.q_bias = ToFloat(w.attn_q_bias);
+    s.k_bias = ToFloat(w.attn_k_bias);
+    s.v_bias = ToFloat(w.attn_v_bias);
+  }
+  if (options_.pack_weights) RETURN_IF_ERROR(PackWeights());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::PackWeights() {
+  const cpu::Isa isa = options_.isa.value_or(cpu::ActiveIsa());
+  std::vector<const GgufTensor*> matrices;
+  for (const LayerWeights& lw : model_->weights.layers) {
+    matrices.insert(matrices.end(), {lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.ffn_gate,
+                                     lw.ffn_up, lw.ffn_down});
+  }
+  matrices.push_back(model_->weights.output);
+  for (const GgufTensor* t : matrices) {
+    if (t == nullptr || t->shape.size() != 2 || packed_.contains(t)) continue;
+    const std::optional<cpu::PackedFormat> format = cpu::PackedWeights::FormatFor(t->type);
+    if (!format.has_value() || !cpu::PackedKernelIsNative(*format, isa)) {
+      continue;
+    }
+    absl::StatusOr<cpu::PackedWeights> packed =
+        cpu::PackedWeights::Pack(t->data, t->type, t->shape[1], t->shape[0]);
+    // A matrix that cannot be packed (a Q4_0 scale past f16's range), or whose copy cannot be
+    // allocated, runs on the row kernels from the mapped file.
+    if (packed.status().code() == absl::StatusCode::kOutOfRange ||
+        packed.status().code() == absl::StatusCode::kResourceExhausted) {
+      continue;
+    }
+    if (!packed.ok()) {
+      return absl::Status(packed.status().code(),
+                          absl::StrCat(t->name, ": ", packed.status().message()));
+    }
+    packed_.emplace(t, *std::move(packed));
+    // The packed copy replaces the file's bytes in memory; an embedding matrix tied to the
+    // output reads a few rows a step, which come back from the page cache.
+    if (model_->file != nullptr) model_->file->DropPages(*t);
+  }
+  return absl::OkStatus();
+}
+
+const cpu::PackedWeights* CpuBackend::PackedFor(const GgufTensor* w) const {
+  const auto it = packed_.find(w);
+  return it == packed_.end() ? nullptr : &it->second;
+}
+
+KvLayout CpuBackend::KvLayoutFor(int64_t num_blocks) const {
+  const ModelConfig& c = model_->config;
+  return KvLayout{.num_blocks = num_blocks,
+                  .num_layers = c.num_layers,
+                  .block_size = options_.block_size,
+                  .num_kv_heads = c.num_kv_heads,
+                  .head_dim = c.head_dim,
+                  .dtype = options_.kv_dtype};
+}
+
+const BackendSupport& CpuBackend::Support() {
+  static const BackendSupport* support = new BackendSupport{
+      .name = "cpu",
+      .weight_types = {std::begin(kAllDTypes), std::end(kAllDTypes)},
+      .kv_types = {DType::kF32, DType::kF16},
+      .head_dims = {},
+      .kv_on_device = false};
+  return *support;
+}
+
+namespace {
+
+cpu::MatMulParams LinearParams(const float* x, int64_t rows, const GgufTensor& w, float* y,
+                               const cpu::PackedWeights* packed) {
+  cpu::MatMulParams p;
+  p.packed = packed;
+  p.x = x;
+  p.k = w.shape[0];
+  p.n = w.shape.size() > 1 ? w.shape[1] : 1;
+  p.x_stride = p.k;
+  p.w = w.data;
+  p.w_type = w.type;
+  p.y = y;
+  p.y_stride = p.n;
+  p.m = rows;
+  return p;
+}
+
+}  // namespace
+
+absl::Status CpuBackend::Linear(const float* x, int64_t rows, const GgufTensor& w, float* y,
+                               const cpu::MatMulExtras& extras) {
+  const cpu::MatMulParams params = LinearParams(x, rows, w, y, PackedFor(&w));
+  return cpu::MatMulShared(absl::MakeConstSpan(&params, 1),
+                           cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}, extras);
+}
+
+absl::Status CpuBackend::LinearShared(
+    const float* x, int64_t rows,
+    std::initializer_list<std::pair<const GgufTensor*, float*>> products,
+    const cpu::MatMulExtras& extras) {
+  cpu::MatMulParams params[3];
+  size_t n = 0;
+  for (const auto& [wt, y] : products) params[n++] = LinearParams(x, rows, *wt, y, PackedFor(wt));
+  return cpu::MatMulShared(absl::MakeConstSpan(params, n),
+                           cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}, extras);
+}
+
+void CpuBackend::Norm(const float* in, const std::vector<float>& weight, float* out, int64_t rows,
+                      float* residual) const {
+  const ModelConfig& c = model_->config;
+  const int64_t H = c.hidden_size;
+  cpu::RmsNorm(cpu::RmsNormParams{.x = in, .x_stride = H, .residual = residual,
+                                  .residual_stride = H, .weight = weight.data(), .out = out,
+                                  .out_stride = H, .rows = rows, .dim = H,
+                                  .eps = c.rms_norm_eps});
+}
+
+void CpuBackend::NormRows(const std::vector<float>& weight, bool add_proj, int64_t begin,
+                          int64_t end) {
+  const int64_t H = model_->config.hidden_size;
+  float* x_rows = scratch_.x.data() + begin * H;
+  Norm(add_proj ? scratch_.proj.data() + begin * H : x_rows, weight,
+       scratch_.h.data() + begin * H, end - begin, add_proj ? x_rows : nullptr);
+}
+
+void CpuBackend::Rope(std::vector<float>& y, int64_t heads) {
+  const ModelConfig& c = model_->config;
+  cpu::Rope(cpu::RopeParams{.x = y.data(), .token_stride = heads * c.head_dim,
+                            .head_stride = c.head_dim, .num_tokens = plan_.num_tokens,
+                            .num_heads = heads, .head_dim = c.head_dim, .rotary_dim = c.head_dim,
+                            .positions = plan_.token_pos.data(), .inv_freq = inv_freq_.data(),
+                            .style = rope_style_, .cos_sin = scratch_.rope_cos_sin.data()});
+}
+
+void CpuBackend::CollectKvRows(int64_t l, const KvStorage& kv) {
+  // Each sequence's positions 0 .. its last in this step; the step's own rows are written in
+  // between, so asking for them early only saves a miss.
+  const KvLayout& layout = kv.layout();
+  std::vector<cpu::MemoryRange>& kv_rows = scratch_.kv_rows;
+  kv_rows.clear();
+  const int64_t row_bytes = layout.token_stride() * layout.element_bytes();
+  const int64_t v_offset = layout.kv_stride() * layout.element_bytes();
+  const int64_t max_blocks = plan_.max_blocks_per_seq;
+  for (int64_t s = 0; s < plan_.num_sequences; ++s) {
+    const int64_t positions = plan_.seq_lens[static_cast<size_t>(s)];
+    for (int64_t b = 0; b * layout.block_size < positions; ++b) {
+      const int64_t slots = std::min(layout.block_size, positions - b * layout.block_size);
+      const std::byte* keys = kv.KeyBlock<std::byte>(
+          plan_.block_tables[static_cast<size_t>(s * max_blocks + b)], l);
+      kv_rows.push_back({keys, slots * row_bytes});
+      kv_rows.push_back({keys + v_offset, slots * row_bytes});
+    }
+  }
+  kv_rows_left_ = kv_rows;
+}
+
+namespace {
+
+void Emit(const TensorDump& dump, const std::string& name, const float* data, int64_t rows,
+          int64_t cols) {
+  if (dump) dump(name, data, rows, cols);
+}
+
+// Every element of these is written before it is read.
+std::vector<float>& Sized(std::vector<float>& v, int64_t n) {
+  v.resize(static_cast<size_t>(n));
+  return v;
+}
+
+void AddBias(std::vector<float>& y, const std::vector<float>& bias, int64_t rows) {
+  if (bias.empty()) return;
+  const int64_t n = static_cast<int64_t>(bias.size());
+  for (int64_t r = 0; r < rows; ++r) cpu::Add(y.data() + r * n, bias.data(), y.data() + r * n, n);
+}
+
+}  // namespace
+
+absl::Status CpuBackend::Plan(const StepBatch& batch, const KvStorage& kv) {
+  RETURN_IF_ERROR(PlanStep(model_->config, batch, kv.layout(), &plan_));
+  const int64_t T = plan_.num_tokens;
+  // The KV rows layer l's attention reads go to the cache during the products just before it:
+  // the first half during the previous layer's down projection, the rest during the layer's
+  // Q/K/V product (all of it for layer 0). One product alone would have to carry the whole
+  // stream and slow down.
+  prefetch_kv_ = options_.prefetch_kv && T >= kPrefetchKvMinTokens && T <= kPrefetchKvMaxTokens;
+  kv_rows_left_ = {};
+  proj_pending_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
+  const ModelConfig& c = model_->config;
+  const ModelWeights& w = model_->weights;
+  const int64_t T = plan_.num_tokens, H = c.hidden_size, F = c.intermediate_size;
+  const int64_t Dq = c.num_heads * c.head_dim, Dkv = c.num_kv_heads * c.head_dim;
+  Scratch& sc = scratch_;
+  // Embeddings: row id of token_embd ({H, V}) dequantized.
+  std::vector<float>& x = Sized(sc.x, T * H);
+  const int64_t embd_row_bytes = *DTypeStorageBytes(w.token_embd->type, H);
+  for (int64_t t = 0; t < T; ++t) {
+    DequantizeReference(
+        w.token_embd->type,
+        static_cast<const char*>(w.token_embd->data) + plan_.token_ids[t] * embd_row_bytes,
+        x.data() + t * H, H);
+  }
+  Sized(sc.h, T * H);
+  Sized(sc.q, T * Dq);
+  Sized(sc.k, T * Dkv);
+  Sized(sc.v, T * Dkv);
+  Sized(sc.attn, T * Dq);
+  Sized(sc.gate, T * F);
+  Sized(sc.up, T * F);
+  Sized(sc.proj, T * H);
+  // The rotation angles depend only on the positions: once for Q and K of every layer.
+  cpu::RopeCosSin(plan_.token_pos.data(), T, inv_freq_.data(), c.head_dim,
+                  Sized(sc.rope_cos_sin, T * c.head_dim).data());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& dump) {
+  const ModelConfig& c = model_->config;
+  const LayerWeights& lw = model_->weights.layers[static_cast<size_t>(l)];
+  const SmallLayer& sl = layers_[static_cast<size_t>(l)];
+  const KvLayout& layout = kv->layout();
+  const int64_t T = plan_.num_tokens, H = c.hidden_size;
+  const int64_t Dq = c.num_heads * c.head_dim, Dkv = c.num_kv_heads * c.head_dim;
+  const std::string suffix = absl::StrCat("-", l);
+  Scratch& sc = scratch_;
+
+  if (prefetch_kv_ && l == 0) CollectKvRows(l, *kv);
+  const bool add_proj = proj_pending_;
+  auto attn_norm_rows = [&](int64_t begin, int64_t end) {
+    NormRows(sl.attn_norm, add_proj, begin, end);
+  };
+  RETURN_IF_ERROR(LinearShared(
+      sc.h.data(), T, {{lw.attn_q, sc.q.data()}, {lw.attn_k, sc.k.data()}, {lw.attn_v, sc.v.data()}},
+      {.prepare_rows = attn_norm_rows, .prefetch = kv_rows_left_}));
+  kv_rows_left_ = {};
+  if (proj_pending_) Emit(dump, absl::StrCat("l_out-", l - 1), sc.x.data(), T, H);
+  Emit(dump, "attn_norm" + suffix, sc.h.data(), T, H);
+  AddBias(sc.q, sl.q_bias, T);
+  AddBias(sc.k, sl.k_bias, T);
+  AddBias(sc.v, sl.v_bias, T);
+  Rope(sc.q, c.num_heads);
+  Rope(sc.k, c.num_kv_heads);
+  Emit(dump, "Qcur" + suffix, sc.q.data(), T, Dq);
+  Emit(dump, "Kcur" + suffix, sc.k.data(), T, Dkv);
+  Emit(dump, "Vcur" + suffix, sc.v.data(), T, Dkv);
+
+  // This step's K/V go into the cache before attention reads it (rounded to half in an F16
+  // cache).
+  const cpu::KernelContext serial{.pool = nullptr, .isa = options_.isa};
+  const int64_t max_blocks = plan_.max_blocks_per_seq;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = plan_.token_pos[t];
+    const int32_t block = plan_.block_tables[plan_.token_seq[t] * max_blocks + pos / layout.block_size];
+    const int64_t slot = (pos % layout.block_size) * layout.token_stride();
+    if (layout.dtype == DType::kF16) {
+      uint16_t* kdst = kv->KeyBlock<uint16_t>(block, l) + slot;
+      cpu::FloatsToHalves(sc.k.data() + t * Dkv, kdst, Dkv, serial);
+      cpu::FloatsToHalves(sc.v.data() + t * Dkv, kdst + layout.kv_stride(), Dkv, serial);
+    } else {
+      float* kdst = kv->KeyBlock<float>(block, l) + slot;
+      std::memcpy(kdst, sc.k.data() + t * Dkv, static_cast<size_t>(Dkv) * sizeof(float));
+      std::memcpy(kdst + layout.kv_stride(), sc.v.data() + t * Dkv,
+                  static_cast<size_t>(Dkv) * sizeof(float));
+    }
+  }
+  // This layer of the cache is final for the step: a transfer may take it now.
+  if (plan_.on_layer_done != nullptr && *plan_.on_layer_done) (*plan_.on_layer_done)(l);
+  cpu::PagedAttentionParams ap;
+  ap.q = sc.q.data();
+  ap.q_token_stride = Dq;
+  ap.out = sc.attn.data();
+  ap.out_token_stride = Dq;
+  ap.k_cache = kv->LayerKeys(l);
+  ap.v_cache = kv->LayerValues(l);
+  ap.kv_type = layout.dtype;
+  ap.block_stride = layout.block_stride();
+  ap.token_stride = layout.token_stride();
+  ap.kv_head_stride = layout.kv_head_stride();
+  ap.block_size = layout.block_size;
+  ap.block_tables = plan_.block_tables.data();
+  ap.max_blocks_per_seq = max_blocks;
+  ap.token_seq = plan_.token_seq.data();
+  ap.token_pos = plan_.token_pos.data();
+  ap.num_tokens = T;
+  ap.num_heads = c.num_heads;
+  ap.num_kv_heads = c.num_kv_heads;
+  ap.head_dim = c.head_dim;
+  RETURN_IF_ERROR(
+      cpu::PagedAttention(ap, cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}));
+  Emit(dump, "kqv_out" + suffix, sc.attn.data(), T, Dq);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Mlp(int64_t l, const KvStorage& kv, const TensorDump& dump) {
+  const ModelConfig& c = model_->config;
+  const LayerWeights& lw = model_->weights.layers[static_cast<size_t>(l)];
+  const SmallLayer& sl = layers_[static_cast<size_t>(l)];
+  const int64_t T = plan_.num_tokens, H = c.hidden_size, F = c.intermediate_size;
+  const std::string suffix = absl::StrCat("-", l);
+  Scratch& sc = scratch_;
+
+  RETURN_IF_ERROR(Linear(sc.attn.data(), T, *lw.attn_output, sc.proj.data()));
+  auto ffn_norm_rows = [&](int64_t begin, int64_t end) {
+    NormRows(sl.ffn_norm, /*add_proj=*/true, begin, end);
+  };
+  RETURN_IF_ERROR(LinearShared(sc.h.data(), T,
+                               {{lw.ffn_gate, sc.gate.data()}, {lw.ffn_up, sc.up.data()}},
+                               {.prepare_rows = ffn_norm_rows}));
+  Emit(dump, "ffn_inp" + suffix, sc.x.data(), T, H);
+  Emit(dump, "ffn_norm" + suffix, sc.h.data(), T, H);
+  const cpu::KernelContext serial{.pool = nullptr, .isa = options_.isa};
+  auto silu_rows = [&](int64_t begin, int64_t end) {
+    cpu::SiluMul(cpu::SiluMulParams{.gate = sc.gate.data() + begin * F,
+                                    .up = sc.up.data() + begin * F,
+                                    .out = sc.gate.data() + begin * F, .gate_stride = F,
+                                    .up_stride = F, .out_stride = F, .rows = end - begin,
+                                    .dim = F},
+                 serial);
+  };
+  cpu::MatMulExtras down_extras{.prepare_rows = silu_rows};
+  if (prefetch_kv_ && l + 1 < c.num_layers) {
+    CollectKvRows(l + 1, kv);
+    const size_t half = sc.kv_rows.size() / 2;
+    down_extras.prefetch = kv_rows_left_.first(half);
+    kv_rows_left_.remove_prefix(half);
+  }
+  RETURN_IF_ERROR(Linear(sc.gate.data(), T, *lw.ffn_down, sc.proj.data(), down_extras));
+  Emit(dump, "ffn_out" + suffix, sc.proj.data(), T, H);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::RunLayer(int64_t l, KvStorage* kv, const TensorDump& dump) {
+  RETURN_IF_ERROR(Attention(l, kv, dump));
+  RETURN_IF_ERROR(Mlp(l, *kv, dump));
+  proj_pending_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Finish(StepOutput* out, const TensorDump& dump) {
+  const ModelConfig& c = model_->config;
+  const int64_t T = plan_.num_tokens, H = c.hidden_size;
+  Scratch& sc = scratch_;
+  // The last layer's residual add (the others ran in the next layer's first product).
+  if (proj_pending_) {
+    cpu::Add(sc.x.data(), sc.proj.data(), sc.x.data(), T * H);
+    Emit(dump, absl::StrCat("l_out-", c.num_layers - 1), sc.x.data(), T, H);
+    proj_pending_ = false;
+  }
+  // Logits only for the rows that asked for them.
+  const int64_t R = static_cast<int64_t>(plan_.logit_rows.size());
+  out->vocab_size = c.vocab_size;
+  // Resized, not refilled: the output product writes every element (and a caller that reuses
+  // `out` keeps its capacity).
+  out->logits.resize(static_cast<size_t>(R * c.vocab_size));
+  if (R == 0) return absl::OkStatus();
+  std::vector<float>& last = Sized(sc.last, R * H);
+  for (int64_t r = 0; r < R; ++r) {
+    std::memcpy(last.data() + r * H, sc.x.data() + plan_.logit_rows[static_cast<size_t>(r)] * H,
+                static_cast<size_t>(H) * sizeof(float));
+  }
+  Norm(last.data(), output_norm_, last.data(), R);
+  Emit(dump, "result_norm", last.data(), R, H);
+  RETURN_IF_ERROR(Linear(last.data(), R, *model_->weights.output, out->logits.data()));
+  Emit(dump, "result_output", out->logits.data(), R, c.vocab_size);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem
