@@ -77,7 +77,7 @@ void EngineLoop::Loop() {
       continue;
     }
     StepInfo info;
-    step_started_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+    step_started_ns_.store(absl::ToUnixNanos(options_.clock->Now()), std::memory_order_relaxed);
     const absl::Status stepped = engine_->Step(&info);
     step_started_ns_.store(0, std::memory_order_relaxed);
     if (!stepped.ok()) LOG(ERROR) << "engine step failed: " << stepped;
@@ -432,7 +432,8 @@ SchedulerStats EngineLoop::stats() {
 absl::Duration EngineLoop::StepElapsed() const {
   const int64_t started = step_started_ns_.load(std::memory_order_relaxed);
   if (started == 0) return absl::ZeroDuration();
-  return absl::Nanoseconds(std::max<int64_t>(absl::GetCurrentTimeNanos() - started, 0));
+  return absl::Nanoseconds(
+      std::max<int64_t>(absl::ToUnixNanos(options_.clock->Now()) - started, 0));
 }
 
 std::vector<StepInfo> EngineLoop::StepsAfter(uint64_t after, uint64_t* newest) {

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "engine/runtime/local_engine.h"
 #include "worker/worker_metrics.h"
 
@@ -45,6 +46,9 @@ class EngineLoop {
     size_t step_history = 64;
     // Export the worker's metrics (worker_metrics.h) in the process registry.
     bool export_metrics = true;
+    // Times the step in progress (StepElapsed) and stamps the load samples of WatchState. Must
+    // outlive the loop.
+    Clock* clock = RealClock();
   };
 
   // Loads the model and starts the engine thread.
@@ -130,8 +134,9 @@ class EngineLoop {
   // Step timings after step number `after` (at most Options::step_history), and the newest
   // step number.
   std::vector<StepInfo> StepsAfter(uint64_t after, uint64_t* newest);
-  // How long the engine step in progress has run; zero between steps.
+  // How long the engine step in progress has run, on Options::clock; zero between steps.
   absl::Duration StepElapsed() const;
+  Clock* clock() const { return options_.clock; }
 
  private:
   EngineLoop(std::unique_ptr<LocalEngine> engine, const Options& options);
@@ -180,7 +185,7 @@ class EngineLoop {
   uint64_t last_event_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<StepInfo> steps_ ABSL_GUARDED_BY(mu_);
   uint64_t steps_total_ ABSL_GUARDED_BY(mu_) = 0;
-  // absl::GetCurrentTimeNanos() when the step in progress began; 0 between steps.
+  // Options::clock's time (Unix nanoseconds) when the step in progress began; 0 between steps.
   std::atomic<int64_t> step_started_ns_{0};
 };
 

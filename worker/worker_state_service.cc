@@ -29,9 +29,9 @@ v1::KvEvent WorkerStateService::ToProto(const KvEvent& event) {
 
 v1::LoadSample WorkerStateService::MakeLoad(const SchedulerStats& s,
                                             const std::vector<StepInfo>& steps,
-                                            absl::Duration step_elapsed) {
+                                            absl::Duration step_elapsed, absl::Time now) {
   v1::LoadSample load;
-  load.set_timestamp_us(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now())));
+  load.set_timestamp_us(static_cast<uint64_t>(absl::ToUnixMicros(now)));
   load.set_running_seqs(static_cast<uint32_t>(s.running + s.remote_prefills));
   load.set_waiting_seqs(static_cast<uint32_t>(s.waiting));
   load.set_free_blocks(static_cast<uint32_t>(s.free_blocks + s.cached_blocks));
@@ -80,7 +80,8 @@ v1::Snapshot WorkerStateService::MakeSnapshot(const EngineLoop::State& state) co
   s.set_last_event_id(state.cache.last_event_id);
   *s.mutable_kv_pool() = info_.kv_pool;
   // Taken on the engine thread between two steps: none is in progress.
-  *s.mutable_load() = MakeLoad(state.stats, state.recent_steps, absl::ZeroDuration());
+  *s.mutable_load() = MakeLoad(state.stats, state.recent_steps, absl::ZeroDuration(),
+                               loop_->clock()->Now());
   s.set_engine(info_.engine);
   s.set_version(kVersion);
   return s;
@@ -123,7 +124,8 @@ grpc::Status WorkerStateService::WatchState(grpc::ServerContext* context,
       std::vector<StepInfo> steps = loop_->StepsAfter(last_step, &newest);
       last_step = newest;
       v1::WorkerStateUpdate update;
-      *update.mutable_load() = MakeLoad(loop_->stats(), steps, loop_->StepElapsed());
+      *update.mutable_load() = MakeLoad(loop_->stats(), steps, loop_->StepElapsed(),
+                                     loop_->clock()->Now());
       if (!writer->Write(update)) break;
       next_load = absl::Now() + interval;
     }

@@ -28,9 +28,10 @@ class WorkerStateService final : public v1::WorkerState::Service {
 
   // The messages it sends, for tests and for workers that report elsewhere.
   v1::Snapshot MakeSnapshot(const EngineLoop::State& state) const;
-  // `step_elapsed`: how long the engine step in progress has run (zero between steps).
+  // `step_elapsed`: how long the engine step in progress has run (zero between steps); `now`:
+  // the sample's timestamp (the loop's clock).
   static v1::LoadSample MakeLoad(const SchedulerStats& stats, const std::vector<StepInfo>& steps,
-                                 absl::Duration step_elapsed);
+                                 absl::Duration step_elapsed, absl::Time now);
   static v1::KvEvent ToProto(const KvEvent& event);
 
  private:
