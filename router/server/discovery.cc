@@ -55,8 +55,11 @@ void WorkerDiscovery::Start() {
 void WorkerDiscovery::Refresh() {
   absl::StatusOr<std::vector<std::string>> found = options_.resolve(options_.dns_name);
   if (!found.ok()) {
-    LOG(WARNING) << found.status();
-    found = std::vector<std::string>();
+    // A resolver that fails for a moment (a DNS server restarting) must not drop every worker;
+    // a worker that is really gone is found by its watch stream.
+    LOG(WARNING) << found.status() << "; keeping the " << options_.dns_name
+                 << " workers of the last resolution";
+    return;
   }
   absl::MutexLock lock(&membership_mu_);
   const MembershipChange change = membership_.Resolved(*found);

@@ -63,7 +63,8 @@ class WorkerDiscovery {
   void Start();
 
   // Resolves dns_name once and tells the listener which workers joined and left. A name that does
-  // not resolve is logged and counts as resolving to nothing: every worker found through it leaves.
+  // not resolve is logged and changes nothing (the workers of the last resolution stay; one that
+  // is gone is found by its watch stream). A name that resolves to no address drops them all.
   void Refresh();
 
   // The workers now (the static ones and those the last resolution found), sorted.

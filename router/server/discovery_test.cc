@@ -80,13 +80,19 @@ TEST_F(DiscoveryTest, EachResolutionTellsWhoJoinedAndWhoLeft) {
   EXPECT_THAT(discovery.members(), ElementsAre("10.0.0.5:7100", "10.1.0.2:7100", "10.1.0.3:7100"));
 }
 
-// As before discovery had a file of its own: a failed resolution counts as an empty one.
-TEST_F(DiscoveryTest, ANameThatDoesNotResolveDropsWhatItFoundButNotTheStaticAddresses) {
+// A resolver failing for a moment must not drop the workers (each would be followed again from
+// scratch): the last resolution stands until one succeeds.
+TEST_F(DiscoveryTest, ANameThatFailsToResolveKeepsTheWorkersOfTheLastResolution) {
   WorkerDiscovery discovery(Options({"10.0.0.5:7100"}), Recorder());
   Answer(std::vector<std::string>{"10.1.0.1:7100"});
   discovery.Refresh();
   Told();
   Answer(absl::UnavailableError("cannot resolve"));
+  discovery.Refresh();
+  EXPECT_THAT(Told(), IsEmpty());
+  EXPECT_THAT(discovery.members(), ElementsAre("10.0.0.5:7100", "10.1.0.1:7100"));
+  // Resolving to nothing is an answer: the workers found through the name leave.
+  Answer(std::vector<std::string>{});
   discovery.Refresh();
   EXPECT_THAT(Told(), ElementsAre("-10.1.0.1:7100"));
   EXPECT_THAT(discovery.members(), ElementsAre("10.0.0.5:7100"));

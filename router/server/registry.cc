@@ -38,6 +38,9 @@ struct Registry::Worker {
   absl::Time heard_at = absl::InfinitePast();
   bool silenced = false;
   bool healthy = false;  // guarded by Registry::mu_: as last exported
+  // Guarded by Registry::mu_: `thread` runs Watch (false once Watch returned: removed, or the
+  // registry stops).
+  bool watching = false;
   std::thread thread;
 
   // What the router placed here and the worker's samples may not show yet, what decodes here,
@@ -167,7 +170,8 @@ Registry::Registry(RegistryOptions options)
   discovery_ = std::make_unique<WorkerDiscovery>(
       WorkerDiscovery::Options{.addresses = options_.addresses,
                                .dns_name = options_.dns_name,
-                               .interval = options_.dns_interval},
+                               .interval = options_.dns_interval,
+                               .resolve = options_.resolve},
       WorkerDiscovery::Listener{.joined =
                                     [this](const std::string& address) {
                                       absl::MutexLock lock(&mu_);
@@ -225,6 +229,14 @@ void Registry::AddWorker(const std::string& address) {
   auto& slot = workers_[address];
   if (slot != nullptr) {
     slot->removed = false;
+    // Back after it left: its watch may have ended (it ends once it sees `removed`; one that has
+    // not yet goes on). Watch does nothing once it has set `watching` false: the join is short.
+    if (!slot->watching && !stopping_) {
+      Worker* w = slot.get();
+      w->thread.join();
+      w->watching = true;
+      w->thread = std::thread([this, w] { Watch(w); });
+    }
     return;
   }
   slot = std::make_unique<Worker>(
@@ -232,6 +244,7 @@ void Registry::AddWorker(const std::string& address) {
       *placement::ClassedLatencyCorrection::Create(options_.latency_correction),
       *placement::LatencyCorrection::Create(options_.latency_correction), options_.report_lag);
   Worker* w = slot.get();
+  w->watching = true;
   w->thread = std::thread([this, w] { Watch(w); });
 }
 
@@ -250,7 +263,10 @@ void Registry::Watch(Worker* w) {
     grpc::ClientContext context;
     {
       absl::MutexLock lock(&mu_);
-      if (stopping_) return;
+      if (stopping_) {
+        w->watching = false;
+        return;
+      }
       w->context = &context;
       // A stream that brings no snapshot in time is cancelled too.
       w->heard_at = options_.clock->Now();
@@ -333,9 +349,15 @@ void Registry::Watch(Worker* w) {
       w->connected = false;
       w->view = WorkerView();
       w->ledger.ForgetPlaced();  // the fresh view counts nothing placed
-      if (stopping_ || w->removed) return;
+      if (stopping_ || w->removed) {
+        w->watching = false;
+        return;
+      }
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff);
-      if (stopping_) return;
+      if (stopping_) {
+        w->watching = false;
+        return;
+      }
     }
     backoff = std::min(backoff * 2, options_.max_backoff);
   }

@@ -32,6 +32,8 @@ struct RegistryOptions {
   // A DNS name "host:port" whose A records are the workers; re-resolved every dns_interval.
   std::string dns_name;
   absl::Duration dns_interval = absl::Seconds(5);
+  // Resolves dns_name (tests give a fake one).
+  Resolver resolve = ResolveDns;
   // How often workers send load samples.
   absl::Duration load_interval = absl::Milliseconds(100);
   // Reconnect delays after a stream breaks: doubling from min to max.

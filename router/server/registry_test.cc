@@ -268,6 +268,40 @@ TEST_F(RegistryTest, ASilentWorkerIsTakenForLostAndReadmittedBySnapshot) {
   EXPECT_GT(service_.subscriptions, before);  // re-admitted by a new stream's snapshot
 }
 
+// A worker found through a DNS name that drops out of it (a pod not ready) and comes back is
+// followed again: a new watch stream, and it takes requests again.
+TEST_F(RegistryTest, AWorkerThatLeavesTheDnsNameAndComesBackIsFollowedAgain) {
+  const std::string address = absl::StrCat("127.0.0.1:", port_);
+  absl::Mutex mu;
+  std::vector<std::string> answer = {address};
+  RegistryOptions options;
+  options.dns_name = "workers.test:7100";
+  options.dns_interval = absl::Milliseconds(20);
+  options.resolve = [&](absl::string_view) -> absl::StatusOr<std::vector<std::string>> {
+    absl::MutexLock lock(&mu);
+    return answer;
+  };
+  options.min_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(200);
+  Registry registry(options);
+  ASSERT_TRUE(AwaitReady(registry, true));
+
+  for (int round = 0; round < 2; ++round) {
+    {
+      absl::MutexLock lock(&mu);
+      answer.clear();
+    }
+    ASSERT_TRUE(AwaitReady(registry, false)) << "the worker did not leave";
+    const int before = service_.subscriptions;
+    {
+      absl::MutexLock lock(&mu);
+      answer = {address};
+    }
+    ASSERT_TRUE(AwaitReady(registry, true)) << "round " << round << ": not followed again";
+    EXPECT_GT(service_.subscriptions, before);
+  }
+}
+
 // The liveness timeout on the registry's clock: a worker whose stream stays open but brings
 // nothing is lost once the clock has moved past the timeout, not before, and a fresh snapshot
 // brings it back.
