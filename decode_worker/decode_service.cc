@@ -411,35 +411,27 @@ DecodeService::DecodeService(EngineLoop* loop, Options options)
   CHECK_OK(ValidateKeepalive(options_.keepalive));
   CHECK(options_.heartbeat > absl::ZeroDuration()) << "heartbeat must be positive";
   if (options_.heartbeat != absl::InfiniteDuration()) {
-    heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+    heartbeat_thread_ = std::make_unique<PeriodicThread>(
+        PeriodicThread::Options{.period = options_.heartbeat / 4}, [this] { SendHeartbeats(); });
   }
 }
 
-DecodeService::~DecodeService() {
+DecodeService::~DecodeService() { heartbeat_thread_.reset(); }
+
+void DecodeService::SendHeartbeats() {
+  std::vector<std::shared_ptr<GenerateCall>> calls;
   {
     absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
-}
-
-void DecodeService::HeartbeatLoop() {
-  const absl::Duration period = options_.heartbeat / 4;
-  absl::MutexLock lock(&mu_);
-  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
-    std::vector<std::shared_ptr<GenerateCall>> calls;
     calls.reserve(live_.size());
     for (const auto& [id, weak] : live_) {
       if (std::shared_ptr<GenerateCall> call = weak.lock(); call != nullptr) {
         calls.push_back(std::move(call));
       }
     }
-    mu_.Unlock();
-    const absl::Time now = absl::Now();
-    for (const auto& call : calls) call->Heartbeat(now, options_.heartbeat);
-    calls.clear();  // a call's last reference may go here: outside the lock, which OnDone takes
-    mu_.Lock();
   }
+  const absl::Time now = absl::Now();
+  for (const auto& call : calls) call->Heartbeat(now, options_.heartbeat);
+  calls.clear();  // a call's last reference may go here: outside the lock, which OnDone takes
 }
 
 v1::Prefill::Stub* DecodeService::PrefillStub(const std::string& address) {

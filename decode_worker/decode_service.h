@@ -12,11 +12,11 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/keepalive.h"
+#include "common/periodic_thread.h"
 #include "worker/engine_loop.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -53,8 +53,8 @@ class DecodeService final : public v1::Decode::CallbackService {
  private:
   class GenerateCall;
   v1::Prefill::Stub* PrefillStub(const std::string& address);
-  // Every options_.heartbeat / 4: a heartbeat on each stream silent for options_.heartbeat.
-  void HeartbeatLoop();
+  // A heartbeat on each stream silent for options_.heartbeat (every options_.heartbeat / 4).
+  void SendHeartbeats();
 
   EngineLoop* const loop_;
   const Options options_;
@@ -63,8 +63,7 @@ class DecodeService final : public v1::Decode::CallbackService {
   absl::flat_hash_map<std::string, std::shared_ptr<GenerateCall>> calls_ ABSL_GUARDED_BY(mu_);
   // Every stream from Begin until gRPC's OnDone, by call id (for heartbeats).
   absl::flat_hash_map<uint64_t, std::weak_ptr<GenerateCall>> live_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread heartbeat_thread_;
+  std::unique_ptr<PeriodicThread> heartbeat_thread_;
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
 };

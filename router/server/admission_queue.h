@@ -29,7 +29,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "router/placement/admission.h"
-#include "router/server/periodic_thread.h"
+#include "common/periodic_thread.h"
 
 namespace tandem::router {
 

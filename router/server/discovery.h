@@ -23,7 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "router/registry/membership.h"
-#include "router/server/periodic_thread.h"
+#include "common/periodic_thread.h"
 
 namespace tandem::router {
 

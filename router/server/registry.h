@@ -22,7 +22,7 @@
 #include "router/placement/placement.h"
 #include "router/registry/worker_view.h"
 #include "router/server/discovery.h"
-#include "router/server/periodic_thread.h"
+#include "common/periodic_thread.h"
 
 namespace tandem::router {
 

@@ -1,9 +1,9 @@
-#include "router/server/periodic_thread.h"
+#include "common/periodic_thread.h"
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 
-namespace tandem::router {
+namespace tandem {
 namespace {
 
 class Counter {
@@ -50,4 +50,4 @@ TEST(PeriodicThreadTest, WithoutCallAtStartTheFirstCallWaitsForAPeriod) {
 }
 
 }  // namespace
-}  // namespace tandem::router
+}  // namespace tandem

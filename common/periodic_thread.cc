@@ -1,8 +1,8 @@
-#include "router/server/periodic_thread.h"
+#include "common/periodic_thread.h"
 
 #include <utility>
 
-namespace tandem::router {
+namespace tandem {
 
 PeriodicThread::PeriodicThread(Options options, absl::AnyInvocable<void()> call)
     : call_(std::move(call)) {
@@ -25,4 +25,4 @@ PeriodicThread::~PeriodicThread() {
   thread_.join();
 }
 
-}  // namespace tandem::router
+}  // namespace tandem

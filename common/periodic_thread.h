@@ -1,13 +1,13 @@
 // Calls a function every period of real time on a thread of its own, until destruction: the
-// router's background checks (the admission queue, the stall watch, discovery, worker liveness).
+// background checks (the router's admission queue, stall watch, discovery, worker liveness).
 // What they check reads an injected Clock; their tests call the check themselves after moving a
 // FakeClock, without a thread.
 //
 //   PeriodicThread thread({.period = absl::Milliseconds(250)}, [this] { Check(); });
 //
 // Thread-safe.
-#ifndef TANDEM_ROUTER_SERVER_PERIODIC_THREAD_H_
-#define TANDEM_ROUTER_SERVER_PERIODIC_THREAD_H_
+#ifndef TANDEM_COMMON_PERIODIC_THREAD_H_
+#define TANDEM_COMMON_PERIODIC_THREAD_H_
 
 #include <thread>
 
@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace tandem::router {
+namespace tandem {
 
 class PeriodicThread {
  public:
@@ -39,6 +39,6 @@ class PeriodicThread {
   std::thread thread_;
 };
 
-}  // namespace tandem::router
+}  // namespace tandem
 
-#endif  // TANDEM_ROUTER_SERVER_PERIODIC_THREAD_H_
+#endif  // TANDEM_COMMON_PERIODIC_THREAD_H_
