@@ -9,8 +9,8 @@ if(NOT TANDEM_CUDA STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      # Ampere (A100) and Hopper (H100/H200).
-      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+      # Ampere (A100), Hopper (H100/H200) and Blackwell (B200).
+      set(CMAKE_CUDA_ARCHITECTURES 80 90 100)
     endif()
     enable_language(CUDA)
     # CMake 3.25 knows no C++20 flag for nvcc; CUDA sources are C++17.
