@@ -58,9 +58,13 @@ absl::StatusOr<std::unique_ptr<KvStorage>> KvStorage::Create(const KvLayout& lay
       if (*memory != nullptr && allocator.release) allocator.release(*memory);
       return absl::InternalError("the KV allocator returned memory that is not 64-byte aligned");
     }
-    std::memset(*memory, 0, bytes);
-    return std::unique_ptr<KvStorage>(
-        new KvStorage(layout, static_cast<std::byte*>(*memory), allocator.release));
+    if (allocator.zero) {
+      allocator.zero(*memory, bytes);
+    } else {
+      std::memset(*memory, 0, bytes);
+    }
+    return std::unique_ptr<KvStorage>(new KvStorage(layout, static_cast<std::byte*>(*memory),
+                                                    allocator.release, allocator.copy));
   }
   // 2 MiB alignment lets the kernel back the region with huge pages and keeps SIMD loads aligned.
   constexpr size_t kAlign = size_t{2} << 20;
@@ -70,17 +74,23 @@ absl::StatusOr<std::unique_ptr<KvStorage>> KvStorage::Create(const KvLayout& lay
         absl::StrCat("cannot allocate a KV pool of ", bytes >> 20, " MiB"));
   }
   std::memset(data, 0, bytes);
-  return std::unique_ptr<KvStorage>(new KvStorage(layout, static_cast<std::byte*>(data), nullptr));
+  return std::unique_ptr<KvStorage>(
+      new KvStorage(layout, static_cast<std::byte*>(data), nullptr, nullptr));
 }
 
-KvStorage::KvStorage(const KvLayout& layout, std::byte* data, std::function<void(void*)> release)
-    : layout_(layout), data_(data, FreeDeleter{std::move(release)}) {}
+KvStorage::KvStorage(const KvLayout& layout, std::byte* data, std::function<void(void*)> release,
+                     std::function<void(void*, const void*, size_t)> copy)
+    : layout_(layout), copy_(std::move(copy)), data_(data, FreeDeleter{std::move(release)}) {}
 
 void KvStorage::CopyBlock(int32_t src, int32_t dst) {
   CHECK(src >= 0 && src < layout_.num_blocks && dst >= 0 && dst < layout_.num_blocks)
       << "block copy " << src << " -> " << dst << " outside the pool of " << layout_.num_blocks;
   const int64_t n = layout_.block_stride_bytes();
-  std::memcpy(data_.get() + dst * n, data_.get() + src * n, static_cast<size_t>(n));
+  if (copy_) {
+    copy_(data_.get() + dst * n, data_.get() + src * n, static_cast<size_t>(n));
+  } else {
+    std::memcpy(data_.get() + dst * n, data_.get() + src * n, static_cast<size_t>(n));
+  }
 }
 
 }  // namespace tandem

@@ -70,11 +70,16 @@ bool KvElementFits(DType dtype) {
 
 // Where a pool's memory comes from when not from the heap: e.g. a transport that exposes memory it
 // allocated itself best (UCX: shared memory that a peer on the host maps, so a remote write is a
-// single copy). `allocate` returns at least `bytes` bytes aligned to 64, UNIMPLEMENTED to have the
-// pool on the heap after all, or another error; `release` gets the same pointer back.
+// single copy), or a GPU backend (device memory). `allocate` returns at least `bytes` bytes
+// aligned to 64, UNIMPLEMENTED to have the pool on the heap after all, or another error; `release`
+// gets the same pointer back. Memory the host cannot address comes with `zero` and `copy`, which
+// KvStorage then uses instead of memset and memcpy (the only times the engine touches the
+// contents on the host: clearing a new pool, copying a shared block before a sequence writes it).
 struct KvAllocator {
   std::function<absl::StatusOr<void*>(size_t bytes)> allocate;
   std::function<void(void*)> release;
+  std::function<void(void* dst, size_t bytes)> zero = nullptr;
+  std::function<void(void* dst, const void* src, size_t bytes)> copy = nullptr;
 };
 
 // Owns the KV region. Not thread-safe: one engine thread owns it.
@@ -118,9 +123,11 @@ class KvStorage {
     std::function<void(void*)> release;  // empty: std::free
     void operator()(std::byte* p) const;
   };
-  KvStorage(const KvLayout& layout, std::byte* data, std::function<void(void*)> release);
+  KvStorage(const KvLayout& layout, std::byte* data, std::function<void(void*)> release,
+            std::function<void(void*, const void*, size_t)> copy);
 
   KvLayout layout_;
+  std::function<void(void*, const void*, size_t)> copy_;  // empty: memcpy
   std::unique_ptr<std::byte, FreeDeleter> data_;
 };
 

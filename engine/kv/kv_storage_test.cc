@@ -1,6 +1,11 @@
 #include "engine/kv/kv_storage.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <set>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -82,6 +87,45 @@ TEST(KvStorageTest, CopyBlockCopiesEveryLayer) {
   EXPECT_EQ(storage->data()[5 * l.block_stride() + l.block_stride() - 1], 0.0f);
   EXPECT_EQ(storage->data()[7 * l.block_stride()], 0.0f);
   EXPECT_DEATH(storage->CopyBlock(0, 8), "outside the pool");
+}
+
+// Memory the host cannot address (a GPU's) comes with its own zero and copy: KvStorage uses them,
+// never memset or memcpy, for the region. Here the "device" is the heap, filled with garbage, and
+// its zero and copy record the calls.
+TEST(KvStorageTest, AnAllocatorsZeroAndCopyReplaceMemsetAndMemcpy) {
+  std::vector<std::pair<size_t, size_t>> zeroed;                 // (offset, bytes)
+  std::vector<std::tuple<size_t, size_t, size_t>> copied;        // (dst, src, bytes) offsets
+  std::byte* base = nullptr;
+  KvAllocator device{
+      .allocate = [&](size_t bytes) -> absl::StatusOr<void*> {
+        base = static_cast<std::byte*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+        std::memset(base, 0xAB, bytes);
+        return base;
+      },
+      .release = [](void* p) { std::free(p); },
+      .zero =
+          [&](void* dst, size_t bytes) {
+            zeroed.emplace_back(static_cast<std::byte*>(dst) - base, bytes);
+            std::memset(dst, 0, bytes);
+          },
+      .copy =
+          [&](void* dst, const void* src, size_t bytes) {
+            copied.emplace_back(static_cast<std::byte*>(dst) - base,
+                                static_cast<const std::byte*>(src) - base, bytes);
+            std::memcpy(dst, src, bytes);
+          }};
+  auto storage = *KvStorage::Create(SmallLayout(), device);
+  const KvLayout& l = storage->layout();
+  ASSERT_EQ(zeroed.size(), 1u);
+  EXPECT_EQ(zeroed[0], std::make_pair(size_t{0}, static_cast<size_t>(l.total_bytes())));
+  EXPECT_EQ(storage->data()[l.total_elements() - 1], 0.0f);
+
+  storage->data()[2 * l.block_stride()] = 7.0f;
+  storage->CopyBlock(2, 5);
+  const size_t block = static_cast<size_t>(l.block_stride_bytes());
+  ASSERT_EQ(copied.size(), 1u);
+  EXPECT_EQ(copied[0], std::make_tuple(5 * block, 2 * block, block));
+  EXPECT_EQ(storage->data()[5 * l.block_stride()], 7.0f);
 }
 
 TEST(KvStorageTest, ParsesKvDTypeFlags) {
