@@ -244,22 +244,14 @@ class PrefillServiceTest : public ::testing::Test {
 
   // Blocks the engine holds; waits (bounded) until it equals `want`.
   void AwaitUsedBlocks(int64_t want) {
-    const absl::Time until = absl::Now() + kWait;
-    while (loop_->stats().used_blocks != want && absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(1));  // polls a counter the engine thread publishes
-    }
+    loop_->AwaitStats([want](const SchedulerStats& s) { return s.used_blocks == want; }, kWait);
     EXPECT_EQ(loop_->stats().used_blocks, want);
   }
 
   // Waits (bounded) until the engine has no request left.
   void AwaitNoRequests() {
-    const absl::Time until = absl::Now() + kWait;
-    auto idle = [&] {
-      const SchedulerStats s = loop_->stats();
-      return s.running == 0 && s.waiting == 0;
-    };
-    while (!idle() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
-    ASSERT_TRUE(idle());
+    ASSERT_TRUE(loop_->AwaitStats(
+        [](const SchedulerStats& s) { return s.running == 0 && s.waiting == 0; }, kWait));
   }
 
   uint64_t PromptBytes(int n) const {

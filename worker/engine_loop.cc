@@ -273,6 +273,13 @@ void EngineLoop::CancelAsync(uint64_t id, absl::AnyInvocable<void(bool) &&> done
   });
 }
 
+bool EngineLoop::AwaitStats(const std::function<bool(const SchedulerStats&)>& done,
+                            absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto holds = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done(stats_); };
+  return mu_.AwaitWithTimeout(absl::Condition(&holds), timeout);
+}
+
 void EngineLoop::ReleaseKvAsync(uint64_t id, absl::AnyInvocable<void(bool) &&> done) {
   Post([this, id, done = std::move(done)](LocalEngine* engine) mutable {
     const bool found = engine != nullptr && engine->ReleaseKv(id);

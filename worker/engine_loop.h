@@ -131,6 +131,9 @@ class EngineLoop {
   // sequences with all their prompt tokens queued (and received, in prompt_tokens), or as remote
   // prefills.
   SchedulerStats stats();
+  // Waits up to `timeout` until `done` holds for the latest counters (as stats()); false when it
+  // did not. For tests and tools that wait on the engine without polling.
+  bool AwaitStats(const std::function<bool(const SchedulerStats&)>& done, absl::Duration timeout);
   // Step timings after step number `after` (at most Options::step_history), and the newest
   // step number.
   std::vector<StepInfo> StepsAfter(uint64_t after, uint64_t* newest);
