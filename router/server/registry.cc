@@ -530,8 +530,20 @@ std::optional<placement::StepProfile> Registry::CostProfile(const std::string& w
 
 bool Registry::Ready() { return Model().has_value(); }
 
+bool Registry::AwaitReady(bool ready, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ModelLocked().has_value() == ready;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+}
+
 std::optional<Registry::ModelInfo> Registry::Model() {
   absl::MutexLock lock(&mu_);
+  return ModelLocked();
+}
+
+std::optional<Registry::ModelInfo> Registry::ModelLocked() {
   for (auto& [address, w] : workers_) {
     if (w->connected && !w->silenced && w->view.ready() && w->view.role() != v1::ROLE_PREFILL) {
       return ModelInfo{.model_id = w->view.model_id(), .block_size = w->view.block_size(),

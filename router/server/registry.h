@@ -129,6 +129,8 @@ class Registry {
   std::optional<placement::StepProfile> CostProfile(const std::string& worker_id);
   // Whether some decode-capable worker is ready; its model id, block size and context.
   bool Ready();
+  // Waits up to `timeout` until Ready() is `ready`; false when it did not come to be.
+  bool AwaitReady(bool ready, absl::Duration timeout);
   struct ModelInfo {
     std::string model_id;
     int64_t block_size = 16;
@@ -145,6 +147,7 @@ class Registry {
   Clock* clock() const { return options_.clock; }
 
  private:
+  std::optional<ModelInfo> ModelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Worker;
   void Watch(Worker* worker);
   // The worker's health gauge and transition counter (docs/metrics.md).

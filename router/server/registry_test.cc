@@ -196,12 +196,7 @@ class RegistryTest : public ::testing::Test {
 
   // Waits (up to a minute: a loaded machine) for the registry to say `ready`.
   static bool AwaitReady(Registry& registry, bool ready) {
-    const absl::Time until = absl::Now() + absl::Minutes(1);
-    while (absl::Now() < until) {
-      if (registry.Ready() == ready) return true;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    return false;
+    return registry.AwaitReady(ready, absl::Minutes(1));
   }
 
   FakeWorkerState service_;
