@@ -132,17 +132,30 @@ def _pids_in(netns):
 
 
 def _delete_namespace(netns):
-    """Kills what still runs in `netns`, then deletes it."""
-    for _ in range(50):
-        pids = _pids_in(netns)
-        if not pids:
-            break
-        for pid in pids:
+    """Kills what still runs in `netns`, waits for each process to exit (on a pidfd, which becomes
+    readable when it does; bounded), then deletes the namespace."""
+    for _ in range(10):
+        fds = []
+        for pid in _pids_in(netns):
             try:
+                fds.append(os.pidfd_open(pid))
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        time.sleep(0.02)
+        if not fds:
+            break
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        pending = set(fds)
+        deadline = time.monotonic() + 5
+        while pending and time.monotonic() < deadline:
+            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            for fd, _ in poller.poll(left_ms):
+                pending.discard(fd)
+                poller.unregister(fd)
+        for fd in fds:
+            os.close(fd)
     _run("ip", "netns", "del", netns, check=False)
 
 
