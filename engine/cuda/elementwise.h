@@ -18,7 +18,8 @@
 //  - Wider (16-byte) loads are used where pointers and strides allow; results do not depend on it.
 //
 // Headers under engine/cuda include nothing of the project but each other (cuda_check.h, and
-// weight_type.h for WeightType), so they build on a bare GPU machine (scripts/gpu_check.sh).
+// weight_type.h for WeightType) and the CPU kernels' plain parameter headers (engine/cpu/rms_norm.h,
+// engine/cpu/rope.h: <cstdint> only), so they build on a bare GPU machine (scripts/gpu_check.sh).
 #ifndef TANDEM_ENGINE_CUDA_ELEMENTWISE_H_
 #define TANDEM_ENGINE_CUDA_ELEMENTWISE_H_
 
@@ -26,6 +27,8 @@
 
 #include <cstdint>
 
+#include "engine/cpu/rms_norm.h"
+#include "engine/cpu/rope.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/weight_type.h"
 
@@ -34,18 +37,8 @@ namespace tandem::cuda {
 // ---------------------------------------------------------------------------------------------
 // RMSNorm, as cpu::RmsNorm.
 
-struct RmsNormParams {
-  const float* x = nullptr;  // [rows, dim], row r at x + r * x_stride
-  int64_t x_stride = 0;
-  float* residual = nullptr;  // nullable [rows, dim], row stride residual_stride; in/out, see below
-  int64_t residual_stride = 0;
-  const float* weight = nullptr;  // [dim]
-  float* out = nullptr;           // [rows, dim], row stride out_stride; may alias x (not residual)
-  int64_t out_stride = 0;
-  int64_t rows = 0;
-  int64_t dim = 0;
-  float eps = 1e-5f;
-};
+// The CPU kernel's parameters, with device pointers: out may alias x (not residual).
+using RmsNormParams = cpu::RmsNormParams;
 
 // Without residual: out = x / sqrt(mean(x²) + eps) * weight.
 // With residual:    residual += x; out = residual / sqrt(mean(residual²) + eps) * weight
@@ -57,31 +50,10 @@ cudaError_t RmsNorm(const RmsNormParams& params, cudaStream_t stream);
 // ---------------------------------------------------------------------------------------------
 // Rotary position embedding, as cpu::Rope.
 
-enum class RopeStyle {
-  // Pairs (2i, 2i + 1): GPT-J style, llama.cpp's "normal", what Llama weights in GGUF expect.
-  kInterleaved,
-  // Pairs (i, i + rotary_dim / 2): GPT-NeoX "rotate half", what Hugging Face weights expect.
-  kNeox,
-};
-
-struct RopeParams {
-  // [num_tokens, num_heads, head_dim]: head h of token t at x + t * token_stride + h * head_stride.
-  // Rotated in place.
-  float* x = nullptr;
-  int64_t token_stride = 0;
-  int64_t head_stride = 0;
-  int64_t num_tokens = 0;
-  int64_t num_heads = 0;
-  int64_t head_dim = 0;
-  int64_t rotary_dim = 0;  // leading elements of each head that rotate; even, <= head_dim, <= 8192
-  const int32_t* positions = nullptr;  // [num_tokens]
-  const float* inv_freq = nullptr;  // [rotary_dim / 2]: pair i turns by positions[t] * inv_freq[i]
-  RopeStyle style = RopeStyle::kInterleaved;
-  // Nullable [num_tokens, rotary_dim / 2, 2]: (cos θ, sin θ) of each token's pairs, as RopeCosSin
-  // computes them for the same positions and frequencies (then positions and inv_freq are not
-  // read). A forward pass computes them once for the Q and K of every layer.
-  const float* cos_sin = nullptr;
-};
+// The CPU kernel's parameters, with device pointers: x is rotated in place; rotary_dim is at
+// most 8192 here; with cos_sin, positions and inv_freq are not read.
+using RopeStyle = cpu::RopeStyle;
+using RopeParams = cpu::RopeParams;
 
 // Rotates each pair (a, b) of every head to (a cos θ - b sin θ, a sin θ + b cos θ), each product
 // and difference rounded as the CPU's scalar code rounds it (no fused multiply-add). θ, cos θ and
