@@ -70,9 +70,10 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
 
   void Begin(std::shared_ptr<PrefillCall> self) {
     self_ = self;
-    if (!Prepare(self)) return;
+    const uint64_t id = Prepare(self);
+    if (id == 0) return;
     service_->loop_->SubmitAsync(
-        id_for_submit_, MakeRequest(self), [self](const GenerationDelta& d) { self->OnDelta(d); },
+        id, MakeRequest(self), [self](const GenerationDelta& d) { self->OnDelta(d); },
         [self](absl::Status s) {
           if (s.ok()) return;
           absl::MutexLock lock(&self->mu_);
@@ -94,13 +95,13 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
     Progress();
   }
 
-  // Checks the request, connects to the destination and registers the call; false when the call
-  // has finished with an error instead.
-  bool Prepare(const std::shared_ptr<PrefillCall>& self) {
+  // Checks the request, connects to the destination and registers the call; returns its engine
+  // id, or 0 when the call has finished with an error instead.
+  uint64_t Prepare(const std::shared_ptr<PrefillCall>& self) {
     absl::MutexLock lock(&mu_);
     if (grpc::Status invalid = Validate(); !invalid.ok()) {
       FinishLocked(invalid);
-      return false;
+      return 0;
     }
     const absl::Duration timeout = request_.timeout_ms() > 0
                                        ? absl::Milliseconds(request_.timeout_ms())
@@ -114,7 +115,7 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
         service_->ConnectionTo(request_.destination(), pool_, deadline_);
     if (!conn.ok()) {
       FinishLocked(ToGrpcStatus(conn.status()));
-      return false;
+      return 0;
     }
     connection_ = *std::move(conn);
     absl::StatusOr<kvtransfer::PromptWritePlan> plan = kvtransfer::PromptWritePlan::Create(
@@ -125,7 +126,7 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
                                 request_.destination().block_ids().end()}});
     if (!plan.ok()) {
       FinishLocked(ToGrpcStatus(plan.status()));
-      return false;
+      return 0;
     }
     plan_.emplace(*std::move(plan));
     {
@@ -133,8 +134,7 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
       id_ = service_->next_id_++;
       service_->calls_[request_.request_id()] = self;
     }
-    id_for_submit_ = id_;
-    return true;
+    return id_;
   }
 
   void OnCancel() override {
@@ -380,7 +380,6 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
   Clock* const clock_;
   const absl::Time start_;
   std::shared_ptr<PrefillCall> self_;  // from Begin until OnDone
-  uint64_t id_for_submit_ = 0;         // id_, read by Begin without the lock
 
   absl::Mutex mu_;
   uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;  // the engine's
