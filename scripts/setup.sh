@@ -2,8 +2,8 @@
 # Installs everything Tandem needs on a Debian 12 machine; idempotent and quick when all is there.
 #
 #   1. Debian packages: compiler, CMake, Ninja, ccache, gRPC, Protobuf, abseil, UCX, prometheus-cpp,
-#      GoogleTest/GoogleMock, Google Benchmark, xxhash, promtool (apt-get; needs root or sudo, and
-#      only when something is missing).
+#      GoogleTest/GoogleMock, Google Benchmark, xxhash, Prometheus (promtool and the server),
+#      kubectl (kubernetes-client) (apt-get; needs root or sudo, and only when something is missing).
 #   2. A Python virtual environment in .venv with the pinned test requirements
 #      (scripts/requirements.txt) and the reference implementations the tests compare against
 #      (scripts/requirements-reference.txt: llama.cpp through llama-cpp-python, compiled here once
@@ -43,8 +43,14 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev nlohmann-json3-dev libevent-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus  # for promtool, which checks our /metrics output in the tests
+  prometheus  # promtool checks /metrics output and the rules; the monitoring test runs the server
 )
+# kubectl renders the Kubernetes overlays (`kubectl kustomize`) in tests/deploy. Debian's package
+# is kubernetes-client; a machine that already has a kubectl (another vendor's package) keeps it,
+# since both own /usr/bin/kubectl. The overlays render with the kustomize of either.
+if ! command -v kubectl >/dev/null 2>&1; then
+  APT_PACKAGES+=(kubernetes-client)
+fi
 # shellcheck disable=SC2206
 APT_PACKAGES+=(${TANDEM_SETUP_EXTRA_APT:-})
 
