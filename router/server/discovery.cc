@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 
 namespace tandem::router {
@@ -46,26 +47,33 @@ void WorkerDiscovery::Start() {
     absl::MutexLock lock(&membership_mu_);
     for (const std::string& address : membership_.fixed()) listener_.joined(address);
   }
-  if (options_.dns_name.empty()) return;
+  if (options_.dns_names.empty()) return;
   thread_ = std::make_unique<PeriodicThread>(
       PeriodicThread::Options{.period = options_.interval, .call_at_start = true},
       [this] { Refresh(); });
 }
 
 void WorkerDiscovery::Refresh() {
-  absl::StatusOr<std::vector<std::string>> found = options_.resolve(options_.dns_name);
-  if (!found.ok()) {
-    // A resolver that fails for a moment (a DNS server restarting) must not drop every worker;
-    // a worker that is really gone is found by its watch stream.
-    LOG(WARNING) << found.status() << "; keeping the " << options_.dns_name
-                 << " workers of the last resolution";
-    return;
-  }
   absl::MutexLock lock(&membership_mu_);
-  const MembershipChange change = membership_.Resolved(*found);
+  std::vector<std::string> all;
+  for (const std::string& name : options_.dns_names) {
+    absl::StatusOr<std::vector<std::string>> found = options_.resolve(name);
+    if (found.ok()) {
+      last_answer_[name] = *std::move(found);
+    } else {
+      // A resolver that fails for a moment (a DNS server restarting) must not drop every worker;
+      // a worker that is really gone is found by its watch stream.
+      LOG(WARNING) << found.status() << "; keeping the " << name
+                   << " workers of the last resolution";
+    }
+    if (auto it = last_answer_.find(name); it != last_answer_.end()) {
+      all.insert(all.end(), it->second.begin(), it->second.end());
+    }
+  }
+  const MembershipChange change = membership_.Resolved(all);
   for (const std::string& address : change.joined) listener_.joined(address);
   for (const std::string& address : change.left) {
-    LOG(INFO) << "worker " << address << " is no longer in " << options_.dns_name;
+    LOG(INFO) << "worker " << address << " is no longer in " << absl::StrJoin(options_.dns_names, ", ");
     listener_.left(address);
   }
 }

@@ -1,9 +1,9 @@
-// Finds the workers the registry follows: the static addresses at once, then the addresses a DNS
-// name resolves to (e.g. a Kubernetes headless Service), resolved again every interval on a thread
-// of its own. What each resolution changes is WorkerMembership's decision
+// Finds the workers the registry follows: the static addresses at once, then the addresses DNS
+// names resolve to (e.g. Kubernetes headless Services, one per pool), resolved again every interval
+// on a thread of its own. What each resolution changes is WorkerMembership's decision
 // (router/registry/membership.h); this class resolves, and tells its listener.
 //
-//   WorkerDiscovery discovery({.addresses = {"10.0.0.5:7100"}, .dns_name = "workers:7100"},
+//   WorkerDiscovery discovery({.addresses = {"10.0.0.5:7100"}, .dns_names = {"prefill:7100", "decode:7100"}},
 //                             {.joined = [&](const std::string& a) { Follow(a); },
 //                              .left = [&](const std::string& a) { Drop(a); }});
 //   discovery.Start();
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -39,9 +40,9 @@ class WorkerDiscovery {
   struct Options {
     // Worker addresses (host:port), followed for good.
     std::vector<std::string> addresses = {};
-    // A DNS name "host:port" whose addresses are the workers; empty: none.
-    std::string dns_name = "";
-    // How often dns_name is resolved again. > 0.
+    // DNS names "host:port" whose addresses are the workers (with the name's port); none: none.
+    std::vector<std::string> dns_names = {};
+    // How often the names are resolved again. > 0.
     absl::Duration interval = absl::Seconds(5);
     Resolver resolve = ResolveDns;
   };
@@ -58,13 +59,14 @@ class WorkerDiscovery {
   // Stops Start's thread (after a resolution in progress).
   ~WorkerDiscovery();
 
-  // The static addresses join; then, with a dns_name, a thread resolves it now and every interval
+  // The static addresses join; then, with DNS names, a thread resolves them now and every interval
   // until destruction.
   void Start();
 
-  // Resolves dns_name once and tells the listener which workers joined and left. A name that does
-  // not resolve is logged and changes nothing (the workers of the last resolution stay; one that
-  // is gone is found by its watch stream). A name that resolves to no address drops them all.
+  // Resolves every name once and tells the listener which workers joined and left. A name that
+  // does not resolve is logged and keeps the workers of its last resolution (one that is gone is
+  // found by its watch stream); the other names' answers apply. A name that resolves to no
+  // address drops its workers.
   void Refresh();
 
   // The workers now (the static ones and those the last resolution found), sorted.
@@ -75,6 +77,9 @@ class WorkerDiscovery {
   const Listener listener_;
   absl::Mutex membership_mu_;  // held through a Refresh: one at a time
   WorkerMembership membership_ ABSL_GUARDED_BY(membership_mu_);
+  // Each name's last successful answer (a name not yet resolved has none).
+  absl::flat_hash_map<std::string, std::vector<std::string>> last_answer_
+      ABSL_GUARDED_BY(membership_mu_);
   std::unique_ptr<PeriodicThread> thread_;
 };
 

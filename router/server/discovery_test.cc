@@ -1,8 +1,10 @@
 #include "router/server/discovery.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -19,7 +21,7 @@ class DiscoveryTest : public ::testing::Test {
  protected:
   WorkerDiscovery::Options Options(std::vector<std::string> addresses) {
     return {.addresses = std::move(addresses),
-            .dns_name = "workers.tandem.svc:7100",
+            .dns_names = {"workers.tandem.svc:7100"},
             .resolve = [this](absl::string_view name) -> absl::StatusOr<std::vector<std::string>> {
               absl::MutexLock lock(&mu_);
               EXPECT_EQ(name, "workers.tandem.svc:7100");
@@ -60,7 +62,7 @@ class DiscoveryTest : public ::testing::Test {
 
 TEST_F(DiscoveryTest, StaticAddressesJoinAtStartAndNothingIsResolvedWithoutAName) {
   WorkerDiscovery::Options options = Options({"10.0.0.5:7100", "10.0.0.6:7200", "10.0.0.5:7100"});
-  options.dns_name = "";
+  options.dns_names = {};
   WorkerDiscovery discovery(options, Recorder());
   discovery.Start();
   EXPECT_THAT(Told(), ElementsAre("+10.0.0.5:7100", "+10.0.0.6:7200"));
@@ -99,6 +101,46 @@ TEST_F(DiscoveryTest, ANameThatFailsToResolveKeepsTheWorkersOfTheLastResolution)
   Answer(std::vector<std::string>{"10.1.0.1:7100"});
   discovery.Refresh();
   EXPECT_THAT(Told(), ElementsAre("+10.1.0.1:7100"));  // back when it resolves again
+}
+
+// One name per pool (Kubernetes: a headless Service each): the members are every name's addresses,
+// and a name that fails keeps its own last answer while the others' answers apply.
+TEST(DiscoveryNamesTest, EveryNameCountsAndAFailingNameKeepsOnlyItsOwnWorkers) {
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, absl::StatusOr<std::vector<std::string>>> answers;
+  std::vector<std::string> told;
+  auto answer = [&](const std::string& name, absl::StatusOr<std::vector<std::string>> a) {
+    absl::MutexLock lock(&mu);
+    answers.insert_or_assign(name, std::move(a));
+  };
+  WorkerDiscovery discovery(
+      {.dns_names = {"prefill.tandem.svc:7100", "decode.tandem.svc:7200"},
+       .resolve = [&](absl::string_view name) -> absl::StatusOr<std::vector<std::string>> {
+         absl::MutexLock lock(&mu);
+         auto it = answers.find(std::string(name));
+         if (it == answers.end()) return absl::UnavailableError("unknown name");
+         return it->second;
+       }},
+      {.joined = [&](const std::string& a) { told.push_back("+" + a); },
+       .left = [&](const std::string& a) { told.push_back("-" + a); }});
+  // The decode name does not resolve yet: the prefill workers join on their own.
+  answer("prefill.tandem.svc:7100", std::vector<std::string>{"10.1.0.1:7100"});
+  discovery.Refresh();
+  EXPECT_THAT(std::exchange(told, {}), ElementsAre("+10.1.0.1:7100"));
+  answer("decode.tandem.svc:7200", std::vector<std::string>{"10.2.0.1:7200", "10.2.0.2:7200"});
+  discovery.Refresh();
+  EXPECT_THAT(std::exchange(told, {}), ElementsAre("+10.2.0.1:7200", "+10.2.0.2:7200"));
+  // The prefill name fails for a moment while a decode pod leaves: only the decode change applies.
+  answer("prefill.tandem.svc:7100", absl::UnavailableError("cannot resolve"));
+  answer("decode.tandem.svc:7200", std::vector<std::string>{"10.2.0.2:7200"});
+  discovery.Refresh();
+  EXPECT_THAT(std::exchange(told, {}), ElementsAre("-10.2.0.1:7200"));
+  EXPECT_THAT(discovery.members(), ElementsAre("10.1.0.1:7100", "10.2.0.2:7200"));
+  // Scaled to zero: the prefill name answers with nothing, and its workers leave.
+  answer("prefill.tandem.svc:7100", std::vector<std::string>{});
+  discovery.Refresh();
+  EXPECT_THAT(std::exchange(told, {}), ElementsAre("-10.1.0.1:7100"));
+  EXPECT_THAT(discovery.members(), ElementsAre("10.2.0.2:7200"));
 }
 
 TEST_F(DiscoveryTest, StartResolvesAtOnceOnItsThread) {

@@ -27,8 +27,8 @@ ABSL_FLAG(std::string, http_listen, "0.0.0.0:8000",
           "host:port of the OpenAI-compatible HTTP API and /metrics (port 0: any); empty: none");
 ABSL_FLAG(std::string, workers, "", "Comma-separated worker addresses (host:port)");
 ABSL_FLAG(std::string, workers_dns, "",
-          "host:port of a DNS name whose addresses are the workers (a headless Service); "
-          "re-resolved every 5 s");
+          "Comma-separated host:port of DNS names whose addresses are the workers (e.g. one "
+          "headless Service per pool); re-resolved every 5 s");
 ABSL_FLAG(std::string, policy, "kv_aware",
           "Placement policy: round_robin, least_loaded, kv_aware, slo (docs/slo.md)");
 ABSL_FLAG(int64_t, default_ttft_ms, 2000,
@@ -92,7 +92,8 @@ absl::Status Run() {
   RegistryOptions registry_options;
   registry_options.addresses =
       absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipWhitespace());
-  registry_options.dns_name = absl::GetFlag(FLAGS_workers_dns);
+  registry_options.dns_names =
+      absl::StrSplit(absl::GetFlag(FLAGS_workers_dns), ',', absl::SkipWhitespace());
   const KeepaliveOptions keepalive{
       .time = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_time_ms)),
       .timeout = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_timeout_ms))};
@@ -108,7 +109,7 @@ absl::Status Run() {
   registry_options.keepalive = keepalive;
   registry_options.liveness_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_worker_liveness_timeout_ms));
-  if (registry_options.addresses.empty() && registry_options.dns_name.empty()) {
+  if (registry_options.addresses.empty() && registry_options.dns_names.empty()) {
     return absl::InvalidArgumentError("give --workers or --workers_dns");
   }
   RouterOptions options;

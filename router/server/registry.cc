@@ -169,7 +169,7 @@ Registry::Registry(RegistryOptions options)
   }
   discovery_ = std::make_unique<WorkerDiscovery>(
       WorkerDiscovery::Options{.addresses = options_.addresses,
-                               .dns_name = options_.dns_name,
+                               .dns_names = options_.dns_names,
                                .interval = options_.dns_interval,
                                .resolve = options_.resolve},
       WorkerDiscovery::Listener{.joined =

@@ -29,10 +29,11 @@ namespace tandem::router {
 struct RegistryOptions {
   // Worker addresses (host:port).
   std::vector<std::string> addresses;
-  // A DNS name "host:port" whose A records are the workers; re-resolved every dns_interval.
-  std::string dns_name;
+  // DNS names "host:port" whose A records are the workers (e.g. one headless Service per pool);
+  // re-resolved every dns_interval.
+  std::vector<std::string> dns_names;
   absl::Duration dns_interval = absl::Seconds(5);
-  // Resolves dns_name (tests give a fake one).
+  // Resolves the names (tests give a fake one).
   Resolver resolve = ResolveDns;
   // How often workers send load samples.
   absl::Duration load_interval = absl::Milliseconds(100);

@@ -270,7 +270,7 @@ TEST_F(RegistryTest, AWorkerThatLeavesTheDnsNameAndComesBackIsFollowedAgain) {
   absl::Mutex mu;
   std::vector<std::string> answer = {address};
   RegistryOptions options;
-  options.dns_name = "workers.test:7100";
+  options.dns_names = {"workers.test:7100"};
   options.dns_interval = absl::Milliseconds(20);
   options.resolve = [&](absl::string_view) -> absl::StatusOr<std::vector<std::string>> {
     absl::MutexLock lock(&mu);
