@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 
 import grpc
 import pytest
@@ -95,8 +96,7 @@ def pods_unavailable():
     for tool in ("unshare", "chroot", "mount", "hostname"):
         if shutil.which(tool) is None:
             return f"'{tool}' is not installed"
-    probe = pathlib.Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True,
-                                        check=True).stdout.strip())
+    probe = pathlib.Path(tempfile.mkdtemp(prefix="tandem-pod-probe-"))
     try:
         result = subprocess.run(pod_argv(probe, "probe", MODELS, ["test", "-r",
                                                                   f"/models/{DEFAULT_MODEL}"]),
