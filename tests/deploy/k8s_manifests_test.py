@@ -113,13 +113,15 @@ def test_every_kubectl_renders_the_same_objects():
         first = _comparable(k8s.render(name, KUBECTLS[0]))
         for other in KUBECTLS[1:]:
             assert _comparable(k8s.render(name, other)) == first, \
-                f"deploy/k8s/{name}: {versions[other]} renders otherwise than {versions[KUBECTLS[0]]}"
+                f"deploy/k8s/{name}: {versions[other]} renders otherwise than " \
+                f"{versions[KUBECTLS[0]]}"
         print(f"deploy/k8s/{name}: the same with {sorted(versions.values())}")
 
 
 # The Prometheus operator's kinds: the fields these manifests use, as the operator's CRDs
 # (monitoring.coreos.com/v1) define them. Anything else is an error, like --strict above.
-_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_DURATION = {"type": "string",
+             "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
 _LABEL_SELECTOR = {
     "type": "object", "additionalProperties": False,
     "properties": {
@@ -329,7 +331,8 @@ def test_services_pdbs_and_monitors_select_real_pods_and_ports(name):
 
     for service in k8s.by_kind(objects, "Service"):
         chosen = selected(service["spec"]["selector"])
-        assert len(chosen) == 1, (service["metadata"]["name"], [w["metadata"]["name"] for w in chosen])
+        assert len(chosen) == 1, (service["metadata"]["name"],
+                                  [w["metadata"]["name"] for w in chosen])
         for port in service["spec"]["ports"]:
             assert port["targetPort"] in port_names(chosen[0]), (service["metadata"], port)
     covered = []
