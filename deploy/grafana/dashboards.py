@@ -10,9 +10,9 @@ where they are defined, so that the five dashboards share their variables, units
 Every dashboard has the variables datasource, namespace, pool and worker. They select on the
 labels the scrape configs attach (deploy/prometheus): namespace (one cluster at a time), pool
 (router, prefill, decode) and pod; `worker` lists the pods of the chosen pools. The router labels its per-worker
-gauges of the slo policy (corrections, step speed) with the worker's id, which is the pod name
-in `tandem up` and "<pod>:<port>" when a worker names itself (its default), hence the
-"($worker)(:[0-9]+)?" selectors. The router's health gauge is labelled with worker addresses
+gauges of the slo policy (corrections, step speed) with the worker's id: the pod name in
+`tandem up` and in deploy/k8s (TANDEM_WORKER_ID), "<pod>:<port>" when a worker names itself (its
+default), hence the "($worker)(:[0-9]+)?" selectors. The router's health gauge is labelled with worker addresses
 and is shown for every worker.
 """
 import argparse
