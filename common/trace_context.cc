@@ -3,9 +3,9 @@
 #include <map>
 
 #include "absl/random/random.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/server_context.h"
 
@@ -56,6 +56,11 @@ absl::BitGen& ThreadBits() {
   return bits;
 }
 
+// A received value, quoted for a message, cut after 64 characters.
+std::string Quoted(absl::string_view v) {
+  return v.size() <= 64 ? absl::StrCat("'", v, "'") : absl::StrCat("'", v.substr(0, 64), "...'");
+}
+
 absl::string_view TrimOws(absl::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
@@ -76,33 +81,35 @@ absl::StatusOr<TraceContext> TraceContext::Parse(absl::string_view traceparent,
                                                  absl::string_view tracestate) {
   const absl::string_view v = TrimOws(traceparent);
   if (v.size() < kTraceparentLength) {
-    return absl::InvalidArgumentError(absl::StrCat("the traceparent '", v, "' has ", v.size(),
-                                                   " characters; it needs ", kTraceparentLength));
+    return absl::InvalidArgumentError(absl::StrCat("the traceparent ", Quoted(v), " has ",
+                                                   v.size(), " characters; it needs ",
+                                                   kTraceparentLength));
   }
   if (v[2] != '-' || v[35] != '-' || v[52] != '-') {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the traceparent '", v, "' is not version-traceid-parentid-flags separated by '-'"));
+        "the traceparent ", Quoted(v), " is not version-traceid-parentid-flags separated by '-'"));
   }
   const absl::string_view version = v.substr(0, 2);
-  if (absl::Status s = CheckHexField(version, "version", /*zero_allowed=*/true); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHexField(version, "version", /*zero_allowed=*/true));
   if (version == "ff") return absl::InvalidArgumentError("the traceparent's version ff is invalid");
   if (version == "00" && v.size() != kTraceparentLength) {
-    return absl::InvalidArgumentError(absl::StrCat("the version 00 traceparent '", v, "' has ",
-                                                   v.size(), " characters; it needs exactly ",
+    return absl::InvalidArgumentError(absl::StrCat("the version 00 traceparent ", Quoted(v),
+                                                   " has ", v.size(),
+                                                   " characters; it needs exactly ",
                                                    kTraceparentLength));
   }
   // A later version may add fields after the four of version 00, each after a '-'.
   if (v.size() > kTraceparentLength && v[kTraceparentLength] != '-') {
     return absl::InvalidArgumentError(
-        absl::StrCat("the traceparent '", v, "' has no '-' after its flags"));
+        absl::StrCat("the traceparent ", Quoted(v), " has no '-' after its flags"));
   }
   TraceContext t;
   t.trace_id_ = std::string(v.substr(3, 32));
   t.span_id_ = std::string(v.substr(36, 16));
   const absl::string_view flags = v.substr(53, 2);
-  if (absl::Status s = CheckHexField(t.trace_id_, "trace id", false); !s.ok()) return s;
-  if (absl::Status s = CheckHexField(t.span_id_, "parent id", false); !s.ok()) return s;
-  if (absl::Status s = CheckHexField(flags, "flags", true); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHexField(t.trace_id_, "trace id", /*zero_allowed=*/false));
+  RETURN_IF_ERROR(CheckHexField(t.span_id_, "parent id", /*zero_allowed=*/false));
+  RETURN_IF_ERROR(CheckHexField(flags, "flags", /*zero_allowed=*/true));
   t.flags_ = static_cast<uint8_t>(HexValue(flags[0]) * 16 + HexValue(flags[1]));
   const absl::string_view state = TrimOws(tracestate);
   if (UsableTracestate(state)) t.tracestate_ = std::string(state);
@@ -121,6 +128,7 @@ TraceContext TraceContext::NewTrace() { return NewTrace(ThreadBits()); }
 
 TraceContext TraceContext::Child(absl::BitGenRef bits) const {
   TraceContext t = *this;
+  t.parent_id_ = span_id_;
   t.span_id_ = RandomHex(bits, 1);
   return t;
 }
@@ -133,11 +141,16 @@ std::string TraceContext::traceparent() const {
   return absl::StrCat("00-", trace_id_, "-", span_id_, "-", absl::string_view(flags, 2));
 }
 
-TraceContext SpanForRequest(std::optional<absl::string_view> traceparent,
-                            absl::string_view tracestate, absl::Status* rejected) {
+TraceContext SpanForRequest(absl::Span<const absl::string_view> traceparents,
+                            absl::Span<const absl::string_view> tracestates,
+                            absl::Status* rejected) {
   if (rejected != nullptr) *rejected = absl::OkStatus();
-  if (!traceparent.has_value()) return TraceContext::NewTrace();
-  absl::StatusOr<TraceContext> sent = TraceContext::Parse(*traceparent, tracestate);
+  if (traceparents.empty()) return TraceContext::NewTrace();
+  absl::StatusOr<TraceContext> sent =
+      traceparents.size() == 1
+          ? TraceContext::Parse(traceparents[0], absl::StrJoin(tracestates, ","))
+          : absl::InvalidArgumentError(
+                absl::StrCat("the request carries ", traceparents.size(), " traceparents"));
   if (!sent.ok()) {
     // The specification: a malformed traceparent starts a new trace, and its tracestate goes
     // with it.
@@ -149,23 +162,15 @@ TraceContext SpanForRequest(std::optional<absl::string_view> traceparent,
 
 TraceContext SpanForCall(const grpc::ServerContextBase& context, absl::Status* rejected) {
   const std::multimap<grpc::string_ref, grpc::string_ref>& metadata = context.client_metadata();
-  const auto [first, last] = metadata.equal_range(grpc::string_ref(kTraceparentKey.data(),
-                                                                   kTraceparentKey.size()));
-  std::optional<absl::string_view> traceparent;
-  if (first != last) {
-    if (std::next(first) != last) {
-      if (rejected != nullptr) {
-        *rejected = absl::InvalidArgumentError("the call carries more than one traceparent");
-      }
-      return TraceContext::NewTrace();
+  auto values = [&metadata](absl::string_view key) {
+    std::vector<absl::string_view> out;
+    for (auto [it, end] = metadata.equal_range(grpc::string_ref(key.data(), key.size()));
+         it != end; ++it) {
+      out.emplace_back(it->second.data(), it->second.size());
     }
-    traceparent = absl::string_view(first->second.data(), first->second.size());
-  }
-  std::vector<absl::string_view> states;
-  const auto [sfirst, slast] =
-      metadata.equal_range(grpc::string_ref(kTracestateKey.data(), kTracestateKey.size()));
-  for (auto it = sfirst; it != slast; ++it) states.emplace_back(it->second.data(), it->second.size());
-  return SpanForRequest(traceparent, absl::StrJoin(states, ","), rejected);
+    return out;
+  };
+  return SpanForRequest(values(kTraceparentKey), values(kTracestateKey), rejected);
 }
 
 void AddTraceMetadata(const TraceContext& span, grpc::ClientContext* context) {
@@ -173,6 +178,10 @@ void AddTraceMetadata(const TraceContext& span, grpc::ClientContext* context) {
   if (!span.tracestate().empty()) {
     context->AddMetadata(std::string(kTracestateKey), span.tracestate());
   }
+}
+
+std::string ParentOf(const TraceContext& span) {
+  return span.parent_id().empty() ? "" : absl::StrCat(" (parent span ", span.parent_id(), ")");
 }
 
 }  // namespace tandem

@@ -20,7 +20,6 @@
 #define TANDEM_COMMON_TRACE_CONTEXT_H_
 
 #include <cstdint>
-#include <optional>
 #include <ostream>
 #include <string>
 
@@ -28,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace grpc {
 class ClientContext;
@@ -62,7 +62,8 @@ class TraceContext {
   static TraceContext NewTrace(absl::BitGenRef bits);
   static TraceContext NewTrace();  // this thread's generator
 
-  // The span of the next process: the same trace id, flags and tracestate, a new random span id.
+  // The span of the next process: the same trace id, flags and tracestate, a new random span id,
+  // and this span's id as its parent_id.
   TraceContext Child(absl::BitGenRef bits) const;
   TraceContext Child() const;  // this thread's generator
 
@@ -71,6 +72,9 @@ class TraceContext {
   // This span's id: 16 lowercase hex digits, not all zeros. Sent onwards as the parent id.
   const std::string& span_id() const { return span_id_; }
   uint8_t flags() const { return flags_; }
+  // The span id of the process that sent this span's parent: empty for a new trace and for a
+  // context as Parse returns it (whose span_id is the sender's).
+  const std::string& parent_id() const { return parent_id_; }
   // As received (commas and spaces included); empty when none.
   const std::string& tracestate() const { return tracestate_; }
 
@@ -78,8 +82,8 @@ class TraceContext {
   std::string traceparent() const;
 
   friend bool operator==(const TraceContext& a, const TraceContext& b) {
-    return a.trace_id_ == b.trace_id_ && a.span_id_ == b.span_id_ && a.flags_ == b.flags_ &&
-           a.tracestate_ == b.tracestate_;
+    return a.trace_id_ == b.trace_id_ && a.span_id_ == b.span_id_ &&
+           a.parent_id_ == b.parent_id_ && a.flags_ == b.flags_ && a.tracestate_ == b.tracestate_;
   }
 
  private:
@@ -87,19 +91,22 @@ class TraceContext {
 
   std::string trace_id_;
   std::string span_id_;
+  std::string parent_id_;
   uint8_t flags_ = 0;
   std::string tracestate_;
 };
 
-// This process's span of a request whose peer sent `traceparent` (nullopt: none) and
-// `tracestate`: a Child of what was sent, or, when nothing or a malformed traceparent was sent,
-// the first span of a new trace. `rejected` (may be null) is set to why a traceparent that was
-// sent could not be used (INVALID_ARGUMENT), else to OK.
-TraceContext SpanForRequest(std::optional<absl::string_view> traceparent,
-                            absl::string_view tracestate, absl::Status* rejected);
+// This process's span of a request whose peer sent the `traceparent` values `traceparents`
+// (HTTP headers or gRPC metadata entries: none, one, or several, which is malformed) and the
+// `tracestate` values `tracestates` (joined with commas, as repeated HTTP headers combine): a
+// Child of what was sent, or, when nothing or a malformed traceparent was sent, the first span
+// of a new trace. `rejected` (may be null) is set to why a traceparent that was sent could not be
+// used (INVALID_ARGUMENT), else to OK.
+TraceContext SpanForRequest(absl::Span<const absl::string_view> traceparents,
+                            absl::Span<const absl::string_view> tracestates,
+                            absl::Status* rejected);
 
-// The same, from a gRPC call's client metadata: one `traceparent` entry (several are malformed),
-// and the `tracestate` entries joined with commas.
+// The same, from a gRPC call's client metadata.
 TraceContext SpanForCall(const grpc::ServerContextBase& context, absl::Status* rejected);
 
 // Sends `span` to the next process on an outgoing call: `traceparent` with span.span_id() as the
@@ -119,6 +126,10 @@ class TraceTag {
  private:
   const TraceContext& span_;
 };
+
+// For a request's first log line in a process, which ties its span to the sender's:
+// " (parent span <16 hex>)", or "" for a new trace.
+std::string ParentOf(const TraceContext& span);
 
 }  // namespace tandem
 

@@ -121,6 +121,8 @@ TEST(TraceContextTest, AChildKeepsTheTraceFlagsAndStateWithANewSpan) {
   const TraceContext child = parent.Child(bits);
   EXPECT_EQ(child.trace_id(), parent.trace_id());
   EXPECT_NE(child.span_id(), parent.span_id());
+  EXPECT_EQ(child.parent_id(), parent.span_id());
+  EXPECT_EQ(parent.parent_id(), "");
   EXPECT_THAT(child.span_id(), MatchesRegex("[0-9a-f]{16}"));
   EXPECT_EQ(child.flags(), parent.flags());
   EXPECT_EQ(child.tracestate(), parent.tracestate());
@@ -129,24 +131,41 @@ TEST(TraceContextTest, AChildKeepsTheTraceFlagsAndStateWithANewSpan) {
 
 TEST(TraceContextTest, SpanForRequestContinuesAValidTraceAndReplacesAMalformedOne) {
   absl::Status rejected = absl::UnknownError("unset");
-  TraceContext span = SpanForRequest(kValid, "a=1", &rejected);
+  TraceContext span = SpanForRequest({kValid}, {"a=1"}, &rejected);
   EXPECT_TRUE(rejected.ok()) << rejected;
   EXPECT_EQ(span.trace_id(), kTrace);
   EXPECT_NE(span.span_id(), kParent);
+  EXPECT_EQ(span.parent_id(), kParent);
   EXPECT_EQ(span.tracestate(), "a=1");
 
-  span = SpanForRequest(std::nullopt, "a=1", &rejected);
+  span = SpanForRequest({}, {"a=1"}, &rejected);
   EXPECT_TRUE(rejected.ok()) << rejected;  // nothing sent: nothing rejected
   EXPECT_NE(span.trace_id(), kTrace);
   EXPECT_EQ(span.tracestate(), "");
 
-  span = SpanForRequest("00-00000000000000000000000000000000-00f067aa0ba902b7-01", "a=1",
+  span = SpanForRequest({"00-00000000000000000000000000000000-00f067aa0ba902b7-01"}, {"a=1"},
                         &rejected);
   EXPECT_EQ(rejected.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(span.trace_id(), MatchesRegex("[0-9a-f]{32}"));
   EXPECT_NE(span.trace_id(), std::string(32, '0'));
   EXPECT_EQ(span.tracestate(), "");  // it went with the malformed traceparent
-  SpanForRequest("garbage", "", nullptr);  // `rejected` may be null
+  SpanForRequest({"garbage"}, {}, nullptr);  // `rejected` may be null
+
+  // Repeated tracestate headers join; several traceparents are malformed.
+  span = SpanForRequest({kValid}, {"a=1", "b=2"}, &rejected);
+  EXPECT_TRUE(rejected.ok()) << rejected;
+  EXPECT_EQ(span.tracestate(), "a=1,b=2");
+  span = SpanForRequest({kValid, kValid}, {}, &rejected);
+  EXPECT_EQ(rejected.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(rejected.message(), HasSubstr("2 traceparents"));
+  EXPECT_NE(span.trace_id(), kTrace);
+}
+
+TEST(TraceContextTest, MessagesQuoteOnlyTheStartOfALongValue) {
+  const std::string value = std::string(kValid) + std::string(1000, '-');
+  absl::StatusOr<TraceContext> t = TraceContext::Parse(value);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(t.status().message().size(), 200u) << t.status();
 }
 
 TEST(TraceContextTest, TraceTagWritesTheLogFields) {
@@ -154,6 +173,8 @@ TEST(TraceContextTest, TraceTagWritesTheLogFields) {
   std::ostringstream os;
   os << TraceTag(t) << "placed";
   EXPECT_EQ(os.str(), absl::StrCat("trace_id=", kTrace, " span_id=", kParent, " placed"));
+  EXPECT_EQ(ParentOf(t), "");
+  EXPECT_EQ(ParentOf(t.Child()), absl::StrCat(" (parent span ", kParent, ")"));
 }
 
 }  // namespace
