@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_conversion.h"
+#include "common/trace_context.h"
 #include "proto/conversion.h"
 #include "grpcpp/create_channel.h"
 
@@ -45,6 +46,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       : service_(service),
         loop_(service->loop_),
         request_(request),
+        trace_(SpanForCall(*context, &trace_rejected_)),
         start_(absl::Now()),
         client_deadline_(context->deadline()) {}
 
@@ -52,6 +54,12 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
 
   void Begin(std::shared_ptr<GenerateCall> self) {
     self_ = self;
+    if (!trace_rejected_.ok()) {
+      LOG(INFO) << TraceTag(trace_) << "request " << request_.request_id()
+                << ": the traceparent sent was not used (" << trace_rejected_.message()
+                << "); a new trace starts";
+    }
+    LogStart();
     if (!request_.model().empty() && request_.model() != loop_->model_id()) {
       return End(grpc::Status(grpc::StatusCode::NOT_FOUND,
                               absl::StrCat("model '", request_.model(), "' is not served here (",
@@ -142,6 +150,39 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   }
 
  private:
+  // The request's first INFO line here: what it asks and where its prompt is to be computed.
+  void LogStart() {
+    std::string prefill;
+    if (request_.prefill_targets().empty() || service_->options_.kv_pool.regions_size() == 0) {
+      prefill = "prefill here";
+    } else {
+      for (const v1::PrefillTarget& t : request_.prefill_targets()) {
+        absl::StrAppend(&prefill, prefill.empty() ? "prefill on " : ", then ", t.worker_id());
+      }
+    }
+    LOG(INFO) << TraceTag(trace_) << "request " << request_.request_id() << ": started; "
+              << request_.prompt_token_ids_size() << " prompt tokens"
+              << (prior_ > 0 ? absl::StrCat(" + ", prior_, " generated before it moved here") : "")
+              << ", " << prefill << ParentOf(trace_);
+  }
+
+  // The request's last INFO line here, when its stream finishes with `status`.
+  void LogEnd(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const char* outcome = status.ok() ? "finished"
+                          : status.error_code() == grpc::StatusCode::CANCELLED ? "cancelled"
+                                                                             : "failed";
+    LOG(INFO) << TraceTag(trace_) << "request " << request_.request_id() << ": " << outcome
+              << (status.ok() ? std::string()
+                              : absl::StrCat(" (", FromGrpcStatus(status).ToString(), ")"))
+              << "; " << completion_tokens_ << " tokens generated, " << cached_tokens_
+              << " prompt tokens cached, prefill "
+              << (timings_.remote_prefill()
+                      ? absl::StrCat("on ", timings_.prefill_worker())
+                      : std::string(first_delta_at_ == absl::InfinitePast() ? "not done"
+                                                                            : "here"))
+              << ", " << absl::ToInt64Milliseconds(absl::Now() - start_) << " ms";
+  }
+
   LocalEngine::DeltaCallback DeltaCallback() {
     return [self = self_](const GenerationDelta& d) { self->OnDelta(d); };
   }
@@ -187,8 +228,13 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   void TryPrefillTarget(int index) {
     if (index >= request_.prefill_targets_size()) {
       if (Cancelled()) return;
+      LOG(WARNING) << TraceTag(trace_) << "request " << request_.request_id()
+                   << ": no prefill worker took the prompt; prefilling it here";
       loop_->FallBackToLocalPrefillAsync(id_, [self = self_](absl::Status s) {
-        if (!s.ok()) LOG(ERROR) << "request " << self->request_.request_id() << ": " << s;
+        if (!s.ok()) {
+          LOG(ERROR) << TraceTag(self->trace_) << "request " << self->request_.request_id() << ": "
+                     << s;
+        }
       });
       return;
     }
@@ -204,6 +250,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     const auto cap = std::chrono::system_clock::now() +
                      std::chrono::milliseconds(absl::ToInt64Milliseconds(prefill_timeout_));
     context->set_deadline(std::min(client_deadline_, cap));
+    AddTraceMetadata(trace_, context);  // this span is the prefill worker's parent
     {
       absl::MutexLock lock(&mu_);
       prefill_sent_at_ = absl::Now();
@@ -219,7 +266,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   void OnPrefillDone(int index, const grpc::Status& status) {
     const v1::PrefillTarget& target = request_.prefill_targets(index);
     if (!status.ok()) {
-      LOG(WARNING) << "request " << request_.request_id() << ": prefill worker "
+      LOG(WARNING) << TraceTag(trace_) << "request " << request_.request_id() << ": prefill worker "
                    << target.worker_id() << " (" << target.address()
                    << ") failed: " << status.error_message() << "; trying the next";
       return TryPrefillTarget(index + 1);
@@ -238,7 +285,10 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     loop_->CompleteRemotePrefillAsync(
         id_, prefill_response_.first_token_id(), [self = self_](absl::Status s) {
           // A bad answer: the engine prefills here instead.
-          if (!s.ok()) LOG(WARNING) << "request " << self->request_.request_id() << ": " << s;
+          if (!s.ok()) {
+            LOG(WARNING) << TraceTag(self->trace_) << "request " << self->request_.request_id()
+                         << ": " << s;
+          }
         });
   }
 
@@ -287,6 +337,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       if (end_.has_value()) {
         finished_ = true;
         finish = *end_;
+        LogEnd(*finish);
       } else if (!deltas_.empty()) {
         writing_ = true;
         BuildResponse();
@@ -370,6 +421,10 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   DecodeService* const service_;
   EngineLoop* const loop_;
   const v1::DecodeRequest request_;
+  // This worker's span of the request's trace (the router's is its parent), and why a
+  // traceparent that came could not be used.
+  absl::Status trace_rejected_;
+  const TraceContext trace_;
   const int64_t prior_ = request_.prior_output_token_ids_size();
   const absl::Time start_;
   const std::chrono::system_clock::time_point client_deadline_;

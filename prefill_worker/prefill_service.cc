@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_conversion.h"
+#include "common/trace_context.h"
 #include "kvtransfer/prompt_write_plan.h"
 #include "proto/conversion.h"
 
@@ -64,12 +65,18 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
       : service_(service),
         context_(context),
         request_(*request),
+        trace_(SpanForCall(*context, &trace_rejected_)),
         response_(response),
         clock_(service->timers_->clock()),
         start_(clock_->Now()) {}
 
   void Begin(std::shared_ptr<PrefillCall> self) {
     self_ = self;
+    if (!trace_rejected_.ok()) {
+      LOG(INFO) << TraceTag(trace_) << "request " << request_.request_id()
+                << ": the traceparent sent was not used (" << trace_rejected_.message()
+                << "); a new trace starts";
+    }
     const uint64_t id = Prepare(self);
     if (id == 0) return;
     service_->loop_->SubmitAsync(
@@ -294,8 +301,8 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
     {
       absl::MutexLock lock(&mu_);
       if (finished_ || outstanding_ == 0) return;
-      LOG(WARNING) << "request " << request_.request_id() << ": " << outstanding_
-                   << " KV writes to " << request_.destination().worker_id()
+      LOG(WARNING) << TraceTag(trace_) << "request " << request_.request_id() << ": "
+                   << outstanding_ << " KV writes to " << request_.destination().worker_id()
                    << " still running after the prefill was given up; closing the connection";
       connection = connection_;
     }
@@ -309,7 +316,7 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
   void StopWaiting() {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
-    LOG(ERROR) << "request " << request_.request_id() << ": " << outstanding_
+    LOG(ERROR) << TraceTag(trace_) << "request " << request_.request_id() << ": " << outstanding_
                << " KV writes did not end after their connection was cancelled";
     FinishLocked(*give_up_);
   }
@@ -363,6 +370,24 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
     t->set_transfer_bytes(bytes_);
   }
 
+  // The request's one INFO line here, as the call answers `status`.
+  void LogEnd(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::string& to = request_.destination().worker_id();
+    if (status.ok()) {
+      const v1::PrefillTimings& t = response_->timings();
+      LOG(INFO) << TraceTag(trace_) << "request " << request_.request_id() << ": prefilled "
+                << response_->num_computed_tokens() << " tokens ("
+                << response_->num_reused_tokens() << " cached here); KV writes to " << to
+                << " done, " << t.transfer_bytes() << " bytes; queue " << t.queue_us() / 1000
+                << " ms, compute " << t.compute_us() / 1000 << " ms, in place after "
+                << t.transfer_us() / 1000 << " ms" << ParentOf(trace_);
+    } else {
+      LOG(INFO) << TraceTag(trace_) << "request " << request_.request_id() << ": prefill for "
+                << (to.empty() ? std::string("?") : to) << " failed (" << FromGrpcStatus(status)
+                << ")" << ParentOf(trace_);
+    }
+  }
+
   void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
@@ -370,12 +395,17 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
       if (timer != 0) service_->timers_->Cancel(timer);
     }
     Metrics().requests.Add({{"outcome", status.ok() ? "ok" : "error"}}).Increment();
+    LogEnd(status);
     Finish(status);
   }
 
   PrefillService* const service_;
   grpc::CallbackServerContext* const context_;
   const v1::PrefillRequest request_;  // a copy: the callbacks may outlive gRPC's
+  // This worker's span of the request's trace (the decode worker's is its parent), and why a
+  // traceparent that came could not be used.
+  absl::Status trace_rejected_;
+  const TraceContext trace_;
   v1::PrefillResponse* const response_;
   Clock* const clock_;
   const absl::Time start_;

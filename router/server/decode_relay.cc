@@ -45,11 +45,12 @@ class DecodeAttempt final : public grpc::ClientReadReactor<v1::DecodeResponse>,
   DecodeAttempt(std::shared_ptr<DecodeRelay> relay, absl::Time now)
       : Stream(now), relay_(std::move(relay)) {}
 
-  void Begin(v1::Decode::Stub* stub, const v1::DecodeRequest& request, absl::Time deadline,
-             std::shared_ptr<DecodeAttempt> self, StallWatch& watch) {
+  void Begin(v1::Decode::Stub* stub, const v1::DecodeRequest& request, const TraceContext& trace,
+             absl::Time deadline, std::shared_ptr<DecodeAttempt> self, StallWatch& watch) {
     self_ = self;
     watch.Add(std::move(self));
     if (deadline != absl::InfiniteFuture()) context_.set_deadline(absl::ToChronoTime(deadline));
+    AddTraceMetadata(trace, &context_);
     stub->async()->Generate(&context_, &request, this);
     StartRead(&response_);
     StartCall();
@@ -87,6 +88,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
   DecodeRelay(RelayHost* host, RelayedRequest relayed, ResponseSink* sink)
       : host_(host),
         request_(std::move(relayed.request)),
+        trace_(std::move(relayed.trace)),
         sink_(sink),
         placement_(std::move(relayed.placement)),
         deadline_(relayed.deadline),
@@ -96,7 +98,10 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
         prediction_(relayed.route.decision),
         route_(std::move(relayed.route)) {}
 
-  void Begin(v1::Decode::Stub* stub) { StartAttempt(stub, request_); }
+  void Begin(v1::Decode::Stub* stub) {
+    LogPlacement();
+    StartAttempt(stub, request_);
+  }
   Clock* clock() const { return host_->clock(); }
 
   void Cancel() override {
@@ -152,6 +157,10 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
     }
     if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finished_ = true;
     if (response.has_timings()) {
+      if (const v1::Timings& t = response.timings(); !t.prefill_worker().empty()) {
+        prefilled_on_ =
+            absl::StrCat(t.prefill_worker(), t.remote_prefill() ? " (remote)" : " (local)");
+      }
       v1::Timings* t = out.mutable_timings();
       *t = response.timings();
       t->set_ttft_us(static_cast<uint64_t>(ttft_us_));
@@ -208,7 +217,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
         Metrics().stalled.Add({{"outcome", moved.ok() ? "migrated" : "failed"}}).Increment();
       }
       if (moved.ok()) return;
-      LOG(WARNING) << "request " << request_.request_id() << ": " << moved;
+      LOG(WARNING) << TraceTag(trace_) << "request " << request_.request_id() << ": " << moved;
       // The worker is lost and the request cannot go on elsewhere: say why, retryable.
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(moved.message()));
     }
@@ -216,12 +225,14 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
                           : status.error_code() == grpc::StatusCode::CANCELLED ? "cancelled"
                                                                                : "error";
     Metrics().requests.Add({{"outcome", outcome}}).Increment();
+    const absl::Duration e2e = clock()->Now() - start_;
     if (status.ok()) {
-      const absl::Duration e2e = clock()->Now() - start_;
       Metrics().e2e.Observe(absl::ToDoubleSeconds(e2e));
       Metrics().vllm_e2e.Observe(absl::ToDoubleSeconds(e2e));
     }
-    sink_->OnDone(FromGrpcStatus(status));
+    const absl::Status end = FromGrpcStatus(status);
+    LogEnd(end, outcome, e2e);
+    sink_->OnDone(end);
   }
 
  private:
@@ -233,8 +244,37 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
       attempt_ = attempt;
       cancelled = cancelled_;
     }
-    attempt->Begin(stub, request, deadline_, attempt, host_->stall_watch());
+    attempt->Begin(stub, request, trace_, deadline_, attempt, host_->stall_watch());
     if (cancelled) attempt->Cancel();  // Cancel() saw the previous attempt
+  }
+
+  // The request's first INFO line: where it was placed (a move has its own WARNING line).
+  void LogPlacement() const {
+    std::string prefill;
+    for (const auto& [id, address] : route_.prefill) {
+      absl::StrAppend(&prefill, prefill.empty() ? "prefill on " : ", then ", id);
+    }
+    std::string queued;
+    if (queue_us_ >= 1000) {
+      queued = absl::StrCat(", after ", queue_us_ / 1000, " ms in the admission queue");
+    }
+    LOG(INFO) << TraceTag(trace_) << "request " << request_.request_id()
+              << ": placed on decode worker " << route_.decision.decode_worker << ", "
+              << (prefill.empty() ? "prefill there" : prefill) << "; "
+              << request_.prompt_token_ids_size() << " prompt tokens, "
+              << route_.decision.decode_cached_tokens << " cached there" << queued
+              << ParentOf(trace_);
+  }
+
+  // The request's last INFO line: how it ended, its tokens, where it was prefilled, latencies.
+  void LogEnd(const absl::Status& end, const char* outcome, absl::Duration e2e) const {
+    LOG(INFO) << TraceTag(trace_) << "request " << request_.request_id() << ": " << outcome
+              << (end.ok() ? "" : absl::StrCat(" (", end.ToString(), ")")) << "; "
+              << request_.prompt_token_ids_size() << " prompt + " << generated_.size()
+              << " completion tokens, decode worker " << route_.decision.decode_worker
+              << (prefilled_on_.empty() ? "" : absl::StrCat(", prefill on ", prefilled_on_))
+              << ", ttft " << ttft_us_ / 1000 << " ms, e2e " << absl::ToInt64Milliseconds(e2e)
+              << " ms, " << migrations_ << (migrations_ == 1 ? " migration" : " migrations");
   }
 
   // Places the request again, away from the workers that failed it, and resumes it there.
@@ -264,8 +304,8 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
                                              ? "stream_cancelled"
                                              : "worker_failed"}})
         .Increment();
-    LOG(WARNING) << "request " << request_.request_id() << ": decode worker " << failed
-                 << " failed (" << why.error_message() << ") after " << generated_.size()
+    LOG(WARNING) << TraceTag(trace_) << "request " << request_.request_id() << ": decode worker "
+                 << failed << " failed (" << why.error_message() << ") after " << generated_.size()
                  << " tokens; moving it to " << route->decision.decode_worker;
     route_ = *std::move(route);
     v1::DecodeRequest resumed = request_;
@@ -314,6 +354,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
 
   RelayHost* const host_;
   const v1::DecodeRequest request_;
+  const TraceContext trace_;  // the router's span: the same for every attempt
   ResponseSink* const sink_;
   placement::Request placement_;  // placed_before is set when it moves
   const absl::Time deadline_;
@@ -331,6 +372,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
   bool first_ = true;
   int64_t ttft_us_ = 0;
   absl::Time last_;
+  std::string prefilled_on_;  // "<worker id> (remote|local)", from the last response's timings
 
   absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

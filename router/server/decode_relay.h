@@ -5,6 +5,8 @@
 // so far (prior_output_token_ids), up to RouterOptions::max_migrations times, and the client's
 // stream goes on: the new worker replays those tokens, so greedy and seeded output are the same as
 // if nothing had happened. Heartbeats (DecodeResponse.heartbeat) only say the worker is alive.
+// The relay logs the request's placement and its end (outcome, tokens, latencies) at INFO, and
+// each move at WARNING, tagged with its trace (common/trace_context.h).
 #ifndef TANDEM_ROUTER_SERVER_DECODE_RELAY_H_
 #define TANDEM_ROUTER_SERVER_DECODE_RELAY_H_
 
@@ -15,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/trace_context.h"
 #include "router/placement/placement.h"
 #include "router/server/registry.h"
 #include "router/server/relayed_call.h"
@@ -51,6 +54,10 @@ struct RelayedRequest {
   v1::Decode::Stub* stub = nullptr;
   // What goes to the decode worker.
   v1::DecodeRequest request;
+  // The router's span of the request's trace: its log lines carry it, and every attempt (a
+  // migrated request's too) sends it to its decode worker as the parent (`traceparent`
+  // metadata). A new trace when the caller has none.
+  TraceContext trace = TraceContext::NewTrace();
   // What placed it: placed again from this, away from failed workers, when it moves.
   placement::Request placement;
   // When it reached the router (the host's clock), and the client's deadline (the system clock,

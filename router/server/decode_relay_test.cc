@@ -43,10 +43,18 @@ class FakeDecode final : public v1::Decode::CallbackService {
   ~FakeDecode() override { server_->Shutdown(std::chrono::system_clock::now()); }
 
   grpc::ServerWriteReactor<v1::DecodeResponse>* Generate(
-      grpc::CallbackServerContext* /*context*/, const v1::DecodeRequest* request) override {
+      grpc::CallbackServerContext* context, const v1::DecodeRequest* request) override {
     {
       absl::MutexLock lock(&mu_);
       requests_.push_back(*request);
+      std::string trace;
+      for (const char* key : {"traceparent", "tracestate"}) {
+        for (auto [it, end] = context->client_metadata().equal_range(key); it != end; ++it) {
+          absl::StrAppend(&trace, trace.empty() ? "" : " ",
+                          absl::string_view(it->second.data(), it->second.size()));
+        }
+      }
+      traces_.push_back(trace);
     }
     return new Stream(this);
   }
@@ -56,6 +64,11 @@ class FakeDecode final : public v1::Decode::CallbackService {
   std::vector<v1::DecodeRequest> requests() {
     absl::MutexLock lock(&mu_);
     return requests_;
+  }
+  // Each request's traceparent and tracestate metadata, joined by a space.
+  std::vector<std::string> traces() {
+    absl::MutexLock lock(&mu_);
+    return traces_;
   }
 
  private:
@@ -118,6 +131,7 @@ class FakeDecode final : public v1::Decode::CallbackService {
   std::unique_ptr<v1::Decode::Stub> stub_;
   absl::Mutex mu_;
   std::vector<v1::DecodeRequest> requests_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> traces_ ABSL_GUARDED_BY(mu_);
 };
 
 v1::DecodeResponse Tokens(std::vector<int32_t> ids) {
@@ -251,12 +265,16 @@ class DecodeRelayTest : public ::testing::Test {
                             {.route = RouteTo("decode-a", worker.address()),
                              .stub = worker.stub(),
                              .request = request,
+                             .trace = trace_,
                              .placement = {.prompt_tokens = 2, .block_size = 16},
                              .arrival = host_.clock_.Now(),
                              .max_migrations = max_migrations},
                             &sink_);
   }
 
+  // The router's span of the request.
+  const TraceContext trace_ =
+      *TraceContext::Parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "k=v");
   FakeHost host_;
   RecordingSink sink_;
 };
@@ -293,6 +311,18 @@ TEST_F(DecodeRelayTest, AWorkerThatFailsMidStreamHandsTheRequestOnWithTheTokensS
   ASSERT_EQ(resumed[0].prefill_targets_size(), 1);  // the new route's prefill workers
   EXPECT_EQ(resumed[0].prefill_targets(0).worker_id(), "prefill-x");
   EXPECT_THAT(a.requests()[0].prior_output_token_ids(), IsEmpty());
+}
+
+TEST_F(DecodeRelayTest, EveryAttemptSendsTheRoutersSpanAsItsDecodeWorkersParent) {
+  FakeDecode a({Tokens({1})}, End::kFail);
+  FakeDecode b({Last({2})}, End::kFinish);
+  host_.AddPlacement(RouteTo("decode-b", b.address()), b.stub());
+  Start(a);
+  ASSERT_TRUE(sink_.AwaitDone().ok());
+  // The moved request goes on in the same trace, under the same parent.
+  const std::string sent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01 k=v";
+  EXPECT_THAT(a.traces(), ElementsAre(sent));
+  EXPECT_THAT(b.traces(), ElementsAre(sent));
 }
 
 TEST_F(DecodeRelayTest, ARequestMovesAsOftenAsAllowedAndAvoidsEveryFailedWorker) {

@@ -24,6 +24,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_conversion.h"
+#include "common/trace_context.h"
 #include "nlohmann/json.hpp"
 #include "router/server/openai_json.h"
 
@@ -89,7 +90,8 @@ struct HttpServer::Impl {
   absl::flat_hash_map<HttpCall*, std::shared_ptr<HttpCall>> calls ABSL_GUARDED_BY(mu);
 
   void Handle(evhttp_request* req);
-  void HandleGenerate(evhttp_request* req, bool chat);
+  // `span`: the router's span of the request (SpanForHttp).
+  void HandleGenerate(evhttp_request* req, bool chat, const TraceContext& span);
   void Drain();
   void Deliver(HttpCall& call, const v1::GenerateResponse& response);
   void Finish(HttpCall& call, const absl::Status& status);
@@ -149,6 +151,32 @@ void SendChunk(evhttp_request* req, const std::string& data) {
   evbuffer_free(buf);
 }
 
+// The router's span of a request, from its traceparent and tracestate headers (a new trace when
+// it has none or a malformed one); every response to it carries the span in its traceparent
+// header.
+TraceContext SpanForHttp(evhttp_request* req) {
+  std::vector<absl::string_view> traceparents;
+  std::vector<absl::string_view> tracestates;
+  const evkeyvalq* headers = evhttp_request_get_input_headers(req);
+  for (const evkeyval* h = headers->tqh_first; h != nullptr; h = h->next.tqe_next) {
+    // The keys are string literals: data() is NUL-terminated.
+    if (evutil_ascii_strcasecmp(h->key, kTraceparentKey.data()) == 0) {
+      traceparents.push_back(h->value);
+    } else if (evutil_ascii_strcasecmp(h->key, kTracestateKey.data()) == 0) {
+      tracestates.push_back(h->value);
+    }
+  }
+  absl::Status rejected;
+  TraceContext span = SpanForRequest(traceparents, tracestates, &rejected);
+  if (!rejected.ok()) {
+    LOG(INFO) << TraceTag(span) << "the client's traceparent was not used (" << rejected.message()
+              << "); a new trace starts";
+  }
+  evhttp_add_header(evhttp_request_get_output_headers(req), kTraceparentKey.data(),
+                    span.traceparent().c_str());
+  return span;
+}
+
 std::string Sse(const json& j) {
   return absl::StrCat("data: ", j.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n");
 }
@@ -185,30 +213,29 @@ void HttpServer::Impl::Handle(evhttp_request* req) {
     return;
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    const TraceContext span = SpanForHttp(req);  // before any reply: errors carry it too
     if (method != EVHTTP_REQ_POST) return ReplyWrongMethod(req, path, "POST");
-    HandleGenerate(req, path == "/v1/chat/completions");
+    HandleGenerate(req, path == "/v1/chat/completions", span);
     return;
   }
   ReplyError(req, absl::NotFoundError(absl::StrCat("no such path: ", path)));
 }
 
-void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat) {
+void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const TraceContext& span) {
+  auto refuse = [req, &span](const absl::Status& status) {
+    LOG(INFO) << TraceTag(span) << "request refused: " << status;
+    ReplyError(req, status);
+  };
   evbuffer* input = evhttp_request_get_input_buffer(req);
   std::string raw(evbuffer_get_length(input), '\0');
   evbuffer_copyout(input, raw.data(), raw.size());
   absl::StatusOr<OpenAiRequest> request = ParseOpenAiRequest(raw, chat);
-  if (!request.ok()) {
-    ReplyError(req, request.status());
-    return;
-  }
+  if (!request.ok()) return refuse(request.status());
   auto call = std::make_shared<HttpCall>();
   call->stream = request->stream;
   call->include_usage = request->include_usage;
-  absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(request->request);
-  if (!prepared.ok()) {
-    ReplyError(req, prepared.status());
-    return;
-  }
+  absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(request->request, span);
+  if (!prepared.ok()) return refuse(prepared.status());
   call->server = this;
   call->req = req;
   call->chat = chat;
@@ -223,8 +250,7 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat) {
   absl::StatusOr<std::shared_ptr<RelayedCall>> relay = router->Start(*std::move(prepared), call.get());
   if (!relay.ok()) {
     Forget(call.get());
-    ReplyError(req, relay.status());
-    return;
+    return refuse(relay.status());
   }
   call->relay = *relay;
   // A client that goes away cancels the request; the reply must not be touched after that.

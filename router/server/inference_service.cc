@@ -6,7 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/logging.h"
 #include "common/status_conversion.h"
+#include "common/trace_context.h"
 
 namespace tandem::router {
 namespace {
@@ -19,8 +21,17 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   GenerateCall(RequestRouter* router, grpc::CallbackServerContext* context,
                const v1::GenerateRequest& request)
       : context_(context) {
-    absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(request);
+    // The router's span of the request, answered in the initial metadata (errors too).
+    absl::Status rejected;
+    const TraceContext span = SpanForCall(*context, &rejected);
+    if (!rejected.ok()) {
+      LOG(INFO) << TraceTag(span) << "the client's traceparent was not used ("
+                << rejected.message() << "); a new trace starts";
+    }
+    context->AddInitialMetadata(std::string(kTraceparentKey), span.traceparent());
+    absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(request, span);
     if (!prepared.ok()) {
+      LOG(INFO) << TraceTag(span) << "request refused: " << prepared.status();
       CountRejected();
       Refuse(prepared.status());
       return;
@@ -32,6 +43,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     absl::StatusOr<std::shared_ptr<RelayedCall>> call =
         router->Start(*std::move(prepared), this, deadline);
     if (!call.ok()) {
+      LOG(INFO) << TraceTag(span) << "request refused: " << call.status();
       CountRejected();
       Refuse(call.status());
       return;

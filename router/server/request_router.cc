@@ -102,7 +102,8 @@ absl::StatusOr<std::vector<int32_t>> RequestRouter::Encode(const v1::GenerateReq
   }
 }
 
-absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::GenerateRequest& request) {
+absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::GenerateRequest& request,
+                                                               const TraceContext& trace) {
   const std::optional<Registry::ModelInfo> model = registry_->Model();
   const std::string model_id = model.has_value() ? model->model_id : file_model_id_;
   if (!request.model().empty() && request.model() != model_id) {
@@ -110,8 +111,7 @@ absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::Generat
         absl::StrCat("model '", request.model(), "' does not exist; this cluster serves '",
                      model_id, "'"));
   }
-  Prepared p;
-  p.request = request;
+  Prepared p{.request = request, .tokens = {}, .trace = trace};
   ASSIGN_OR_RETURN(p.tokens, Encode(request));
   if (p.tokens.empty()) return absl::InvalidArgumentError("the prompt is empty");
   const int64_t vocab = tokenizer_->vocab_size();
@@ -164,6 +164,8 @@ class WaitingCall final : public RelayedCall, public WaitingRequest {
     }
     if (relay != nullptr) return relay->Cancel();
     if (router_->admission_->Remove(this)) {
+      LOG(INFO) << TraceTag(prepared_.trace) << "request " << prepared_.request.request_id()
+                << ": cancelled by its client while it waited for admission";
       sink_->OnDone(absl::CancelledError("the client cancelled the request while it waited"));
     }
     // Else it is starting: Start below sees cancelled_.
@@ -195,6 +197,8 @@ class WaitingCall final : public RelayedCall, public WaitingRequest {
     if (cancelled) relay->Cancel();
   }
   void Refuse(const absl::Status& status) override {
+    LOG(INFO) << TraceTag(prepared_.trace) << "request " << prepared_.request.request_id()
+              << ": refused after waiting for admission: " << status;
     CountRejected();
     sink_->OnDone(status);
   }
@@ -276,6 +280,7 @@ std::shared_ptr<RelayedCall> RequestRouter::StartRelay(Route route, v1::Decode::
                           {.route = std::move(route),
                            .stub = stub,
                            .request = std::move(d),
+                           .trace = p.trace,
                            .placement = req,
                            .arrival = arrival,
                            .deadline = deadline,

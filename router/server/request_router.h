@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/keepalive.h"
+#include "common/trace_context.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "router/placement/admission.h"
@@ -81,10 +82,14 @@ class RequestRouter final : public RelayHost {
   struct Prepared {
     v1::GenerateRequest request;
     std::vector<int32_t> tokens;
+    // The router's span of the request's trace (common/trace_context.h): its log lines carry it
+    // and the decode worker gets it as its parent.
+    TraceContext trace;
   };
-  // INVALID_ARGUMENT (empty prompt, over the context, bad sampling), NOT_FOUND (unknown model),
-  // UNAVAILABLE (no worker ready yet), each with a message for the client.
-  absl::StatusOr<Prepared> Prepare(const v1::GenerateRequest& request);
+  // `trace`: the router's span of the request (its frontend continued the client's trace or
+  // started one). INVALID_ARGUMENT (empty prompt, over the context, bad sampling), NOT_FOUND
+  // (unknown model), UNAVAILABLE (no worker ready yet), each with a message for the client.
+  absl::StatusOr<Prepared> Prepare(const v1::GenerateRequest& request, const TraceContext& trace);
   // Places and starts `prepared`; `sink` must outlive the call's OnDone. Errors before anything
   // started (no worker; RESOURCE_EXHAUSTED with a retry-after hint when admission refuses it)
   // are returned, and the sink is not called. The call may be queued (RelayedCall::queued).
