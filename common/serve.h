@@ -33,6 +33,10 @@ class Drainable {
   virtual void HandOff() = 0;
 };
 
+// Trailing metadata (value "1") on a call that a draining service refused or handed off: its
+// caller carries the work on elsewhere as a planned move, not as a failure.
+inline constexpr char kDrainingMetadataKey[] = "tandem-draining";
+
 // Waits for a termination signal until `deadline` (InfiniteFuture: for as long as it takes);
 // true when one came.
 using SignalWaiter = std::function<bool(absl::Time deadline)>;
