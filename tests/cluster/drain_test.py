@@ -11,6 +11,7 @@ workers, as real processes on loopback.
   tokens of an undisturbed run of the same requests. The worker exits 0 soon after the deadline.
 - Long drain timeout: the streams finish on the draining worker itself (no migration), and it
   exits as soon as they end, long before the timeout.
+- A second signal (SIGINT) during a long drain hands the streams off at once.
 - A prefill worker SIGTERMed under a stream of long prompts: the prompts in flight finish, later
   ones are prefilled by the decode workers, nothing fails (the same tokens as when asked again),
   and it exits 0 at once.
@@ -268,6 +269,36 @@ def test_long_drain_lets_the_streams_finish_where_they_are(pb):
         assert not log_has(victim, "streams still in progress")
         assert seconds < drain_ms / 1000 / 2
         assert cluster.metric("tandem_router_migrations_total", reason="worker_draining") == 0
+    finally:
+        cluster.stop()
+
+
+def test_a_second_signal_hands_off_at_once(pb):
+    drain_ms = 120000
+    cluster = DrainCluster("again", {"d0": drain_ms})
+    try:
+        stub = cluster.inference(pb)
+        victim = cluster.procs["d0"]
+        streams = [Stream(stub, r) for r in decode_requests(pb, max_tokens=MAX_TOKENS)]
+        for s in streams:
+            assert s.started.wait(120), "a stream got no tokens"
+        term = Terminated(victim)
+        wait_until(lambda: log_has(victim, "in progress may finish"), timeout=30,
+                   what="the drain to start")
+        victim.proc.send_signal(signal.SIGINT)  # an impatient operator: Ctrl-C
+        rc, seconds = term.await_exit(timeout=60)
+        assert rc == 0, "".join(victim.log[-30:])
+        print(f"victim exited {seconds:.2f} s after the first signal (drain timeout "
+              f"{drain_ms / 1000} s)")
+        assert log_has(victim, "a second signal came"), "".join(victim.log[-30:])
+        moved = 0
+        for s in streams:
+            s.join()
+            assert len(s.tokens) == MAX_TOKENS
+            assert s.last.finish_reason == pb.inference.FINISH_REASON_LENGTH
+            moved += s.last.timings.migrations
+        assert moved >= 1
+        assert cluster.metric("tandem_router_migrations_total", reason="worker_draining") == moved
     finally:
         cluster.stop()
 
