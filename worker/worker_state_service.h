@@ -12,7 +12,6 @@
 #include <string>
 
 #include "common/serve.h"
-
 #include "worker/engine_loop.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
