@@ -109,8 +109,8 @@ absl::Status ServeUntilSignal(const std::string& listen, const std::vector<grpc:
     if (!idle) break;
   }
   if (!options.drainables.empty()) {
-    LOG(INFO) << "drained after " << absl::FormatDuration(absl::Now() - start) << " (" << why
-              << "); handing off what is left";
+    LOG(INFO) << "drain ended after " << absl::FormatDuration(absl::Now() - start) << " ("
+              << why << ")";
   }
 
   // 4-5: what still runs ends with UNAVAILABLE, and the server stops.
