@@ -45,6 +45,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
                const v1::DecodeRequest& request)
       : service_(service),
         loop_(service->loop_),
+        context_(context),
         request_(request),
         trace_(SpanForCall(*context, &trace_rejected_)),
         start_(absl::Now()),
@@ -72,10 +73,21 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     r.sampling = SamplingFromProto(request_.sampling());
     r.prior_output_tokens = prior_;  // the engine checks them against max_tokens
     r.priority = request_.priority();
+    bool draining;
     {
       absl::MutexLock lock(&service_->mu_);
       id_ = service_->next_id_++;
       service_->live_[id_] = self;
+      draining = service_->draining_;
+    }
+    if (draining) {
+      LOG(INFO) << "request " << request_.request_id() << " refused: the worker is draining";
+      return HandOff(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                  absl::StrCat("decode worker ", service_->options_.worker_id,
+                                               " is draining")));
+    }
+    {
+      absl::MutexLock lock(&service_->mu_);
       if (!request_.request_id().empty() &&
           !service_->calls_.try_emplace(request_.request_id(), self).second) {
         return End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
@@ -137,6 +149,17 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     self_.reset();  // the last callback still holding the call frees it
   }
 
+  // The worker drains: the stream ends with `status` (UNAVAILABLE) and the trailing metadata that
+  // tells the router to move the request, after the write in flight; the request stops here.
+  void HandOff(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (end_.has_value()) return;  // ends anyway (its last tokens are out, or it failed)
+      handed_off_ = true;
+    }
+    Abort(status);
+  }
+
   // From the heartbeat thread: a stream with nothing written for `interval` and nothing to
   // write sends a heartbeat.
   void Heartbeat(absl::Time now, absl::Duration interval) {
@@ -168,7 +191,8 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
 
   // The request's last INFO line here, when its stream finishes with `status`.
   void LogEnd(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const char* outcome = status.ok() ? "finished"
+    const char* outcome = status.ok()  ? "finished"
+                          : handed_off_ ? "handed off (draining)"
                           : status.error_code() == grpc::StatusCode::CANCELLED ? "cancelled"
                                                                              : "failed";
     LOG(INFO) << TraceTag(trace_) << "request " << request_.request_id() << ": " << outcome
@@ -331,12 +355,14 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   // Starts the next write, or finishes, when nothing is in flight.
   void Pump() {
     std::optional<grpc::Status> finish;
+    bool handed_off = false;
     {
       absl::MutexLock lock(&mu_);
       if (finished_ || writing_) return;
       if (end_.has_value()) {
         finished_ = true;
         finish = *end_;
+        handed_off = handed_off_;
         LogEnd(*finish);
       } else if (!deltas_.empty()) {
         writing_ = true;
@@ -352,6 +378,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       last_write_at_ = absl::Now();
     }
     if (finish.has_value()) {
+      if (handed_off) context_->AddTrailingMetadata(kDrainingMetadataKey, "1");
       Finish(*finish);
     } else {
       StartWrite(&response_);
@@ -420,6 +447,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
 
   DecodeService* const service_;
   EngineLoop* const loop_;
+  grpc::CallbackServerContext* const context_;  // valid until OnDone
   const v1::DecodeRequest request_;
   // This worker's span of the request's trace (the router's is its parent), and why a
   // traceparent that came could not be used.
@@ -443,6 +471,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called: the reactor is off limits
+  bool handed_off_ ABSL_GUARDED_BY(mu_) = false;  // ended by the drain (HandOff)
   v1::DecodeResponse response_ ABSL_GUARDED_BY(mu_);
   v1::Timings timings_ ABSL_GUARDED_BY(mu_);
   int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
@@ -486,6 +515,40 @@ void DecodeService::SendHeartbeats() {
   }
   const absl::Time now = absl::Now();
   for (const auto& call : calls) call->Heartbeat(now, options_.heartbeat);
+  calls.clear();  // a call's last reference may go here: outside the lock, which OnDone takes
+}
+
+void DecodeService::StartDrain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  LOG(INFO) << "draining: new streams are refused; " << live_.size()
+            << " in progress may finish";
+}
+
+bool DecodeService::AwaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_.empty(); };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+void DecodeService::HandOff() {
+  std::vector<std::shared_ptr<GenerateCall>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, weak] : live_) {
+      if (std::shared_ptr<GenerateCall> call = weak.lock(); call != nullptr) {
+        calls.push_back(std::move(call));
+      }
+    }
+  }
+  if (!calls.empty()) {
+    LOG(INFO) << "handing off " << calls.size() << " streams still in progress to the router";
+  }
+  for (const auto& call : calls) {
+    call->HandOff(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               absl::StrCat("decode worker ", options_.worker_id,
+                                            " is draining; stream handed off")));
+  }
   calls.clear();  // a call's last reference may go here: outside the lock, which OnDone takes
 }
 

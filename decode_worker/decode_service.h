@@ -7,6 +7,11 @@
 // Built on gRPC's callback API: a stream waiting in the queue or between tokens holds no thread;
 // the engine thread hands each request's tokens to its stream, which writes them as the client
 // takes them (tokens that come while a write is in flight go out together in the next message).
+//
+// Drainable (common/serve.h): once draining, a new Generate is refused with UNAVAILABLE; the
+// streams in progress go on until they end or HandOff ends them with UNAVAILABLE, and both carry
+// the trailing metadata kDrainingMetadataKey, so that the router moves the request with the tokens
+// so far to another decode worker.
 #ifndef TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
 #define TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
 
@@ -17,12 +22,13 @@
 #include "absl/synchronization/mutex.h"
 #include "common/keepalive.h"
 #include "common/periodic_thread.h"
+#include "common/serve.h"
 #include "worker/engine_loop.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem {
 
-class DecodeService final : public v1::Decode::CallbackService {
+class DecodeService final : public v1::Decode::CallbackService, public Drainable {
  public:
   struct Options {
     std::string worker_id;
@@ -50,6 +56,11 @@ class DecodeService final : public v1::Decode::CallbackService {
                                    const v1::CancelRequest* request,
                                    v1::CancelResponse* response) override;
 
+  // Drainable. The work is the Generate streams, from the call until gRPC is done with it.
+  void StartDrain() override;
+  bool AwaitIdle(absl::Time deadline) override;
+  void HandOff() override;
+
  private:
   class GenerateCall;
   v1::Prefill::Stub* PrefillStub(const std::string& address);
@@ -60,6 +71,7 @@ class DecodeService final : public v1::Decode::CallbackService {
   const Options options_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<GenerateCall>> calls_ ABSL_GUARDED_BY(mu_);
   // Every stream from Begin until gRPC's OnDone, by call id (for heartbeats).
   absl::flat_hash_map<uint64_t, std::weak_ptr<GenerateCall>> live_ ABSL_GUARDED_BY(mu_);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -151,6 +152,7 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
   void OnDone() override {
     {
       absl::MutexLock lock(&service_->mu_);
+      --service_->active_;
       auto it = service_->calls_.find(request_.request_id());
       if (it != service_->calls_.end() && it->second.lock().get() == this) {
         service_->calls_.erase(it);
@@ -480,9 +482,56 @@ void PrefillService::ForgetConnection(const kvtransfer::Connection* connection) 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
                                                   const v1::PrefillRequest* request,
                                                   v1::PrefillResponse* response) {
+  bool draining;
+  {
+    absl::MutexLock lock(&mu_);
+    draining = draining_;
+    if (!draining) ++active_;  // until the call's OnDone
+  }
+  if (draining) {
+    LOG(INFO) << "prefill of request " << request->request_id()
+              << " refused: the worker is draining";
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    context->AddTrailingMetadata(kDrainingMetadataKey, "1");
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 absl::StrCat("prefill worker ", options_.worker_id,
+                                              " is draining")));
+    return reactor;
+  }
   auto call = std::make_shared<PrefillCall>(this, context, request, response);
   call->Begin(call);
   return call.get();
+}
+
+void PrefillService::StartDrain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  LOG(INFO) << "draining: new prefills are refused; " << active_ << " in progress may finish";
+}
+
+bool PrefillService::AwaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_ == 0; };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+void PrefillService::HandOff() {
+  std::vector<std::shared_ptr<PrefillCall>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, weak] : calls_) {
+      if (std::shared_ptr<PrefillCall> call = weak.lock(); call != nullptr) {
+        calls.push_back(std::move(call));
+      }
+    }
+  }
+  if (!calls.empty()) LOG(INFO) << "giving up " << calls.size() << " prefills still in progress";
+  for (const auto& call : calls) {
+    call->GiveUp(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              absl::StrCat("prefill worker ", options_.worker_id,
+                                           " is draining")));
+  }
+  calls.clear();  // a call's last reference may go here: outside the lock, which OnDone takes
 }
 
 grpc::ServerUnaryReactor* PrefillService::Cancel(grpc::CallbackServerContext* context,

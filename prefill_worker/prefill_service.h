@@ -7,6 +7,10 @@
 // queues, computes or transfers. The engine keeps a prompt's blocks after its last step
 // (GenerationRequest::hold_kv) until the transport reports the writes that read them done, so a
 // slow or stuck decode peer delays only its own request, never the engine's batch.
+//
+// Drainable (common/serve.h): once draining, a new Prefill is refused with UNAVAILABLE (the decode
+// worker asks its next prefill worker, or prefills itself); the calls in progress finish, or
+// HandOff gives them up with UNAVAILABLE.
 #ifndef TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 #define TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 
@@ -15,6 +19,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/serve.h"
 #include "common/timer_queue.h"
 #include "kvtransfer/kv_transport.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -22,7 +27,7 @@
 
 namespace tandem {
 
-class PrefillService final : public v1::Prefill::CallbackService {
+class PrefillService final : public v1::Prefill::CallbackService, public Drainable {
  public:
   struct Options {
     std::string worker_id;
@@ -52,6 +57,11 @@ class PrefillService final : public v1::Prefill::CallbackService {
                                    const v1::CancelRequest* request,
                                    v1::CancelResponse* response) override;
 
+  // Drainable. The work is the Prefill calls, from the call until gRPC is done with it.
+  void StartDrain() override;
+  bool AwaitIdle(absl::Time deadline) override;
+  void HandOff() override;
+
  private:
   class PrefillCall;
 
@@ -71,6 +81,8 @@ class PrefillService final : public v1::Prefill::CallbackService {
   TimerQueue* const timers_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t active_ ABSL_GUARDED_BY(mu_) = 0;  // Prefill calls taken and not done
   // Calls by request id, for the Cancel RPC.
   absl::flat_hash_map<std::string, std::weak_ptr<PrefillCall>> calls_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<kvtransfer::Connection>> connections_

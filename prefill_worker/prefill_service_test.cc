@@ -363,6 +363,45 @@ INSTANTIATE_TEST_SUITE_P(
                    grpc::StatusCode::DEADLINE_EXCEEDED}),
     [](const ::testing::TestParamInfo<GiveUpCase>& info) { return info.param.name; });
 
+// Draining (SIGTERM): a new prefill is refused with UNAVAILABLE and the draining metadata (the
+// decode worker asks elsewhere), the one in progress is waited for until it ends, and one still
+// running at the hand-off is given up with UNAVAILABLE (the next test).
+TEST_F(PrefillServiceTest, ADrainingWorkerRefusesNewPromptsAndFinishesTheOnesInProgress) {
+  Start(/*fake_time=*/false);
+  std::unique_ptr<Call> held = Send(slow_, "held", 40, 1);
+  gate_.AwaitHeld(1);  // computed; its writes wait
+  service_->StartDrain();
+
+  std::unique_ptr<Call> refused = Send(fast_, "refused", 40, 2);
+  ASSERT_TRUE(refused->done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(refused->status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused->status.error_message(), ::testing::HasSubstr("draining"));
+  const auto& trailers = refused->context.GetServerTrailingMetadata();
+  ASSERT_NE(trailers.find(kDrainingMetadataKey), trailers.end());
+
+  EXPECT_FALSE(service_->AwaitIdle(absl::Now()));  // `held` is still in progress
+  gate_.Open();
+  ASSERT_TRUE(service_->AwaitIdle(absl::Now() + kWait));
+  ASSERT_TRUE(held->done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_TRUE(held->status.ok()) << held->status.error_message();
+  EXPECT_EQ(held->response.timings().transfer_bytes(), PromptBytes(40));
+  service_->HandOff();  // nothing left
+  AwaitUsedBlocks(0);
+}
+
+TEST_F(PrefillServiceTest, AtTheHandOffAPrefillInProgressIsGivenUp) {
+  Start(/*fake_time=*/false);
+  std::unique_ptr<Call> held = Send(slow_, "held", 40, 1);
+  gate_.AwaitHeld(1);
+  service_->StartDrain();
+  service_->HandOff();  // the writes are ended abandon_grace (1 s) later
+  ASSERT_TRUE(held->done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(held->status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(held->status.error_message(), ::testing::HasSubstr("draining"));
+  ASSERT_TRUE(service_->AwaitIdle(absl::Now() + kWait));
+  AwaitUsedBlocks(0);
+}
+
 TEST_F(PrefillServiceTest, BadRequestsAreRefusedWithTheirReason) {
   Start(/*fake_time=*/false);
   std::unique_ptr<Call> empty = Send(fast_, "empty", 0, 0);

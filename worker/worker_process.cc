@@ -45,6 +45,12 @@ ABSL_FLAG(int64_t, keepalive_time_ms, 2000,
 ABSL_FLAG(int64_t, keepalive_timeout_ms, 2000,
           "gRPC keepalive: how long a ping may go unanswered before the connection is closed and "
           "its calls fail (a dead peer is found within time + timeout), ms");
+ABSL_FLAG(int64_t, drain_timeout_ms, 20000,
+          "After SIGTERM (or SIGINT): how long the requests in progress may run before they are "
+          "handed off (a decode worker's streams move to another worker with their tokens so "
+          "far), ms; meanwhile new requests are refused and the routers told. Keep it below the "
+          "orchestrator's grace period (Kubernetes: terminationGracePeriodSeconds). A second "
+          "signal hands off at once");
 ABSL_FLAG(bool, calibrate, true,
           "Run a few requests of known shapes before serving, so that the router's cost model "
           "(the slo policy) starts from this machine's step times");
@@ -71,6 +77,10 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   if (kv_mb <= 0 || absl::GetFlag(FLAGS_threads) < 0) {
     return absl::InvalidArgumentError("--kv_cache_mb must be positive and --threads >= 0");
   }
+  if (absl::GetFlag(FLAGS_drain_timeout_ms) < 0) {
+    return absl::InvalidArgumentError("--drain_timeout_ms must be >= 0");
+  }
+  f.drain_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
   f.keepalive.time = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_time_ms));
   f.keepalive.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_timeout_ms));
   if (absl::Status s = ValidateKeepalive(f.keepalive); !s.ok()) {
@@ -124,12 +134,25 @@ int RunWorkerProcess(
   if (status.ok()) {
     std::vector<std::unique_ptr<grpc::Service>> services = make_services(w);
     std::vector<grpc::Service*> raw;
-    for (auto& s : services) raw.push_back(s.get());
+    ServeOptions serve{.keepalive = w.flags.keepalive, .drain_timeout = w.flags.drain_timeout};
+    for (auto& s : services) {
+      raw.push_back(s.get());
+      // In the services' order: the work's services before the state subscriptions, so that
+      // the routers hear of the drain's end only after the streams were handed off.
+      if (auto* d = dynamic_cast<Drainable*>(s.get()); d != nullptr) serve.drainables.push_back(d);
+    }
     status = ServeUntilSignal(w.flags.listen, raw, [&](int port) {
       std::printf("%s %s listening on port %d (model %s, metrics port %d)\n", role,
                   w.flags.worker_id.c_str(), port, w.loop->model_id().c_str(), ProcessMetricsPort());
       std::fflush(stdout);
-    }, w.flags.keepalive);
+    }, serve);
+    // Stopped in order: the services (their threads and timers), then the engine, then the
+    // transport whose memory holds the engine's pool.
+    services.clear();
+    w.loop.reset();
+    LOG(INFO) << "engine stopped";
+    w.transport.reset();
+    LOG(INFO) << "exiting";
   }
   if (!status.ok()) {
     std::fprintf(stderr, "%s: %s\n", role, status.ToString().c_str());

@@ -1,6 +1,7 @@
 // What tandem-prefill and tandem-decode do alike in main(): read the worker flags, create the
 // UCX transport, start the engine with its KV pool in memory the transport allocated, start
-// /metrics, register the pool, then serve their services until SIGINT / SIGTERM. Compiled into
+// /metrics, register the pool, then serve their services until SIGINT / SIGTERM, and drain the
+// services that are Drainable (common/serve.h) before exiting. Compiled into
 // those two binaries only (worker_process.cc; libraries never read flags).
 #ifndef TANDEM_WORKER_WORKER_PROCESS_H_
 #define TANDEM_WORKER_WORKER_PROCESS_H_
@@ -27,6 +28,9 @@ struct WorkerFlags {
   // Keepalive of the gRPC server and of the worker's own channels (a decode worker's to the
   // prefill workers).
   KeepaliveOptions keepalive;
+  // After SIGTERM / SIGINT: how long the work in progress may run before it is handed off
+  // (common/serve.h).
+  absl::Duration drain_timeout = absl::Seconds(20);
   EngineLoop::Options loop;
 };
 

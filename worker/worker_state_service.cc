@@ -82,6 +82,7 @@ v1::Snapshot WorkerStateService::MakeSnapshot(const EngineLoop::State& state) co
   // Taken on the engine thread between two steps: none is in progress.
   *s.mutable_load() = MakeLoad(state.stats, state.recent_steps, absl::ZeroDuration(),
                                loop_->clock()->Now());
+  s.mutable_load()->set_draining(draining_);
   s.set_engine(info_.engine);
   s.set_version(kVersion);
   return s;
@@ -104,7 +105,8 @@ grpc::Status WorkerStateService::WatchState(grpc::ServerContext* context,
   };
   if (!send_snapshot()) return grpc::Status::OK;
   absl::Time next_load = absl::Now() + interval;
-  while (!context->IsCancelled()) {
+  bool said_draining = draining_;
+  while (!context->IsCancelled() && !stopped_) {
     const absl::Duration wait =
         std::clamp(next_load - absl::Now(), absl::ZeroDuration(), absl::Milliseconds(100));
     absl::StatusOr<std::vector<KvEvent>> events = loop_->EventsAfter(last_event, wait);
@@ -119,13 +121,17 @@ grpc::Status WorkerStateService::WatchState(grpc::ServerContext* context,
       last_event = events->back().event_id;
       if (!writer->Write(update)) break;
     }
-    if (absl::Now() >= next_load) {
+    // A drain that began is told at once, not at the next interval.
+    const bool draining = draining_;
+    if (absl::Now() >= next_load || draining != said_draining) {
+      said_draining = draining;
       uint64_t newest = 0;
       std::vector<StepInfo> steps = loop_->StepsAfter(last_step, &newest);
       last_step = newest;
       v1::WorkerStateUpdate update;
       *update.mutable_load() = MakeLoad(loop_->stats(), steps, loop_->StepElapsed(),
                                      loop_->clock()->Now());
+      update.mutable_load()->set_draining(draining);
       if (!writer->Write(update)) break;
       next_load = absl::Now() + interval;
     }

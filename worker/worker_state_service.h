@@ -1,17 +1,23 @@
 // tandem.v1.WorkerState on a worker: a snapshot of its prefix cache and load, then its KV events as
 // they happen and a load sample every interval (DESIGN.md §4). A subscriber that fell behind the
 // kept event history gets a new snapshot.
+//
+// Drainable (common/serve.h): from StartDrain every sample says `draining` (one goes out at once),
+// so that the routers place nothing more here; HandOff ends the streams (OK), which a router then
+// takes for the worker leaving, not failing. Its streams are not work that a drain waits for.
 #ifndef TANDEM_WORKER_WORKER_STATE_SERVICE_H_
 #define TANDEM_WORKER_WORKER_STATE_SERVICE_H_
 
+#include <atomic>
 #include <string>
 
+#include "common/serve.h"
 #include "worker/engine_loop.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem {
 
-class WorkerStateService final : public v1::WorkerState::Service {
+class WorkerStateService final : public v1::WorkerState::Service, public Drainable {
  public:
   struct Info {
     std::string worker_id;
@@ -26,6 +32,11 @@ class WorkerStateService final : public v1::WorkerState::Service {
   grpc::Status WatchState(grpc::ServerContext* context, const v1::WatchStateRequest* request,
                           grpc::ServerWriter<v1::WorkerStateUpdate>* writer) override;
 
+  // Drainable. Thread-safe.
+  void StartDrain() override { draining_ = true; }
+  bool AwaitIdle(absl::Time /*deadline*/) override { return true; }
+  void HandOff() override { stopped_ = true; }
+
   // The messages it sends, for tests and for workers that report elsewhere.
   v1::Snapshot MakeSnapshot(const EngineLoop::State& state) const;
   // `step_elapsed`: how long the engine step in progress has run (zero between steps); `now`:
@@ -37,6 +48,8 @@ class WorkerStateService final : public v1::WorkerState::Service {
  private:
   EngineLoop* const loop_;
   const Info info_;
+  std::atomic<bool> draining_{false};  // in every sample from now on
+  std::atomic<bool> stopped_{false};   // the streams end
 };
 
 }  // namespace tandem

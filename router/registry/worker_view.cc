@@ -199,7 +199,7 @@ std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view) {
   return placement::WorkerCandidate{
       .id = view.worker_id(),
       .role = role,
-      .healthy = view.ready(),
+      .healthy = view.ready() && !view.draining(),
       .max_running = view.max_running(),
       .running_seqs = load.running_seqs,
       .waiting_seqs = load.waiting_seqs,

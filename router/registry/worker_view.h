@@ -116,6 +116,9 @@ class WorkerView {
   // The latest LoadSample as sent, for what WorkerLoad leaves out (recent step timings for cost
   // models, prefix-hit counters).
   const v1::LoadSample& last_load_sample() const { return last_sample_; }
+  // The worker is shutting down (LoadSample.draining of the latest sample, else the Snapshot's):
+  // it takes no new work and finishes what it holds.
+  bool draining() const { return last_sample_.draining(); }
 
   // Hashes of the full blocks the worker's prefix cache holds.
   const absl::flat_hash_set<BlockHash>& cached_hashes() const { return cached_; }
@@ -154,11 +157,12 @@ int64_t KvBytesPerToken(const v1::KvLayout& layout);
 
 // The view as a placement candidate: the role mapped, the reported load, the KV bytes per token
 // from the pool's layout, and a pointer to the view's cached hashes (valid while the view lives
-// and is not changed, so under the caller's lock). healthy = ready(). The caller adds what the
+// and is not changed, so under the caller's lock). healthy = ready() and not draining() (a
+// draining worker is placed on neither for decode nor for prefill). The caller adds what the
 // view does not hold: the router's own placed load and ended streams (LoadLedger::Apply), the
 // worker's cost model. nullopt when the view has no snapshot or its role is ROLE_UNSPECIFIED or
-// unknown (not a candidate). The router may clear `healthy` further (a draining worker, a broken
-// connection).
+// unknown (not a candidate). The router may clear `healthy` further (a broken connection, a
+// worker to avoid).
 std::optional<placement::WorkerCandidate> ToCandidate(const WorkerView& view);
 
 // A reported step as the step cost model observes it (placement::StepObservation): its attention

@@ -513,6 +513,31 @@ TEST(ToCandidateTest, MapsRoleLoadAndCache) {
   }
 }
 
+// A worker that says it is draining (in a sample, or in the snapshot of a new stream) is no
+// candidate to place on until a sample says otherwise; its view stays current meanwhile.
+TEST(ToCandidateTest, ADrainingWorkerIsNotHealthy) {
+  WorkerView view = ViewAfterSnapshot({1, 2}, 0);
+  EXPECT_FALSE(view.draining());
+  v1::WorkerStateUpdate draining = Load(2, 0, 0);
+  draining.mutable_load()->set_draining(true);
+  ASSERT_TRUE(view.Apply(draining).ok());
+  EXPECT_TRUE(view.draining());
+  EXPECT_TRUE(view.ready());
+  ASSERT_TRUE(ToCandidate(view).has_value());
+  EXPECT_FALSE(ToCandidate(view)->healthy);
+  EXPECT_EQ(ToCandidate(view)->running_seqs, 2);
+
+  v1::Snapshot snapshot = MakeSnapshot({1, 2}, 0);
+  snapshot.mutable_load()->set_draining(true);
+  WorkerView fresh;
+  ASSERT_TRUE(fresh.Apply(SnapshotUpdate(snapshot)).ok());
+  EXPECT_TRUE(fresh.draining());
+  EXPECT_FALSE(ToCandidate(fresh)->healthy);
+
+  ASSERT_TRUE(view.Apply(Load(0, 0, 0)).ok());  // a later sample without the flag
+  EXPECT_TRUE(ToCandidate(view)->healthy);
+}
+
 TEST(ToCandidateTest, KvAwarePlacementOverViews) {
   const std::vector<BlockHash> prompt = Chain(60, 0);  // 960 tokens of full blocks
   auto make_view = [&](const std::string& id, v1::WorkerRole role, int64_t cached_blocks) {

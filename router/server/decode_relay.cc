@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/keepalive.h"
 #include "common/logging.h"
+#include "common/serve.h"
 #include "common/status_conversion.h"
 #include "proto/conversion.h"
 #include "router/server/router_metrics.h"
@@ -64,6 +65,11 @@ class DecodeAttempt final : public grpc::ClientReadReactor<v1::DecodeResponse>,
     context_.TryCancel();
   }
   bool stalled() const { return stalled_.load(std::memory_order_acquire); }
+  // The worker ended the stream because it drains (kDrainingMetadataKey). Valid in OnDone.
+  bool handed_off() const {
+    const auto& trailers = context_.GetServerTrailingMetadata();
+    return trailers.find(kDrainingMetadataKey) != trailers.end();
+  }
   int64_t silent_for_ms() const { return silent_for_ms_.load(std::memory_order_relaxed); }
 
   void OnReadDone(bool ok) override;
@@ -191,15 +197,16 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
   }
 
   // `stalled`: the router cancelled the stream because the worker had been silent for
-  // `silent_for_ms` (StallWatch); `status` then says CANCELLED.
-  void OnAttemptDone(grpc::Status status, bool stalled, int64_t silent_for_ms) {
+  // `silent_for_ms` (StallWatch); `status` then says CANCELLED. `handed_off`: the worker drains
+  // and refused or ended the stream (a planned move, not a failure).
+  void OnAttemptDone(grpc::Status status, bool stalled, int64_t silent_for_ms, bool handed_off) {
     host_->registry().Release(route_);
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
       cancelled = cancelled_;
     }
-    if (!status.ok() && !cancelled && !finished_) {
+    if (!status.ok() && !cancelled && !finished_ && !handed_off) {
       const char* cause = stalled ? "stalled"
                           : IsKeepaliveFailure(status.error_message()) ? "keepalive"
                                                                        : "other";
@@ -212,7 +219,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
                                          silent_for_ms, " ms"));
     }
     if (!status.ok() && !cancelled && !finished_ && Migratable(status)) {
-      const absl::Status moved = Migrate(status, stalled);
+      const absl::Status moved = Migrate(status, stalled, handed_off);
       if (stalled) {
         Metrics().stalled.Add({{"outcome", moved.ok() ? "migrated" : "failed"}}).Increment();
       }
@@ -278,7 +285,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
   }
 
   // Places the request again, away from the workers that failed it, and resumes it there.
-  absl::Status Migrate(const grpc::Status& why, bool stalled) {
+  absl::Status Migrate(const grpc::Status& why, bool stalled, bool handed_off) {
     const std::string& failed = route_.decision.decode_worker;
     if (migrations_ >= max_migrations_) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -299,14 +306,21 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
                                        ") and the request cannot move: ", route.status().message()));
     }
     ++migrations_;
-    Metrics().migrations.Add({{"reason", stalled ? "stream_stalled"
+    Metrics().migrations.Add({{"reason", stalled      ? "stream_stalled"
+                                         : handed_off ? "worker_draining"
                                          : grpc::StatusCode::CANCELLED == why.error_code()
                                              ? "stream_cancelled"
                                              : "worker_failed"}})
         .Increment();
-    LOG(WARNING) << TraceTag(trace_) << "request " << request_.request_id() << ": decode worker "
-                 << failed << " failed (" << why.error_message() << ") after " << generated_.size()
-                 << " tokens; moving it to " << route->decision.decode_worker;
+    if (handed_off) {
+      LOG(INFO) << TraceTag(trace_) << "request " << request_.request_id() << ": decode worker "
+                << failed << " is draining and handed the request off after " << generated_.size()
+                << " tokens; moving it to " << route->decision.decode_worker;
+    } else {
+      LOG(WARNING) << TraceTag(trace_) << "request " << request_.request_id() << ": decode worker "
+                   << failed << " failed (" << why.error_message() << ") after "
+                   << generated_.size() << " tokens; moving it to " << route->decision.decode_worker;
+    }
     route_ = *std::move(route);
     v1::DecodeRequest resumed = request_;
     *resumed.mutable_prior_output_token_ids() = {generated_.begin(), generated_.end()};
@@ -388,7 +402,7 @@ void DecodeAttempt::OnReadDone(bool ok) {
 
 void DecodeAttempt::OnDone(const grpc::Status& status) {
   Done();
-  relay_->OnAttemptDone(status, stalled(), silent_for_ms());
+  relay_->OnAttemptDone(status, stalled(), silent_for_ms(), handed_off());
   relay_.reset();
   self_.reset();  // may destroy this
 }

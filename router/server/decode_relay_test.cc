@@ -10,8 +10,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
+#include "common/serve.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -25,7 +30,8 @@ using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 
 // How a fake decode worker's stream ends once its responses are sent.
-enum class End { kFinish, kFail, kFailWithBadRequest, kHang };
+// kHandOff: UNAVAILABLE with the trailing metadata of a draining worker.
+enum class End { kFinish, kFail, kFailWithBadRequest, kHang, kHandOff };
 
 // A decode worker that answers every Generate with `responses`, then ends as `end` says, and
 // keeps the requests it was sent.
@@ -56,7 +62,7 @@ class FakeDecode final : public v1::Decode::CallbackService {
       }
       traces_.push_back(trace);
     }
-    return new Stream(this);
+    return new Stream(this, context);
   }
 
   v1::Decode::Stub* stub() { return stub_.get(); }
@@ -76,7 +82,8 @@ class FakeDecode final : public v1::Decode::CallbackService {
   // only after every other reaction has returned.
   class Stream final : public grpc::ServerWriteReactor<v1::DecodeResponse> {
    public:
-    explicit Stream(FakeDecode* service) : service_(service) {
+    Stream(FakeDecode* service, grpc::CallbackServerContext* context)
+        : service_(service), context_(context) {
       absl::MutexLock lock(&mu_);
       NextLocked();
     }
@@ -108,6 +115,10 @@ class FakeDecode final : public v1::Decode::CallbackService {
           return FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad sampling"));
         case End::kHang:
           return;  // silent until the client cancels
+        case End::kHandOff:
+          context_->AddTrailingMetadata(kDrainingMetadataKey, "1");
+          return FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                           "decode worker decode-a is draining; stream handed off"));
       }
     }
     void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -117,6 +128,7 @@ class FakeDecode final : public v1::Decode::CallbackService {
     }
 
     FakeDecode* const service_;
+    grpc::CallbackServerContext* const context_;
     absl::Mutex mu_;
     size_t next_ ABSL_GUARDED_BY(mu_) = 0;
     bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -197,6 +209,20 @@ class RecordingSink final : public ResponseSink {
   std::vector<v1::GenerateResponse> responses_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> status_ ABSL_GUARDED_BY(mu_);
 };
+
+// The value of the process's series `name` whose one label has `label_value` (0 when absent).
+double MetricValue(absl::string_view name, absl::string_view label_value) {
+  const std::string text = SerializeMetrics(ProcessMetrics());
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, absl::StrCat(name, "{")) &&
+        absl::StrContains(line, absl::StrCat("=\"", label_value, "\"}"))) {
+      double value = 0;
+      EXPECT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) << line;
+      return value;
+    }
+  }
+  return 0;
+}
 
 Route RouteTo(const std::string& worker_id, const std::string& address) {
   Route route;
@@ -323,6 +349,27 @@ TEST_F(DecodeRelayTest, EveryAttemptSendsTheRoutersSpanAsItsDecodeWorkersParent)
   const std::string sent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01 k=v";
   EXPECT_THAT(a.traces(), ElementsAre(sent));
   EXPECT_THAT(b.traces(), ElementsAre(sent));
+}
+
+// A draining worker that hands its stream off (or refuses it): the request moves like one whose
+// worker failed, but is counted as a planned move, not as a broken stream.
+TEST_F(DecodeRelayTest, AStreamHandedOffByADrainingWorkerMovesWithoutCountingAFailure) {
+  const double drained_before = MetricValue("tandem_router_migrations_total", "worker_draining");
+  const double failed_before = MetricValue("tandem_router_migrations_total", "worker_failed");
+  const double broken_before = MetricValue("tandem_router_decode_stream_failures_total", "other");
+  FakeDecode a({Tokens({1}), Tokens({2})}, End::kHandOff);
+  FakeDecode b({Tokens({3}), Last({4})}, End::kFinish);
+  host_.AddPlacement(RouteTo("decode-b", b.address()), b.stub());
+  Start(a);
+  ASSERT_TRUE(sink_.AwaitDone().ok());
+
+  EXPECT_THAT(sink_.tokens(), ElementsAre(1, 2, 3, 4));
+  EXPECT_EQ(sink_.responses().back().timings().migrations(), 1u);
+  ASSERT_EQ(b.requests().size(), 1u);
+  EXPECT_THAT(b.requests()[0].prior_output_token_ids(), ElementsAre(1, 2));
+  EXPECT_EQ(MetricValue("tandem_router_migrations_total", "worker_draining"), drained_before + 1);
+  EXPECT_EQ(MetricValue("tandem_router_migrations_total", "worker_failed"), failed_before);
+  EXPECT_EQ(MetricValue("tandem_router_decode_stream_failures_total", "other"), broken_before);
 }
 
 TEST_F(DecodeRelayTest, ARequestMovesAsOftenAsAllowedAndAvoidsEveryFailedWorker) {

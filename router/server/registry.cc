@@ -38,6 +38,10 @@ struct Registry::Worker {
   absl::Time heard_at = absl::InfinitePast();
   bool silenced = false;
   bool healthy = false;  // guarded by Registry::mu_: as last exported
+  // Guarded by Registry::mu_: the worker said it drains (LoadSample.draining), as last exported;
+  // kept after its stream ends (it left after draining) until a new stream's snapshot says
+  // otherwise.
+  bool draining = false;
   // Guarded by Registry::mu_: `thread` runs Watch (false once Watch returned: removed, or the
   // registry stops).
   bool watching = false;
@@ -93,6 +97,16 @@ prometheus::Family<prometheus::Gauge>& HealthGauges() {
       "tandem_router_worker_healthy",
       "1 while the worker takes requests (its WatchState stream is up, gave a snapshot and "
       "brought something within the liveness timeout), else 0; by worker address");
+  return family;
+}
+
+// Which workers are draining.
+prometheus::Family<prometheus::Gauge>& DrainingGauges() {
+  static auto& family = GaugeFamily(
+      "tandem_router_worker_draining",
+      "1 from when the worker said it drains (it got SIGTERM: no new requests are placed on it, "
+      "its streams finish or are handed off) until a new stream says otherwise, also after it "
+      "left; else 0; by worker address");
   return family;
 }
 
@@ -225,6 +239,16 @@ void Registry::SetHealthy(Worker* w, bool healthy) {
       .Increment();
 }
 
+void Registry::SetDraining(Worker* w, bool draining) {
+  if (w->draining == draining) return;
+  w->draining = draining;
+  DrainingGauges().Add({{"worker", w->address}}).Set(draining ? 1 : 0);
+  if (draining) {
+    LOG(INFO) << "worker " << w->view.worker_id() << " at " << w->address
+              << " is draining: no new requests go to it";
+  }
+}
+
 void Registry::AddWorker(const std::string& address) {
   auto& slot = workers_[address];
   if (slot != nullptr) {
@@ -290,7 +314,10 @@ void Registry::Watch(Worker* w) {
         context.TryCancel();
         break;
       }
-      if (update.has_load() || update.has_snapshot()) w->load_received_at = received;
+      if (update.has_load() || update.has_snapshot()) {
+        w->load_received_at = received;
+        SetDraining(w, w->view.draining());
+      }
       if (update.has_kv_events() || update.has_snapshot()) {
         KvEventGauges().Add({{"worker", w->address}}).Set(static_cast<double>(w->view.last_event_id()));
       }
@@ -318,6 +345,7 @@ void Registry::Watch(Worker* w) {
       if (!w->connected && w->view.ready() && !w->silenced) {
         w->connected = true;
         SetHealthy(w, true);
+        DrainingGauges().Add({{"worker", w->address}}).Set(w->draining ? 1 : 0);
         backoff = options_.min_backoff;
         const placement::StepProfile& p = w->cost.profile();
         LOG(INFO) << "worker " << w->view.worker_id() << " at " << w->address << " joined ("
@@ -334,7 +362,12 @@ void Registry::Watch(Worker* w) {
     {
       absl::MutexLock lock(&mu_);
       w->context = nullptr;
-      if (w->connected) {
+      if (w->connected && (w->draining || w->removed) && !w->silenced && !resync) {
+        // Planned: the worker drained and ended the stream (or its process is gone), or
+        // discovery dropped it (the router ended the stream). Its streams in progress go on.
+        LOG(INFO) << "worker " << w->address << " left ("
+                  << (w->draining ? "drained" : "no longer discovered") << ")";
+      } else if (w->connected) {
         const char* cause = w->silenced                              ? "liveness"
                             : resync                                 ? "resync"
                             : IsKeepaliveFailure(status.error_message()) ? "keepalive"
@@ -545,7 +578,8 @@ std::optional<Registry::ModelInfo> Registry::Model() {
 
 std::optional<Registry::ModelInfo> Registry::ModelLocked() {
   for (auto& [address, w] : workers_) {
-    if (w->connected && !w->silenced && w->view.ready() && w->view.role() != v1::ROLE_PREFILL) {
+    if (w->connected && !w->silenced && w->view.ready() && !w->view.draining() &&
+        w->view.role() != v1::ROLE_PREFILL) {
       return ModelInfo{.model_id = w->view.model_id(), .block_size = w->view.block_size(),
                        .max_context = w->view.max_context()};
     }
@@ -559,6 +593,7 @@ std::vector<WorkerSummary> Registry::Workers() {
   for (auto& [address, w] : workers_) {
     out.push_back({.address = address, .worker_id = w->view.worker_id(), .role = w->view.role(),
                    .ready = w->connected && !w->silenced && w->view.ready(),
+                   .draining = w->draining,
                    .load = w->view.load()});
   }
   return out;

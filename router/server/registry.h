@@ -4,7 +4,10 @@
 // load; reconnects with backoff), and places requests under one lock with a placement policy. A
 // worker is healthy (placed on) while its stream is up, has given a snapshot, and brought
 // something within the liveness timeout; a cut link is found by keepalive or that timeout, and
-// the worker is re-admitted by the snapshot of a new stream once it answers again.
+// the worker is re-admitted by the snapshot of a new stream once it answers again. A worker that
+// says it drains (LoadSample.draining: it got SIGTERM) stays healthy but is placed on no more,
+// and the end of its stream, or its removal by discovery, is a departure, not a loss: requests
+// already streaming from it are not touched (their relays hold channels of their own).
 #ifndef TANDEM_ROUTER_SERVER_REGISTRY_H_
 #define TANDEM_ROUTER_SERVER_REGISTRY_H_
 
@@ -92,6 +95,7 @@ struct WorkerSummary {
   std::string worker_id;
   v1::WorkerRole role = v1::ROLE_UNSPECIFIED;
   bool ready = false;
+  bool draining = false;  // it said so (kept after it left)
   WorkerLoad load;
 };
 
@@ -128,7 +132,8 @@ class Registry {
                        int64_t tokens, double seconds);
   // A copy of the worker's fitted step profile; nullopt for an unknown id (tests, metrics).
   std::optional<placement::StepProfile> CostProfile(const std::string& worker_id);
-  // Whether some decode-capable worker is ready; its model id, block size and context.
+  // Whether some decode-capable worker is ready and not draining (takes requests); its model id,
+  // block size and context.
   bool Ready();
   // Waits up to `timeout` until Ready() is `ready`; false when it did not come to be.
   bool AwaitReady(bool ready, absl::Duration timeout);
@@ -153,6 +158,8 @@ class Registry {
   void Watch(Worker* worker);
   // The worker's health gauge and transition counter (docs/metrics.md).
   void SetHealthy(Worker* w, bool healthy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker's draining gauge, and the flag Watch keeps past the stream's end.
+  void SetDraining(Worker* w, bool draining) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Discovery dropped `address`: its stream ends and it is not followed again.
   void RemoveWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

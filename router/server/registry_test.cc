@@ -16,9 +16,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/keepalive.h"
+#include "common/metrics.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "router/placement/placement.h"
@@ -130,6 +135,10 @@ class FreezableRelay {
 class FakeWorkerState final : public v1::WorkerState::CallbackService {
  public:
   std::atomic<bool> silent{false};
+  // Every message from now on says the worker drains (LoadSample.draining).
+  std::atomic<bool> draining{false};
+  // The open streams end (OK) after their next message, as a drained worker ends them.
+  std::atomic<bool> end_streams{false};
   std::atomic<int> subscriptions{0};
   // The load the snapshot reports (set before the first subscription).
   v1::LoadSample snapshot_load;
@@ -137,7 +146,25 @@ class FakeWorkerState final : public v1::WorkerState::CallbackService {
   grpc::ServerWriteReactor<v1::WorkerStateUpdate>* WatchState(
       grpc::CallbackServerContext* /*context*/, const v1::WatchStateRequest* /*request*/) override {
     ++subscriptions;
+    {
+      absl::MutexLock lock(&mu_);
+      ++subscribed_;
+    }
     return new Stream(this);
+  }
+
+  // Waits (up to a minute: a loaded machine) until `n` streams ended in all.
+  bool AwaitStreamsEnded(int n) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ended_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Minutes(1));
+  }
+
+  // Waits (up to a minute: a loaded machine) until `n` subscriptions came in all.
+  bool AwaitSubscriptions(int n) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return subscribed_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Minutes(1));
   }
 
  private:
@@ -155,15 +182,18 @@ class FakeWorkerState final : public v1::WorkerState::CallbackService {
       s->set_max_running(8);
       *s->mutable_load() = service->snapshot_load;
       s->mutable_load()->set_free_blocks(64);
+      s->mutable_load()->set_draining(service->draining);
       StartWrite(&update_);
     }
     void OnWriteDone(bool ok) override {
       if (!ok) return Finish(grpc::Status::CANCELLED);
+      if (service_->end_streams) return Finish(grpc::Status::OK);
       std::thread([this] {
         while (service_->silent && !cancelled_) absl::SleepFor(absl::Milliseconds(5));
         absl::SleepFor(absl::Milliseconds(20));
         update_.Clear();
         update_.mutable_load()->set_free_blocks(64);
+        update_.mutable_load()->set_draining(service_->draining);
         if (cancelled_) return Finish(grpc::Status::CANCELLED);
         StartWrite(&update_);
       }).detach();
@@ -172,6 +202,10 @@ class FakeWorkerState final : public v1::WorkerState::CallbackService {
     void OnDone() override {
       // The detached writer has returned: OnDone comes after Finish, which only it calls once the
       // stream is cancelled, or after a failed write (no writer started).
+      {
+        absl::MutexLock lock(&service_->mu_);
+        ++service_->ended_;
+      }
       delete this;
     }
 
@@ -180,6 +214,10 @@ class FakeWorkerState final : public v1::WorkerState::CallbackService {
     v1::WorkerStateUpdate update_;
     std::atomic<bool> cancelled_{false};
   };
+
+  absl::Mutex mu_;
+  int subscribed_ ABSL_GUARDED_BY(mu_) = 0;  // as `subscriptions`, to wait on
+  int ended_ ABSL_GUARDED_BY(mu_) = 0;       // streams done
 };
 
 class RegistryTest : public ::testing::Test {
@@ -263,6 +301,18 @@ TEST_F(RegistryTest, ASilentWorkerIsTakenForLostAndReadmittedBySnapshot) {
   EXPECT_GT(service_.subscriptions, before);  // re-admitted by a new stream's snapshot
 }
 
+// The line of `name` with `worker`'s label on the process's /metrics, "" when there is none.
+std::string MetricLine(absl::string_view name, absl::string_view worker) {
+  const std::string text = SerializeMetrics(ProcessMetrics());
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, absl::StrCat(name, "{")) &&
+        absl::StrContains(line, absl::StrCat("worker=\"", worker, "\""))) {
+      return std::string(line);
+    }
+  }
+  return "";
+}
+
 // A worker found through a DNS name that drops out of it (a pod not ready) and comes back is
 // followed again: a new watch stream, and it takes requests again.
 TEST_F(RegistryTest, AWorkerThatLeavesTheDnsNameAndComesBackIsFollowedAgain) {
@@ -295,6 +345,121 @@ TEST_F(RegistryTest, AWorkerThatLeavesTheDnsNameAndComesBackIsFollowedAgain) {
     ASSERT_TRUE(AwaitReady(registry, true)) << "round " << round << ": not followed again";
     EXPECT_GT(service_.subscriptions, before);
   }
+  // Dropped by discovery is no lost connection.
+  EXPECT_EQ(MetricLine("tandem_router_worker_connection_lost_total", address), "");
+}
+
+// A worker that says it drains (it got SIGTERM) is placed on no more, though its stream is up;
+// when it ends its stream after the drain, that is a departure, not a lost connection, and it is
+// still taken for draining (the snapshot of a new stream says whether it still is).
+TEST_F(RegistryTest, ADrainingWorkerTakesNoRequestAndItsLeavingIsNoLoss) {
+  const std::string address = absl::StrCat("127.0.0.1:", port_);
+  RegistryOptions options;
+  options.addresses = {address};
+  options.min_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(200);
+  options.liveness_timeout = absl::InfiniteDuration();
+  Registry registry(options);
+  ASSERT_TRUE(AwaitReady(registry, true));
+  std::unique_ptr<placement::PlacementPolicy> policy = *placement::CreatePolicy("round_robin", {});
+  const placement::Request request{.prompt_tokens = 8, .block_size = 16, .max_tokens = 12};
+  ASSERT_TRUE(registry.Place(*policy, request).ok());
+  EXPECT_EQ(MetricLine("tandem_router_worker_draining", address),
+            absl::StrCat("tandem_router_worker_draining{worker=\"", address, "\"} 0"));
+
+  service_.draining = true;
+  ASSERT_TRUE(AwaitReady(registry, false)) << "the drain was not heard";
+  EXPECT_EQ(registry.Place(*policy, request).status().code(), absl::StatusCode::kUnavailable);
+  std::vector<WorkerSummary> workers = registry.Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_TRUE(workers[0].ready);  // its stream is up: its streams in progress go on
+  EXPECT_TRUE(workers[0].draining);
+  EXPECT_EQ(MetricLine("tandem_router_worker_draining", address),
+            absl::StrCat("tandem_router_worker_draining{worker=\"", address, "\"} 1"));
+
+  const int before = service_.subscriptions;
+  service_.end_streams = true;  // drained: the worker ends its stream
+  // The router subscribes again (a static address); the worker, still up, ends each stream.
+  ASSERT_TRUE(service_.AwaitSubscriptions(before + 2));
+  EXPECT_EQ(MetricLine("tandem_router_worker_connection_lost_total", address), "");
+  EXPECT_TRUE(registry.Workers()[0].draining);
+  EXPECT_FALSE(registry.Ready());
+}
+
+// A decode worker's Generate: one token, then the last one once the test lets it go on.
+class HoldingDecode final : public v1::Decode::Service {
+ public:
+  absl::Notification go_on;
+  grpc::Status Generate(grpc::ServerContext* /*context*/, const v1::DecodeRequest* /*request*/,
+                        grpc::ServerWriter<v1::DecodeResponse>* writer) override {
+    v1::DecodeResponse response;
+    response.add_token_ids(1);
+    if (!writer->Write(response)) return grpc::Status::CANCELLED;
+    go_on.WaitForNotification();
+    response.set_token_ids(0, 2);
+    response.set_finish_reason(v1::FINISH_REASON_LENGTH);
+    writer->Write(response);
+    return grpc::Status::OK;
+  }
+};
+
+// A draining worker fails its readiness, so a headless Service's DNS name stops returning it
+// while it still finishes its streams: the registry stops following it (a departure, not a loss),
+// and a stream in progress there, on the router's own channel as RequestRouter opens it, goes on
+// to its end; what the registry counted for it is released as usual.
+TEST_F(RegistryTest, AWorkerDroppedByDiscoveryKeepsItsStreamsInProgress) {
+  FakeWorkerState state;
+  HoldingDecode decode;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&state);
+  builder.RegisterService(&decode);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  absl::Mutex mu;
+  std::vector<std::string> answer = {address};
+  RegistryOptions options;
+  options.dns_names = {"decode.test:7100"};
+  options.dns_interval = absl::Milliseconds(20);
+  options.resolve = [&](absl::string_view) -> absl::StatusOr<std::vector<std::string>> {
+    absl::MutexLock lock(&mu);
+    return answer;
+  };
+  options.liveness_timeout = absl::InfiniteDuration();
+  Registry registry(options);
+  ASSERT_TRUE(AwaitReady(registry, true));
+  std::unique_ptr<placement::PlacementPolicy> policy = *placement::CreatePolicy("round_robin", {});
+  absl::StatusOr<Route> route =
+      registry.Place(*policy, {.prompt_tokens = 8, .block_size = 16, .max_tokens = 2});
+  ASSERT_TRUE(route.ok()) << route.status();
+  ASSERT_EQ(route->decode_address, address);
+
+  auto stub = v1::Decode::NewStub(CreateKeepaliveChannel(address, options.keepalive));
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::DecodeResponse>> stream =
+      stub->Generate(&context, v1::DecodeRequest());
+  v1::DecodeResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  registry.Progress(*route, 1, registry.clock()->Now());
+  registry.PromptDone(*route);
+
+  state.draining = true;
+  ASSERT_TRUE(AwaitReady(registry, false)) << "the drain was not heard";
+  {
+    absl::MutexLock lock(&mu);
+    answer.clear();  // not ready: out of the DNS name
+  }
+  ASSERT_TRUE(state.AwaitStreamsEnded(1)) << "the registry still follows the worker";
+  decode.go_on.Notify();
+  ASSERT_TRUE(stream->Read(&response)) << "the stream in progress was cut";
+  EXPECT_EQ(response.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_FALSE(stream->Read(&response));
+  EXPECT_TRUE(stream->Finish().ok());
+  registry.Release(*route);
+  EXPECT_EQ(MetricLine("tandem_router_worker_connection_lost_total", address), "");
+  server->Shutdown(std::chrono::system_clock::now());
 }
 
 // The liveness timeout on the registry's clock: a worker whose stream stays open but brings

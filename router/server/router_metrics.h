@@ -53,7 +53,9 @@ struct RouterMetrics {
       .Register(ProcessMetrics());
   prometheus::Family<prometheus::Counter>& migrations = prometheus::BuildCounter()
       .Name("tandem_router_migrations_total")
-      .Help("Requests moved to another decode worker after theirs failed, by reason")
+      .Help("Requests moved to another decode worker after theirs failed or handed them off "
+            "while draining, by reason: worker_failed, stream_cancelled, stream_stalled, "
+            "worker_draining")
       .Register(ProcessMetrics());
   prometheus::Family<prometheus::Counter>& stalled = prometheus::BuildCounter()
       .Name("tandem_router_stalled_streams_total")
