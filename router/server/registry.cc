@@ -249,9 +249,23 @@ void Registry::SetDraining(Worker* w, bool draining) {
   }
 }
 
+void Registry::ForgetSeries(Worker* w) {
+  HealthGauges().Remove(&HealthGauges().Add({{"worker", w->address}}));
+  DrainingGauges().Remove(&DrainingGauges().Add({{"worker", w->address}}));
+  KvEventGauges().Remove(&KvEventGauges().Add({{"worker", w->address}}));
+  w->healthy = false;
+  w->draining = false;
+}
+
 void Registry::AddWorker(const std::string& address) {
+  // Followed from now on: unhealthy until its first snapshot, and exported so (a worker that
+  // never answers is an unhealthy one, not an absent series).
+  auto export_health = [](Worker* w) {
+    HealthGauges().Add({{"worker", w->address}}).Set(w->healthy ? 1 : 0);
+  };
   auto& slot = workers_[address];
   if (slot != nullptr) {
+    export_health(slot.get());
     slot->removed = false;
     // Back after it left: its watch may have ended (it ends once it sees `removed`; one that has
     // not yet goes on). Watch does nothing once it has set `watching` false: the join is short.
@@ -268,6 +282,7 @@ void Registry::AddWorker(const std::string& address) {
       *placement::ClassedLatencyCorrection::Create(options_.latency_correction),
       *placement::LatencyCorrection::Create(options_.latency_correction), options_.report_lag);
   Worker* w = slot.get();
+  export_health(w);
   w->watching = true;
   w->thread = std::thread([this, w] { Watch(w); });
 }
@@ -383,6 +398,9 @@ void Registry::Watch(Worker* w) {
       w->view = WorkerView();
       w->ledger.ForgetPlaced();  // the fresh view counts nothing placed
       if (stopping_ || w->removed) {
+        // A worker discovery dropped (scaled down, replaced) leaves no series behind: a gauge
+        // stuck at healthy 0 would keep an alert firing for a worker that no longer exists.
+        if (w->removed && !stopping_) ForgetSeries(w);
         w->watching = false;
         return;
       }
@@ -562,6 +580,16 @@ std::optional<placement::StepProfile> Registry::CostProfile(const std::string& w
 }
 
 bool Registry::Ready() { return Model().has_value(); }
+
+bool Registry::AwaitFollowing(const std::string& address, bool following,
+                              absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Worker* w = FindLocked(address);
+    return (w != nullptr && w->watching && !w->removed) == following;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+}
 
 bool Registry::AwaitReady(bool ready, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);

@@ -137,6 +137,9 @@ class Registry {
   bool Ready();
   // Waits up to `timeout` until Ready() is `ready`; false when it did not come to be.
   bool AwaitReady(bool ready, absl::Duration timeout);
+  // Waits up to `timeout` until the registry follows the worker at `address` (its watch runs) or,
+  // with `following` false, no longer does (discovery dropped it and its watch ended).
+  bool AwaitFollowing(const std::string& address, bool following, absl::Duration timeout);
   struct ModelInfo {
     std::string model_id;
     int64_t block_size = 16;
@@ -160,6 +163,8 @@ class Registry {
   void SetHealthy(Worker* w, bool healthy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's draining gauge, and the flag Watch keeps past the stream's end.
   void SetDraining(Worker* w, bool draining) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the worker's per-address series (healthy, draining, KV event id) from /metrics.
+  void ForgetSeries(Worker* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Discovery dropped `address`: its stream ends and it is not followed again.
   void RemoveWorker(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -25,6 +25,7 @@
 #include "common/keepalive.h"
 #include "common/metrics.h"
 #include "grpcpp/grpcpp.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "router/placement/placement.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -313,6 +314,17 @@ std::string MetricLine(absl::string_view name, absl::string_view worker) {
   return "";
 }
 
+// A worker that never answers is exported as unhealthy from the moment it is followed, so that an
+// alert on the healthy gauge sees it (an absent series matches no alert).
+TEST(RegistryMetricsTest, AWorkerIsExportedUnhealthyUntilItsFirstSnapshot) {
+  const std::string address = "127.0.0.1:1";  // nothing listens on port 1
+  RegistryOptions options;
+  options.addresses = {address};
+  options.liveness_timeout = absl::InfiniteDuration();
+  Registry registry(options);
+  EXPECT_THAT(MetricLine("tandem_router_worker_healthy", address), ::testing::EndsWith(" 0"));
+}
+
 // A worker found through a DNS name that drops out of it (a pod not ready) and comes back is
 // followed again: a new watch stream, and it takes requests again.
 TEST_F(RegistryTest, AWorkerThatLeavesTheDnsNameAndComesBackIsFollowedAgain) {
@@ -337,6 +349,11 @@ TEST_F(RegistryTest, AWorkerThatLeavesTheDnsNameAndComesBackIsFollowedAgain) {
       answer.clear();
     }
     ASSERT_TRUE(AwaitReady(registry, false)) << "the worker did not leave";
+    ASSERT_TRUE(registry.AwaitFollowing(address, false, absl::Seconds(30)));
+    // Gone from /metrics too: a healthy-0 series left behind would keep a "worker unhealthy"
+    // alert firing for a worker that no longer exists.
+    EXPECT_EQ(MetricLine("tandem_router_worker_healthy", address), "");
+    EXPECT_EQ(MetricLine("tandem_router_worker_kv_event_id", address), "");
     const int before = service_.subscriptions;
     {
       absl::MutexLock lock(&mu);
@@ -344,6 +361,7 @@ TEST_F(RegistryTest, AWorkerThatLeavesTheDnsNameAndComesBackIsFollowedAgain) {
     }
     ASSERT_TRUE(AwaitReady(registry, true)) << "round " << round << ": not followed again";
     EXPECT_GT(service_.subscriptions, before);
+    EXPECT_THAT(MetricLine("tandem_router_worker_healthy", address), ::testing::EndsWith(" 1"));
   }
   // Dropped by discovery is no lost connection.
   EXPECT_EQ(MetricLine("tandem_router_worker_connection_lost_total", address), "");
