@@ -169,7 +169,10 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
       "--metrics_listen=127.0.0.1:0",
       absl::StrCat("--threads=", absl::GetFlag(FLAGS_worker_threads)),
       absl::StrCat("--kv_cache_mb=", absl::GetFlag(FLAGS_worker_kv_cache_mb)),
-      absl::StrCat("--kv_dtype=", absl::GetFlag(FLAGS_worker_kv_dtype))};
+      absl::StrCat("--kv_dtype=", absl::GetFlag(FLAGS_worker_kv_dtype)),
+      // The whole cluster stops at once (StopAll): a worker's streams have nowhere to move, so
+      // a drain is only worth the time its streams take to end, well within StopAll's 10 s.
+      "--drain_timeout_ms=5000"};
   // A decode worker beside prefill workers prefills only what the router keeps local, in steps
   // its streams share; alone (aggregated) it prefills everything, like a prefill worker.
   const int64_t decode_prefill_cap = prefill > 0 ? absl::GetFlag(FLAGS_decode_max_prefill_tokens)
