@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <deque>
@@ -92,20 +93,28 @@ struct HttpServer::Impl {
   void Handle(evhttp_request* req);
   // `span`: the router's span of the request (SpanForHttp).
   void HandleGenerate(evhttp_request* req, bool chat, const TraceContext& span);
-  void Drain();
+  // Hands the relay events posted from gRPC threads to their calls, on the loop.
+  void DeliverPending();
   void Deliver(HttpCall& call, const v1::GenerateResponse& response);
   void Finish(HttpCall& call, const absl::Status& status);
   // Sends a stream's 200 and server-sent-event headers on `req` (the call's request), once.
   static void StartStream(HttpCall& call, evhttp_request* req);
   static void StartStream(HttpCall& call) { StartStream(call, call.req); }
-  void Forget(HttpCall* call) {
+  // The call's relay ended: its client's going away cancels nothing any more.
+  static void Unwatch(HttpCall* call) {
     if (call->closed_watch != nullptr) {
       event_free(call->closed_watch);
       call->closed_watch = nullptr;
     }
+  }
+  // The call is over: its relay ended and its reply was written out, or its client went away.
+  void Forget(HttpCall* call) {
+    Unwatch(call);
     absl::MutexLock lock(&mu);
     calls.erase(call);
   }
+  // Set by StartDrain (Drainable); read on the loop.
+  std::atomic<bool> draining{false};
 };
 
 void HttpCall::OnResponse(const v1::GenerateResponse& response) { server->Post(this, response); }
@@ -190,8 +199,21 @@ void HttpServer::Impl::Handle(evhttp_request* req) {
                                ? evhttp_uri_get_path(uri)
                                : "";
   const bool get = method == EVHTTP_REQ_GET || method == EVHTTP_REQ_HEAD;
+  const bool draining_now = draining.load();
+  // A client kept alive on this router goes to another one for its next request.
+  if (draining_now) {
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+  }
   if (path == "/health" || path == "/metrics" || path == "/v1/models") {
     if (!get) return ReplyWrongMethod(req, path, "GET");
+  }
+  if (path == "/health" && draining_now) {
+    Reply(req, 503, "application/json",
+          json{{"status", "draining"},
+               {"message", "router is draining: it finishes the requests in flight and takes "
+                           "no new ones"}}
+              .dump());
+    return;
   }
   if (path == "/health") {
     const bool ready = router->registry().Ready();
@@ -287,7 +309,7 @@ void HttpServer::Impl::StartStream(HttpCall& call, evhttp_request* req) {
   evhttp_send_reply_start(req, 200, "OK");
 }
 
-void HttpServer::Impl::Drain() {
+void HttpServer::Impl::DeliverPending() {
   std::deque<std::pair<std::shared_ptr<HttpCall>, std::variant<v1::GenerateResponse, absl::Status, Admitted>>>
       items;
   {
@@ -336,47 +358,64 @@ void HttpServer::Impl::Deliver(HttpCall& call, const v1::GenerateResponse& r) {
 void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
   evhttp_request* req = call.req;
   call.req = nullptr;
-  if (req != nullptr) evhttp_connection_set_closecb(evhttp_request_get_connection(req), nullptr, nullptr);
+  Unwatch(&call);
+  if (req == nullptr) return Forget(&call);  // the client went away
+  // The call stays in flight until its reply is written out (a drain waits for that), or until
+  // its client goes away first. Either callback may run inside the evhttp_send_* below; the
+  // caller (DeliverPending) holds a reference to the call.
+  evhttp_connection_set_closecb(
+      evhttp_request_get_connection(req),
+      [](evhttp_connection*, void* arg) {
+        auto* c = static_cast<HttpCall*>(arg);
+        c->server->Forget(c);
+      },
+      &call);
+  evhttp_request_set_on_complete_cb(
+      req,
+      [](evhttp_request* done, void* arg) {
+        auto* c = static_cast<HttpCall*>(arg);
+        // The connection may serve further requests: it must not call back into this call.
+        evhttp_connection_set_closecb(evhttp_request_get_connection(done), nullptr, nullptr);
+        c->server->Forget(c);
+      },
+      &call);
   const json usage = {{"prompt_tokens", call.prompt_tokens},
                       {"completion_tokens", call.completion_tokens},
                       {"total_tokens", call.prompt_tokens + call.completion_tokens}};
-  if (req != nullptr) {
-    if (call.stream && !call.headers_sent && !status.ok()) {
-      ReplyError(req, status);  // refused before it started: a plain HTTP error
-    } else if (call.stream) {
-      StartStream(call, req);  // call.req is already cleared
-      if (!status.ok()) {
-        SendChunk(req, Sse(json::parse(OpenAiErrorBody(status))));
-      } else if (call.include_usage) {
-        SendChunk(req, Sse({{"id", call.id},
-                            {"object", call.chat ? "chat.completion.chunk" : "text_completion"},
-                            {"created", call.created},
-                            {"model", call.model},
-                            {"choices", json::array()},
-                            {"usage", usage}}));
-      }
-      SendChunk(req, "data: [DONE]\n\n");
-      evhttp_send_reply_end(req);
-    } else if (!status.ok()) {
-      ReplyError(req, status);
-    } else {
-      json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", call.finish}};
-      if (call.chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", call.text}};
-      } else {
-        choice["text"] = call.text;
-      }
-      Reply(req, 200, "application/json",
-            json{{"id", call.id},
-                 {"object", call.chat ? "chat.completion" : "text_completion"},
-                 {"created", call.created},
-                 {"model", call.model},
-                 {"choices", json::array({choice})},
-                 {"usage", usage}}
-                .dump(-1, ' ', false, json::error_handler_t::replace));
+  if (call.stream && !call.headers_sent && !status.ok()) {
+    ReplyError(req, status);  // refused before it started: a plain HTTP error
+  } else if (call.stream) {
+    StartStream(call, req);  // call.req is already cleared
+    if (!status.ok()) {
+      SendChunk(req, Sse(json::parse(OpenAiErrorBody(status))));
+    } else if (call.include_usage) {
+      SendChunk(req, Sse({{"id", call.id},
+                          {"object", call.chat ? "chat.completion.chunk" : "text_completion"},
+                          {"created", call.created},
+                          {"model", call.model},
+                          {"choices", json::array()},
+                          {"usage", usage}}));
     }
+    SendChunk(req, "data: [DONE]\n\n");
+    evhttp_send_reply_end(req);
+  } else if (!status.ok()) {
+    ReplyError(req, status);
+  } else {
+    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", call.finish}};
+    if (call.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", call.text}};
+    } else {
+      choice["text"] = call.text;
+    }
+    Reply(req, 200, "application/json",
+          json{{"id", call.id},
+               {"object", call.chat ? "chat.completion" : "text_completion"},
+               {"created", call.created},
+               {"model", call.model},
+               {"choices", json::array({choice})},
+               {"usage", usage}}
+              .dump(-1, ' ', false, json::error_handler_t::replace));
   }
-  Forget(&call);
 }
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -424,7 +463,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(RequestRouter* rou
   impl->port = ntohs(addr.sin_port);
   impl->wake = event_new(
       impl->base, -1, EV_PERSIST | EV_READ,
-      [](evutil_socket_t, short, void* arg) { static_cast<Impl*>(arg)->Drain(); }, impl.get());
+      [](evutil_socket_t, short, void* arg) { static_cast<Impl*>(arg)->DeliverPending(); },
+      impl.get());
   event_add(impl->wake, nullptr);
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { event_base_loop(raw->base, EVLOOP_NO_EXIT_ON_EMPTY); });
@@ -458,5 +498,24 @@ HttpServer::~HttpServer() {
 }
 
 int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::StartDrain() {
+  impl_->draining.store(true);
+  LOG(INFO) << "draining: GET /health answers 503 and new HTTP requests are refused";
+}
+
+bool HttpServer::AwaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&impl_->mu);
+  auto idle = +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->mu) { return i->calls.empty(); };
+  return impl_->mu.AwaitWithDeadline(absl::Condition(idle, impl_.get()), deadline);
+}
+
+void HttpServer::HandOff() {
+  absl::MutexLock lock(&impl_->mu);
+  if (!impl_->calls.empty()) {
+    LOG(INFO) << impl_->calls.size() << " HTTP requests still open: their ends are written "
+              << "before the server stops";
+  }
+}
 
 }  // namespace tandem::router

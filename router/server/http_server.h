@@ -7,6 +7,12 @@
 // (400 bad input, 404 unknown model or path, 405 wrong method, 429 over capacity, 503 no worker).
 // A body over the limit gets libevent's own 413 page (libevent 2.1 has no hook for its errors).
 // A client that disconnects cancels its request, streamed or not.
+//
+// Drainable (common/serve.h), beside the RequestRouter's drain, which refuses new requests and
+// counts those in flight: once draining, GET /health answers 503 {"status": "draining", ...} (a
+// readiness probe takes the router out of rotation), a new request gets 503 "router is
+// draining" with Retry-After, and every reply asks the client to close its connection; a request
+// in flight is finished when its reply has been written out to the client.
 #ifndef TANDEM_ROUTER_SERVER_HTTP_SERVER_H_
 #define TANDEM_ROUTER_SERVER_HTTP_SERVER_H_
 
@@ -14,11 +20,12 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/serve.h"
 #include "router/server/request_router.h"
 
 namespace tandem::router {
 
-class HttpServer {
+class HttpServer final : public Drainable {
  public:
   struct Options {
     std::string listen = "0.0.0.0:8000";  // port 0: any
@@ -27,9 +34,19 @@ class HttpServer {
   // UNAVAILABLE when the address cannot be bound; INVALID_ARGUMENT when it is malformed.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(RequestRouter* router,
                                                            const Options& options);
-  ~HttpServer();  // stops the loop; open requests are cancelled
+  // Cancels the requests still open, waits up to 5 s for their replies to be written, and stops
+  // the loop.
+  ~HttpServer() override;
 
   int port() const;
+
+  // Drainable. The work is every generation request, from its arrival until its reply was
+  // written out or its client went away.
+  void StartDrain() override;
+  bool AwaitIdle(absl::Time deadline) override;
+  // Says how many requests are still open. Their relays are the RequestRouter's, which its own
+  // HandOff cuts; their error events are written before the destructor stops the loop.
+  void HandOff() override;
 
   struct Impl;
 

@@ -11,16 +11,16 @@
 #include "common/trace_context.h"
 
 namespace tandem::router {
-namespace {
 
 // One Generate stream: the relay's responses are queued and written one at a time. The object
 // ends when both gRPC (OnDone) and the relay (the sink's OnDone) are through with it.
 class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
                            public ResponseSink {
  public:
-  GenerateCall(RequestRouter* router, grpc::CallbackServerContext* context,
-               const v1::GenerateRequest& request)
-      : context_(context) {
+  GenerateCall(InferenceService* service, RequestRouter* router,
+               grpc::CallbackServerContext* context, const v1::GenerateRequest& request)
+      : service_(service), context_(context) {
+    service_->StreamOpened();
     // The router's span of the request, answered in the initial metadata (errors too).
     absl::Status rejected;
     const TraceContext span = SpanForCall(*context, &rejected);
@@ -84,7 +84,11 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     Pump();
   }
   void OnCancel() override { CancelRelay(); }
-  void OnDone() override { Unref(); }
+  void OnDone() override {
+    InferenceService* service = service_;
+    Unref();
+    service->StreamClosed();
+  }
 
  private:
   // Finishes at once, before any relay started: only gRPC holds the call.
@@ -146,6 +150,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     if (refs_.fetch_sub(1) == 1) delete this;
   }
 
+  InferenceService* const service_;
   grpc::CallbackServerContext* const context_;  // valid until gRPC's OnDone
   std::atomic<int> refs_{2};  // gRPC's OnDone and the relay's
   absl::Mutex mu_;
@@ -158,11 +163,25 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-}  // namespace
-
 grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  return new GenerateCall(router_, context, *request);
+  return new GenerateCall(this, router_, context, *request);
+}
+
+void InferenceService::StreamOpened() {
+  absl::MutexLock lock(&mu_);
+  ++open_streams_;
+}
+
+void InferenceService::StreamClosed() {
+  absl::MutexLock lock(&mu_);
+  --open_streams_;
+}
+
+bool InferenceService::AwaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return open_streams_ == 0; };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* context,

@@ -5,12 +5,22 @@
 #ifndef TANDEM_ROUTER_SERVER_INFERENCE_SERVICE_H_
 #define TANDEM_ROUTER_SERVER_INFERENCE_SERVICE_H_
 
+//
+// Drainable (common/serve.h), beside the RequestRouter's drain, which refuses new requests and
+// counts those in flight: a Generate stream is finished when gRPC is done with it (its last
+// response and its status were sent), so that the server's shutdown after the drain has nothing
+// left to wait for.
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/serve.h"
 #include "router/server/request_router.h"
 #include "tandem/v1/inference.grpc.pb.h"
 
 namespace tandem::router {
 
-class InferenceService final : public v1::Inference::CallbackService {
+class InferenceService final : public v1::Inference::CallbackService, public Drainable {
  public:
   explicit InferenceService(RequestRouter* router) : router_(router) {}
 
@@ -23,8 +33,20 @@ class InferenceService final : public v1::Inference::CallbackService {
                                        const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;
 
+  // Drainable. The work is every Generate stream, from the call until gRPC's OnDone. New ones are
+  // refused, and those still running cut, by the RequestRouter's drain.
+  void StartDrain() override {}
+  bool AwaitIdle(absl::Time deadline) override;
+  void HandOff() override {}
+
  private:
+  friend class GenerateCall;
+  void StreamOpened();
+  void StreamClosed();
+
   RequestRouter* const router_;
+  absl::Mutex mu_;
+  int64_t open_streams_ ABSL_GUARDED_BY(mu_) = 0;  // Generate streams gRPC is not done with
 };
 
 }  // namespace tandem::router

@@ -72,6 +72,10 @@ ABSL_FLAG(int64_t, stream_stall_timeout_ms, 6000,
           "A decode worker that sends neither a token nor a heartbeat on a stream for this long "
           "is taken to have failed for it: the request moves to another decode worker, or ends "
           "with UNAVAILABLE (above the workers' --stream_heartbeat_ms), ms");
+ABSL_FLAG(int64_t, drain_timeout_ms, 20000,
+          "After SIGTERM or SIGINT: how long the requests in flight may run on before the router "
+          "cuts them and exits (it exits as soon as none is left); new requests are refused "
+          "meanwhile, and GET /health answers 503. A second signal cuts them at once, ms");
 ABSL_FLAG(int64_t, worker_liveness_timeout_ms, 3000,
           "A worker whose WatchState stream brings nothing (load samples come every 100 ms) for "
           "this long takes no requests until it answers again with a fresh snapshot, ms");
@@ -100,6 +104,9 @@ absl::Status Run() {
   if (absl::Status s = ValidateKeepalive(keepalive); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--keepalive_time_ms / --keepalive_timeout_ms: ", s.message()));
+  }
+  if (absl::GetFlag(FLAGS_drain_timeout_ms) < 0) {
+    return absl::InvalidArgumentError("--drain_timeout_ms must be >= 0");
   }
   if (absl::GetFlag(FLAGS_stream_stall_timeout_ms) <= 0 ||
       absl::GetFlag(FLAGS_worker_liveness_timeout_ms) <= 0) {
@@ -165,12 +172,21 @@ absl::Status Run() {
     http = *std::move(started);
   }
   InferenceService inference(router->get());
+  // The drain (docs/failures.md, "Planned shutdown"): the request router refuses new requests
+  // and waits for those in flight, from both frontends; then each frontend for their ends to be
+  // written out. After that no call is left but idle connections, which the server's shutdown
+  // need not wait for long.
+  ServeOptions serve{.keepalive = keepalive,
+                     .drainables = {router->get(), &inference},
+                     .drain_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)),
+                     .grace = absl::Seconds(1)};
+  if (http != nullptr) serve.drainables.push_back(http.get());
   return ServeUntilSignal(absl::GetFlag(FLAGS_listen), {&inference}, [&](int port) {
     std::printf("tandem-router listening on port %d (http port %d, policy %s, workers %s)\n", port,
                 http != nullptr ? http->port() : 0, absl::GetFlag(FLAGS_policy).c_str(),
                 absl::StrJoin(registry_options.addresses, ",").c_str());
     std::fflush(stdout);
-  }, keepalive);
+  }, serve);
 }
 
 }  // namespace

@@ -104,6 +104,7 @@ absl::StatusOr<std::vector<int32_t>> RequestRouter::Encode(const v1::GenerateReq
 
 absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::GenerateRequest& request,
                                                                const TraceContext& trace) {
+  if (in_flight_.draining()) return InFlightRequests::Refusal();  // Start checks it again
   const std::optional<Registry::ModelInfo> model = registry_->Model();
   const std::string model_id = model.has_value() ? model->model_id : file_model_id_;
   if (!request.model().empty() && request.model() != model_id) {
@@ -232,6 +233,33 @@ class WaitingCall final : public RelayedCall, public WaitingRequest {
 
 absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::Start(Prepared p, ResponseSink* sink,
                                                                   absl::Time deadline) {
+  ASSIGN_OR_RETURN(const std::shared_ptr<InFlightRequests::Entry> entry, in_flight_.Enter(sink));
+  absl::StatusOr<std::shared_ptr<RelayedCall>> call =
+      PlaceAndStart(std::move(p), entry.get(), deadline);
+  if (!call.ok()) {
+    in_flight_.Abandon(*entry);
+    return call.status();
+  }
+  in_flight_.Started(*entry, *call);
+  return call;
+}
+
+void RequestRouter::StartDrain() {
+  const int64_t n = in_flight_.StartDrain();
+  LOG(INFO) << "draining: new requests are refused; " << n << " in flight may finish";
+}
+
+bool RequestRouter::AwaitIdle(absl::Time deadline) { return in_flight_.AwaitIdle(deadline); }
+
+void RequestRouter::HandOff() {
+  if (const int64_t n = in_flight_.Cut(); n > 0) {
+    LOG(WARNING) << "cutting " << n << " requests still in flight";
+  }
+}
+
+absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::PlaceAndStart(Prepared p,
+                                                                          ResponseSink* sink,
+                                                                          absl::Time deadline) {
   const absl::Time begin = options_.clock->Now();
   const std::optional<Registry::ModelInfo> model = registry_->Model();
   if (!model.has_value()) return absl::UnavailableError("no decode worker is ready");

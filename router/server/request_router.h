@@ -3,6 +3,10 @@
 // registry), open Decode.Generate on the chosen decode worker with the ranked prefill workers, and
 // relay the responses. Streams are relayed with gRPC's callback API: no thread per request. A
 // request whose decode worker fails mid-stream moves to another one and its stream goes on.
+//
+// Drainable (common/serve.h): once draining, a new request is refused with UNAVAILABLE "router is
+// draining" (and a retry-after hint); the requests in flight, from both frontends, go on to their
+// end, and HandOff cuts those still running with UNAVAILABLE (router/server/in_flight.h).
 #ifndef TANDEM_ROUTER_SERVER_REQUEST_ROUTER_H_
 #define TANDEM_ROUTER_SERVER_REQUEST_ROUTER_H_
 
@@ -18,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/keepalive.h"
+#include "common/serve.h"
 #include "common/trace_context.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -25,6 +30,7 @@
 #include "router/placement/placement.h"
 #include "router/server/admission_queue.h"
 #include "router/server/decode_relay.h"
+#include "router/server/in_flight.h"
 #include "router/server/registry.h"
 #include "router/server/relayed_call.h"
 #include "router/server/stall_watch.h"
@@ -69,7 +75,7 @@ struct RouterOptions {
 
 class WaitingCall;
 
-class RequestRouter final : public RelayHost {
+class RequestRouter final : public RelayHost, public Drainable {
  public:
   // Reads the model file's tokenizer and starts the admission queue and the stall watch.
   // INVALID_ARGUMENT for options out of range, or a clock other than the registry's.
@@ -88,11 +94,13 @@ class RequestRouter final : public RelayHost {
   };
   // `trace`: the router's span of the request (its frontend continued the client's trace or
   // started one). INVALID_ARGUMENT (empty prompt, over the context, bad sampling), NOT_FOUND
-  // (unknown model), UNAVAILABLE (no worker ready yet), each with a message for the client.
+  // (unknown model), UNAVAILABLE (no worker ready yet; the router drains), each with a message
+  // for the client.
   absl::StatusOr<Prepared> Prepare(const v1::GenerateRequest& request, const TraceContext& trace);
   // Places and starts `prepared`; `sink` must outlive the call's OnDone. Errors before anything
   // started (no worker; RESOURCE_EXHAUSTED with a retry-after hint when admission refuses it)
-  // are returned, and the sink is not called. The call may be queued (RelayedCall::queued).
+  // are returned, and the sink is not called; so is UNAVAILABLE when the router drains. The call
+  // may be queued (RelayedCall::queued). It is in flight until its sink's OnDone returned.
   absl::StatusOr<std::shared_ptr<RelayedCall>> Start(Prepared prepared, ResponseSink* sink,
                                                      absl::Time deadline = absl::InfiniteFuture());
 
@@ -111,6 +119,12 @@ class RequestRouter final : public RelayHost {
 
   // Queued requests (admission), for tests and metrics.
   int64_t QueuedRequests();
+  // Drainable. The work is every request from Start until its sink's OnDone returned; HandOff
+  // cancels those still running, and their sinks get UNAVAILABLE ("... cut as the drain
+  // ended"): a client cannot carry a stream on at another router, so it sees the error.
+  void StartDrain() override;
+  bool AwaitIdle(absl::Time deadline) override;
+  void HandOff() override;
 
   // The relays' decode streams, watched for silence.
   StallWatch& stall_watch() override { return *stall_watch_; }
@@ -123,6 +137,9 @@ class RequestRouter final : public RelayHost {
   absl::StatusOr<Route> PlaceLocked(const placement::Request& request,
                                     const absl::flat_hash_set<std::string>& avoid,
                                     v1::Decode::Stub** stub) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Start, once the request is counted in flight: `sink` is its entry.
+  absl::StatusOr<std::shared_ptr<RelayedCall>> PlaceAndStart(Prepared prepared, ResponseSink* sink,
+                                                             absl::Time deadline);
   // Opens the relay of a placed request.
   std::shared_ptr<RelayedCall> StartRelay(Route route, v1::Decode::Stub* stub,
                                           const Prepared& prepared, const placement::Request& req,
@@ -138,6 +155,8 @@ class RequestRouter final : public RelayHost {
   absl::Mutex mu_;
   std::unique_ptr<placement::PlacementPolicy> policy_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Decode::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  // Before the admission queue and the stall watch: it outlives the requests they end.
+  InFlightRequests in_flight_;
   std::unique_ptr<AdmissionQueue> admission_;
   std::unique_ptr<StallWatch> stall_watch_;
 };
