@@ -224,6 +224,7 @@ v1::LoadSample SampleLoadSample() {
   load.set_prompt_tokens((uint64_t{1} << 41) + 7);
   load.set_step_elapsed_us(1700000);
   load.set_finished_seqs(4242);
+  load.set_draining(true);
   v1::QueuedClass* high = load.add_queued_by_priority();
   high->set_priority(2);
   high->set_tokens(96);
