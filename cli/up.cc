@@ -223,7 +223,9 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
                                    absl::StrCat("--listen=", host, ":", absl::GetFlag(FLAGS_grpc_port)),
                                    absl::StrCat("--http_listen=", host, ":",
                                                 absl::GetFlag(FLAGS_http_port)),
-                                   absl::StrCat("--policy=", absl::GetFlag(FLAGS_policy))});
+                                   absl::StrCat("--policy=", absl::GetFlag(FLAGS_policy)),
+                                   // Like the workers' (StopAll gives every process 10 s).
+                                   "--drain_timeout_ms=5000"});
   if (router == nullptr) return fail("the router did not start");
   while (router->port == 0 && !stop_requested && absl::Now() < until) {
     if (!Alive(*router)) return fail("the router exited during start-up");

@@ -387,14 +387,12 @@ def test_the_listen_addresses_match_the_declared_ports(name):
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
-def test_a_worker_drains_within_its_grace_period(name):
-    """SIGTERM: the worker drains for up to TANDEM_DRAIN_TIMEOUT_MS and exits; the kubelet's
-    SIGKILL comes terminationGracePeriodSeconds after SIGTERM, and a draining worker (NOT_SERVING)
-    fails its liveness probe: neither may cut the drain short."""
+def test_every_process_drains_within_its_grace_period(name):
+    """SIGTERM: a worker or a router drains for up to TANDEM_DRAIN_TIMEOUT_MS and exits; the
+    kubelet's SIGKILL comes terminationGracePeriodSeconds after SIGTERM, and a draining process
+    (NOT_SERVING) fails its liveness probe: neither may cut the drain short."""
     objects = overlay(name)
     for workload in k8s.workloads(objects):
-        if k8s.role_of(workload) == "router":
-            continue
         drain_ms = int(environment(objects, workload)["TANDEM_DRAIN_TIMEOUT_MS"])
         grace_s = workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         liveness = k8s.main_container(workload)["livenessProbe"]
