@@ -1,6 +1,6 @@
 """What the cluster tests share: Python stubs generated from the repo's protos, worker processes
-started on loopback, waited for, and killed, a router in front of them (Cluster), and HTTP
-helpers."""
+started on loopback, waited for, and killed, a router in front of them (Cluster), HTTP helpers,
+a Generate call read on a thread (GenerateStream) and a raw gRPC health check."""
 import http.client
 import json
 import os
@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+
+import grpc
 
 ROOT = pathlib.Path(os.environ.get("TANDEM_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[2]))
 BIN = pathlib.Path(os.environ["TANDEM_BIN_DIR"])
@@ -115,11 +117,103 @@ def http_get(port, path):
         return 0, str(error)
 
 
+class OnThread:
+    """A call made on a thread by start(*args), which runs the subclass's _read(*args); that sets
+    `flowing` once enough came. However the call ends, `ended_at` (time.monotonic) is then set, and
+    `flowing` too. join() waits for the end and fails if it does not come (`what` names the call
+    there)."""
+
+    what = "the stream"
+
+    def start(self, *args):
+        self.ended_at = None
+        self.flowing = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=args, daemon=True)
+        self.thread.start()
+
+    def _run(self, *args):
+        try:
+            self._read(*args)
+        finally:
+            self.ended_at = time.monotonic()
+            self.flowing.set()
+
+    def join(self, timeout=300):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"{self.what} never ended"
+        return self
+
+
+class GenerateStream(OnThread):
+    """One Generate call of `stub` read on a thread: its tokens and text, the last response (the
+    one with a finish_reason), the grpc.RpcError if it failed, and when (time.monotonic) it
+    started and ended. `flowing` is set once `flowing_after` tokens came, or at the end."""
+
+    def __init__(self, stub, request, flowing_after=4):
+        self.request = request
+        self.tokens, self.text, self.last, self.error = [], "", None, None
+        self.started_at = time.monotonic()
+        self._flowing_after = flowing_after
+        self.start(stub)
+
+    def _read(self, stub):
+        try:
+            for response in stub.Generate(self.request, timeout=300):
+                self.tokens.extend(response.token_ids)
+                self.text += response.text
+                if len(self.tokens) >= self._flowing_after:
+                    self.flowing.set()
+                if response.finish_reason:
+                    self.last = response
+        except grpc.RpcError as error:
+            self.error = error
+
+    def join(self, timeout=300, ok=False):
+        """Waits for the end; with `ok`, the call must also have succeeded."""
+        super().join(timeout)
+        assert not ok or self.error is None, self.describe()
+        return self
+
+    def describe(self):
+        if self.error is not None:
+            return f"{self.error.code()}: {self.error.details()}"
+        return f"{len(self.tokens)} tokens, {self.last and self.last.timings}"
+
+
+def greedy_request(pb, prompt, max_tokens):
+    """A GenerateRequest of exactly `max_tokens` greedy tokens."""
+    return pb.inference.GenerateRequest(
+        prompt=prompt, sampling=pb.inference.SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                            ignore_eos=True))
+
+
+def grpc_health(address, timeout=5):
+    """grpc.health.v1 Check of the whole server, read by hand (one varint field): 1 SERVING,
+    2 NOT_SERVING, None when the call failed (the server is gone)."""
+    with grpc.insecure_channel(address) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=lambda b: b,
+                                    response_deserializer=lambda b: b)
+        try:
+            answer = check(b"", timeout=timeout)
+        except grpc.RpcError:
+            return None
+    return answer[1] if len(answer) == 2 and answer[0] == 0x08 else -1
+
+
+class WorkerPools:
+    """A cluster's `prefill` and `decode` lists; `workers` is both."""
+
+    @property
+    def workers(self):
+        return self.prefill + self.decode
+
+
 UCX = {"UCX_TLS": "posix,self"}
 WORKER_FLAGS = ["--listen=127.0.0.1:0", "--kv_cache_mb=64", "--threads=1"]
 
 
-class Cluster:
+class Cluster(WorkerPools):
     """`prefill` + `decode` workers and a router in front of them; stop() kills every process."""
 
     def __init__(self, prefill=2, decode=2, policy="kv_aware", tag="", router_flags=()):
@@ -144,10 +238,6 @@ class Cluster:
         except BaseException:
             self.stop()
             raise
-
-    @property
-    def workers(self):
-        return self.prefill + self.decode
 
     @property
     def grpc_address(self):

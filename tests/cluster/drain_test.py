@@ -23,8 +23,8 @@ import time
 import grpc
 import pytest
 
-from cluster_common import (UCX, WORKER_FLAGS, Process, Protos, http_get, wait_router_ready,
-                            wait_until)
+from cluster_common import (UCX, WORKER_FLAGS, GenerateStream, Process, Protos, greedy_request,
+                            grpc_health, http_get, wait_router_ready, wait_until)
 
 # Tokens of each stream of the short-drain test: far more than the drain timeout lets a worker
 # generate, so that the streams on the draining worker are still running at its deadline.
@@ -86,51 +86,11 @@ class DrainCluster:
         for p in ([self.router] if self.router else []) + list(self.procs.values()):
             p.kill()
 
-
-class Stream:
-    """One Generate call read on a thread: tokens, the last response, the error, and when it
-    ended."""
-
-    def __init__(self, stub, request, started=4):
-        self.tokens, self.last, self.error, self.ended_at = [], None, None, None
-        self.started_at = time.monotonic()
-        self.started = threading.Event()  # `started` tokens came (or the call ended)
-        self._n = started
-        self.thread = threading.Thread(target=self._read, args=(stub, request), daemon=True)
-        self.thread.start()
-
-    def _read(self, stub, request):
-        try:
-            for response in stub.Generate(request, timeout=300):
-                self.tokens.extend(response.token_ids)
-                if len(self.tokens) >= self._n:
-                    self.started.set()
-                if response.finish_reason:
-                    self.last = response
-        except grpc.RpcError as error:
-            self.error = error
-        self.ended_at = time.monotonic()
-        self.started.set()
-
-    def join(self):
-        self.thread.join(timeout=300)
-        assert not self.thread.is_alive(), "the stream never ended"
-        assert self.error is None, (self.error.code(), self.error.details())
+    def __enter__(self):
         return self
 
-
-def health(address):
-    """grpc.health.v1 Check of the whole server, read by hand (one varint field): 1 SERVING,
-    2 NOT_SERVING, None when the call failed (the server is gone)."""
-    with grpc.insecure_channel(address) as channel:
-        check = channel.unary_unary("/grpc.health.v1.Health/Check",
-                                    request_serializer=lambda b: b,
-                                    response_deserializer=lambda b: b)
-        try:
-            answer = check(b"", timeout=5)
-        except grpc.RpcError:
-            return None
-    return answer[1] if len(answer) == 2 and answer[0] == 0x08 else -1
+    def __exit__(self, *_):
+        self.stop()
 
 
 def decode_requests(pb, max_tokens):
@@ -138,16 +98,26 @@ def decode_requests(pb, max_tokens):
     prefill worker), all of max_tokens tokens."""
     long_prompt = ("The history of the lighthouse keepers of the northern coast is long and "
                    "full of storms, shipwrecks and quiet heroism. ") * 3
-    greedy = pb.inference.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     prompts = ["Count slowly from one to a thousand:", "Tell me about rivers.",
                long_prompt + "Tell the story of one of them.",
                long_prompt + "List the dangers they faced."]
-    return [pb.inference.GenerateRequest(prompt=p, sampling=greedy) for p in prompts]
+    return [greedy_request(pb, p, max_tokens) for p in prompts]
 
 
 def run_all(stub, requests):
-    """Every request at once, to its end."""
-    return [s.join() for s in [Stream(stub, r) for r in requests]]
+    """Every request at once, to its end (each must succeed)."""
+    return [s.join(ok=True) for s in [GenerateStream(stub, r) for r in requests]]
+
+
+def sigterm_under_load(cluster, pb, max_tokens, flowing_after=4):
+    """The decode_requests of `max_tokens` streamed at once; once each brought `flowing_after`
+    tokens, SIGTERM to decode worker d0. (d0, the streams, its Terminated.)"""
+    streams = [GenerateStream(cluster.inference(pb), r, flowing_after)
+               for r in decode_requests(pb, max_tokens)]
+    for s in streams:
+        assert s.flowing.wait(120), "a stream got no tokens"
+    victim = cluster.procs["d0"]
+    return victim, streams, Terminated(victim)
 
 
 class Terminated:
@@ -179,22 +149,18 @@ def log_has(process, text):
 
 def test_short_drain_hands_the_streams_off_and_loses_no_token(pb):
     drain_ms = 2000
-    cluster = DrainCluster("short", {"d0": drain_ms})
-    try:
+    with DrainCluster("short", {"d0": drain_ms}) as cluster:
         stub = cluster.inference(pb)
-        victim, other = cluster.procs["d0"], cluster.procs["d1"]
+        other = cluster.procs["d1"]
         # Long enough that the streams on the victim outlive its drain timeout by far.
         work = decode_requests(pb, max_tokens=MAX_TOKENS)
         reference = [s.tokens for s in run_all(stub, work)]
         assert all(len(t) == MAX_TOKENS for t in reference)
 
-        streams = [Stream(stub, r, started=8) for r in work]
-        for s in streams:
-            assert s.started.wait(120), "a stream got no tokens"
-        term = Terminated(victim)
+        victim, streams, term = sigterm_under_load(cluster, pb, MAX_TOKENS, flowing_after=8)
         # The worker fails its readiness, and the router hears of the drain from the worker's
         # state stream before its deadline (its streams still run).
-        wait_until(lambda: health(victim.address) == 2, timeout=30, interval=0.02,
+        wait_until(lambda: grpc_health(victim.address) == 2, timeout=30, interval=0.02,
                    what="the health service to say NOT_SERVING")
         wait_until(lambda: cluster.metric("tandem_router_worker_draining",
                                           worker=victim.address) == 1,
@@ -202,7 +168,7 @@ def test_short_drain_hands_the_streams_off_and_loses_no_token(pb):
         assert term.exited is None and not log_has(victim, "drain ended")
         assert cluster.metric("tandem_router_worker_healthy", worker=victim.address) == 1
         # A request after that goes to the other worker only, without a detour.
-        after = Stream(stub, work[0]).join()
+        after = GenerateStream(stub, work[0]).join(ok=True)
         assert after.tokens == reference[0]
         assert after.last.timings.decode_worker == "shortd1", after.last.timings
         assert after.last.timings.migrations == 0
@@ -216,7 +182,7 @@ def test_short_drain_hands_the_streams_off_and_loses_no_token(pb):
 
         moved = 0
         for s, want in zip(streams, reference):
-            s.join()
+            s.join(ok=True)
             assert s.tokens == want
             assert s.last.finish_reason == pb.inference.FINISH_REASON_LENGTH
             assert s.last.usage.completion_tokens == MAX_TOKENS
@@ -233,21 +199,12 @@ def test_short_drain_hands_the_streams_off_and_loses_no_token(pb):
         assert not log_has(cluster.router, f"worker {victim.address} lost")
         assert cluster.metric("tandem_router_worker_draining", worker=victim.address) == 1
         assert other.proc.poll() is None
-    finally:
-        cluster.stop()
 
 
 def test_long_drain_lets_the_streams_finish_where_they_are(pb):
     drain_ms = 120000
-    cluster = DrainCluster("long", {"d0": drain_ms})
-    try:
-        stub = cluster.inference(pb)
-        victim = cluster.procs["d0"]
-        work = decode_requests(pb, max_tokens=192)
-        streams = [Stream(stub, r) for r in work]
-        for s in streams:
-            assert s.started.wait(120), "a stream got no tokens"
-        term = Terminated(victim)
+    with DrainCluster("long", {"d0": drain_ms}) as cluster:
+        victim, streams, term = sigterm_under_load(cluster, pb, max_tokens=192)
         wait_until(lambda: cluster.metric("tandem_router_worker_draining",
                                           worker=victim.address) == 1,
                    timeout=30, interval=0.02, what="the router to see the drain")
@@ -255,7 +212,7 @@ def test_long_drain_lets_the_streams_finish_where_they_are(pb):
         rc, seconds = term.await_exit(timeout=drain_ms / 1000)
         assert rc == 0, "".join(victim.log[-30:])
         for s in streams:
-            s.join()
+            s.join(ok=True)
             assert len(s.tokens) == 192
             assert s.last.finish_reason == pb.inference.FINISH_REASON_LENGTH
             assert s.last.timings.migrations == 0, s.last.timings
@@ -269,20 +226,12 @@ def test_long_drain_lets_the_streams_finish_where_they_are(pb):
         assert not log_has(victim, "streams still in progress")
         assert seconds < drain_ms / 1000 / 2
         assert cluster.metric("tandem_router_migrations_total", reason="worker_draining") == 0
-    finally:
-        cluster.stop()
 
 
 def test_a_second_signal_hands_off_at_once(pb):
     drain_ms = 120000
-    cluster = DrainCluster("again", {"d0": drain_ms})
-    try:
-        stub = cluster.inference(pb)
-        victim = cluster.procs["d0"]
-        streams = [Stream(stub, r) for r in decode_requests(pb, max_tokens=MAX_TOKENS)]
-        for s in streams:
-            assert s.started.wait(120), "a stream got no tokens"
-        term = Terminated(victim)
+    with DrainCluster("again", {"d0": drain_ms}) as cluster:
+        victim, streams, term = sigterm_under_load(cluster, pb, max_tokens=MAX_TOKENS)
         wait_until(lambda: log_has(victim, "in progress may finish"), timeout=30,
                    what="the drain to start")
         victim.proc.send_signal(signal.SIGINT)  # an impatient operator: Ctrl-C
@@ -293,37 +242,32 @@ def test_a_second_signal_hands_off_at_once(pb):
         assert log_has(victim, "a second signal came"), "".join(victim.log[-30:])
         moved = 0
         for s in streams:
-            s.join()
+            s.join(ok=True)
             assert len(s.tokens) == MAX_TOKENS
             assert s.last.finish_reason == pb.inference.FINISH_REASON_LENGTH
             moved += s.last.timings.migrations
         assert moved >= 1
         assert cluster.metric("tandem_router_migrations_total", reason="worker_draining") == moved
-    finally:
-        cluster.stop()
 
 
 def test_a_draining_prefill_worker_loses_no_prompt(pb):
-    cluster = DrainCluster("pre", {"p0": 60000})  # far beyond what its prompts need
-    try:
+    with DrainCluster("pre", {"p0": 60000}) as cluster:  # far beyond what its prompts need
         stub = cluster.inference(pb)
         victim = cluster.procs["p0"]
-        greedy = pb.inference.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
         story = ("The history of the lighthouse keepers of the northern coast is long and full of "
                  "storms, shipwrecks and quiet heroism. ") * 3
 
         def request(i):
             # A distinct start each time: no decode worker has the prompt cached, so every one is
             # long enough to be prefilled remotely while the prefill worker takes work.
-            return pb.inference.GenerateRequest(prompt=f"Keeper {i}. " + story + "Go on.",
-                                                sampling=greedy)
+            return greedy_request(pb, f"Keeper {i}. " + story + "Go on.", 8)
 
         done, lock, stop = [], threading.Lock(), threading.Event()
 
         def client(first):
             i = first
             while not stop.is_set():
-                s = Stream(stub, request(i))
+                s = GenerateStream(stub, request(i))
                 s.thread.join(timeout=300)
                 with lock:
                     done.append((i, s))
@@ -357,7 +301,5 @@ def test_a_draining_prefill_worker_loses_no_prompt(pb):
         # The same tokens as an undisturbed run (by the decode workers, on a cluster whose
         # prefill worker is gone; the prompts are prefilled there from scratch or from cache).
         for i, s in done[::4]:
-            again = Stream(stub, request(i)).join()
+            again = GenerateStream(stub, request(i)).join(ok=True)
             assert again.tokens == s.tokens, i
-    finally:
-        cluster.stop()

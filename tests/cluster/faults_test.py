@@ -10,14 +10,12 @@ with no error and ends with exactly the reference tokens and text -- greedy, and
 sampling with penalties (the new worker replays the earlier tokens through its sampler). Long
 prompts are prefilled remotely again after the move, with the earlier output, so the prefill
 worker's first token continues the seeded stream too."""
-import threading
-import time
 import urllib.request
 
 import grpc
 import pytest
 
-from cluster_common import Cluster, Protos, wait_until
+from cluster_common import Cluster, GenerateStream, Protos, greedy_request
 
 MAX_TOKENS = 48
 
@@ -46,33 +44,6 @@ def requests(pb):
     return out
 
 
-class Stream:
-    """One Generate call read on a thread: tokens, text, the last response, the error."""
-
-    def __init__(self, stub, request):
-        self.tokens, self.text, self.last, self.error = [], "", None, None
-        self.first = threading.Event()
-        self.thread = threading.Thread(target=self._read, args=(stub, request), daemon=True)
-        self.thread.start()
-
-    def _read(self, stub, request):
-        try:
-            for response in stub.Generate(request, timeout=300):
-                self.tokens.extend(response.token_ids)
-                self.text += response.text
-                if len(self.tokens) >= 4:
-                    self.first.set()
-                if response.finish_reason:
-                    self.last = response
-        except grpc.RpcError as error:
-            self.error = error
-        self.first.set()
-
-    def join(self):
-        self.thread.join(timeout=300)
-        assert not self.thread.is_alive(), "the stream never ended"
-
-
 def migrations_total(cluster):
     text = urllib.request.urlopen(f"http://127.0.0.1:{cluster.http_port}/metrics",
                                   timeout=10).read().decode()
@@ -87,15 +58,15 @@ def test_killing_a_decode_worker_mid_stream_loses_no_request(pb):
         work = requests(pb)
         reference = {}
         for name, request in work:
-            s = Stream(stub, request)
+            s = GenerateStream(stub, request)
             s.join()
             assert s.error is None, (name, s.error)
             assert len(s.tokens) == MAX_TOKENS, (name, len(s.tokens))
             reference[name] = (s.tokens, s.text)
 
-        streams = {name: Stream(stub, request) for name, request in work}
+        streams = {name: GenerateStream(stub, request) for name, request in work}
         for name, s in streams.items():
-            assert s.first.wait(120), f"{name} got no tokens"
+            assert s.flowing.wait(120), f"{name} got no tokens"
         victim = cluster.decode[0]
         victim.kill()  # SIGKILL, mid-stream for every request it holds
         moved = 0
@@ -114,7 +85,7 @@ def test_killing_a_decode_worker_mid_stream_loses_no_request(pb):
         assert moved >= 2, moved
         assert migrations_total(cluster) == moved
         # The surviving cluster keeps serving new requests.
-        after = Stream(stub, work[0][1])
+        after = GenerateStream(stub, work[0][1])
         after.join()
         assert after.error is None and after.tokens == reference[work[0][0]][0]
     finally:
@@ -127,11 +98,10 @@ def test_without_migrations_the_client_gets_the_error(pb):
                       router_flags=["--max_migrations=0"])
     try:
         stub = pb.inference_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc_address))
-        long = pb.inference.SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
-        streams = [Stream(stub, pb.inference.GenerateRequest(prompt=f"{i}: Tell a long story.",
-                                                             sampling=long)) for i in range(2)]
+        streams = [GenerateStream(stub, greedy_request(pb, f"{i}: Tell a long story.", 400))
+                   for i in range(2)]
         for s in streams:
-            assert s.first.wait(120)
+            assert s.flowing.wait(120)
         cluster.decode[0].kill()
         for s in streams:
             s.join()

@@ -23,8 +23,9 @@ import time
 import grpc
 import pytest
 
-from cluster_common import (UCX, WORKER_FLAGS, Process, Protos, http_get, http_request,
-                            wait_router_ready, wait_until)
+from cluster_common import (UCX, WORKER_FLAGS, GenerateStream, OnThread, Process, Protos,
+                            greedy_request, grpc_health, http_get, http_request, wait_router_ready,
+                            wait_until)
 
 # Tokens of each stream that must finish during the drain: enough that the streams still run
 # when the router gets its signal (after their first tokens) and while it refuses new requests,
@@ -106,19 +107,19 @@ class Router:
         self.proc.kill()
 
 
-class SseStream:
+class SseStream(OnThread):
     """One streamed POST /v1/completions read on a thread: the text of its events, its usage, the
     error event if any, whether "data: [DONE]" came, and when it ended."""
 
+    what = "the HTTP stream"
+
     def __init__(self, port, prompt, max_tokens):
         self.text, self.usage, self.finish, self.error = "", None, None, None
-        self.status, self.done, self.failure, self.ended_at = None, False, None, None
-        self.started = threading.Event()  # a few text events came (or the stream ended)
-        self._events = 0
+        self.status, self.done, self.failure = None, False, None
+        self._events = 0  # `flowing` after a few text events
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
                 "stream": True, "stream_options": {"include_usage": True}}
-        self.thread = threading.Thread(target=self._read, args=(port, body), daemon=True)
-        self.thread.start()
+        self.start(port, body)
 
     def _read(self, port, body):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
@@ -147,107 +148,50 @@ class SseStream:
                     self.finish = choice.get("finish_reason") or self.finish
                 self._events += 1
                 if self._events >= 4:
-                    self.started.set()
+                    self.flowing.set()
         except Exception as error:  # noqa: BLE001 -- a cut connection is what some tests look for
             self.failure = error
         finally:
             conn.close()
-            self.ended_at = time.monotonic()
-            self.started.set()
-
-    def join(self):
-        self.thread.join(timeout=300)
-        assert not self.thread.is_alive(), "the HTTP stream never ended"
-        return self
 
 
-class GrpcStream:
-    """One Generate call read on a thread: tokens, the last response, the error, when it ended."""
-
-    def __init__(self, stub, request):
-        self.tokens, self.last, self.error, self.ended_at = [], None, None, None
-        self.started = threading.Event()
-        self.thread = threading.Thread(target=self._read, args=(stub, request), daemon=True)
-        self.thread.start()
-
-    def _read(self, stub, request):
-        try:
-            for response in stub.Generate(request, timeout=300):
-                self.tokens.extend(response.token_ids)
-                if len(self.tokens) >= 4:
-                    self.started.set()
-                if response.finish_reason:
-                    self.last = response
-        except grpc.RpcError as error:
-            self.error = error
-        self.ended_at = time.monotonic()
-        self.started.set()
-
-    def join(self):
-        self.thread.join(timeout=300)
-        assert not self.thread.is_alive(), "the gRPC stream never ended"
-        return self
-
-
-class WholeRequest:
+class WholeRequest(OnThread):
     """One POST /v1/completions without streaming, on a thread, with a traceparent of its own so
     that the router's log line of its placement can be awaited: the status and the body."""
 
+    what = "the HTTP request"
+
     def __init__(self, port, prompt, max_tokens, trace_id):
         self.trace_id = trace_id
-        self.status, self.body, self.ended_at = None, None, None
+        self.status, self.body = None, None
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
         headers = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
-        self.thread = threading.Thread(target=self._send, args=(port, body, headers), daemon=True)
-        self.thread.start()
+        self.start(port, body, headers)
 
-    def _send(self, port, body, headers):
-        try:
-            self.status, self.body = http_request(port, "POST", "/v1/completions", body, headers,
-                                                  timeout=300)
-        finally:
-            self.ended_at = time.monotonic()
-
-    def join(self):
-        self.thread.join(timeout=300)
-        assert not self.thread.is_alive(), "the HTTP request never ended"
-        return self
+    def _read(self, port, body, headers):
+        self.status, self.body = http_request(port, "POST", "/v1/completions", body, headers,
+                                              timeout=300)
 
 
 def grpc_request(pb, max_tokens):
-    greedy = pb.inference.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    return pb.inference.GenerateRequest(prompt="Tell me about mountains.", sampling=greedy)
+    return greedy_request(pb, "Tell me about mountains.", max_tokens)
 
 
 def start_streams(router, pb, max_tokens):
     """Every prompt streamed over HTTP, one request over gRPC and one whole over HTTP, at once;
     returns when each stream brought its first tokens and the router placed the whole one."""
     http_streams = [SseStream(router.http_port, p, max_tokens) for p in PROMPTS]
-    grpc_stream = GrpcStream(router.stub(pb), grpc_request(pb, max_tokens))
+    grpc_stream = GenerateStream(router.stub(pb), grpc_request(pb, max_tokens))
     trace_id = f"{int(time.time() * 1e6):032x}"
     whole = WholeRequest(router.http_port, PROMPTS[0], max_tokens, trace_id)
     for s in [*http_streams, grpc_stream]:
-        assert s.started.wait(120), "a stream got no tokens"
+        assert s.flowing.wait(120), "a stream got no tokens"
         assert s.ended_at is None, "a stream ended before the drain"
     wait_until(lambda: any(trace_id in l and "placed on decode worker" in l
                            for l in router.proc.log),
                timeout=120, what="the whole request to be placed")
     assert whole.ended_at is None, "the whole request ended before the drain"
     return http_streams, grpc_stream, whole
-
-
-def grpc_health(address):
-    """grpc.health.v1 Check of the whole server, read by hand (one varint field): 1 SERVING,
-    2 NOT_SERVING, None when the call failed."""
-    with grpc.insecure_channel(address) as channel:
-        check = channel.unary_unary("/grpc.health.v1.Health/Check",
-                                    request_serializer=lambda b: b,
-                                    response_deserializer=lambda b: b)
-        try:
-            answer = check(b"", timeout=5)
-        except grpc.RpcError:
-            return None
-    return answer[1] if len(answer) == 2 and answer[0] == 0x08 else -1
 
 
 def assert_refuses_new_work(router, pb):
@@ -309,8 +253,7 @@ def test_streams_in_flight_finish_and_the_router_exits_when_they_end(pb, workers
             assert s.done and s.finish == "length"
             assert s.usage["completion_tokens"] == FINISH_TOKENS
             assert s.text == want.text
-        grpc_stream.join()
-        assert grpc_stream.error is None, (grpc_stream.error.code(), grpc_stream.error.details())
+        grpc_stream.join(ok=True)
         assert grpc_stream.tokens == reference_grpc.tokens
         assert grpc_stream.last.finish_reason == pb.inference.FINISH_REASON_LENGTH
         whole.join()

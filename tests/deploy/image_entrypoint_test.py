@@ -25,10 +25,9 @@ import signal
 import subprocess
 import tempfile
 
-import grpc
 import pytest
 
-from cluster_common import http_request, wait_until
+from cluster_common import grpc_health, http_request, wait_until
 from image_files import ENTRYPOINT, ROOT
 from netns_hosts import Network, unavailable_reason
 
@@ -210,16 +209,6 @@ WORKER_ENV = {"TANDEM_THREADS": "1", "TANDEM_KV_CACHE_MB": "64", "TANDEM_UCX_TLS
 ROUTER_ENV = {"TANDEM_LOCAL_PREFILL_THRESHOLD": "16"}
 
 
-def health_check(port):
-    """grpc.health.v1.Health/Check for the whole server, called raw (the health stubs are not a
-    dependency): the encoded HealthCheckResponse."""
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        check = channel.unary_unary("/grpc.health.v1.Health/Check",
-                                    request_serializer=lambda b: b,
-                                    response_deserializer=lambda b: b)
-        return check(b"", timeout=10)  # HealthCheckRequest{service: ""}
-
-
 def metric_sum(text, name):
     """The sum of a metric's samples (over its labels) in Prometheus text format."""
     return sum(float(line.split()[-1]) for line in text.splitlines()
@@ -290,7 +279,8 @@ def test_the_roles_run_as_pods_from_environment_variables_and_the_model_volume(n
                              {"TANDEM_MODELS_DIR": "/models",
                               "TANDEM_LISTEN": f"0.0.0.0:{WORKER_GRPC}",
                               "TANDEM_METRICS_LISTEN": f"0.0.0.0:{WORKER_METRICS}"})
-        assert health_check(net[role].forward(WORKER_GRPC)) == b"\x08\x01"  # status: SERVING
+        worker = f"127.0.0.1:{net[role].forward(WORKER_GRPC)}"
+        assert grpc_health(worker, timeout=10) == 1  # SERVING
         status, body = net[role].http_get(WORKER_METRICS, "/metrics")
         assert status == 200 and "# TYPE" in body, (status, body[:200])
     router = pods["router"]

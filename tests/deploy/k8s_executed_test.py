@@ -23,7 +23,6 @@ import json
 import os
 import pathlib
 import re
-import threading
 import time
 
 import grpc
@@ -39,7 +38,8 @@ if not k8s.kubectls():
     pytest.skip("no kubectl: install Debian's kubernetes-client (scripts/setup.sh) or set "
                 "TANDEM_KUBECTL", allow_module_level=True)
 
-from cluster_common import BIN, Protos, wait_until  # noqa: E402
+from cluster_common import (BIN, GenerateStream, Protos, WorkerPools,  # noqa: E402
+                            greedy_request, wait_until)
 
 NAMESPACE = "tandem"
 ENTRYPOINT = k8s.ROOT / "deploy" / "docker" / "entrypoint.sh"
@@ -88,7 +88,7 @@ def metric(samples, name, **labels):
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
-class Cluster:
+class Cluster(WorkerPools):
     """The pods, and ways in: the router Service's pods reached from the "node" namespace."""
 
     def __init__(self):
@@ -125,10 +125,6 @@ class Cluster:
         except BaseException:
             self.close()
             raise
-
-    @property
-    def workers(self):
-        return self.prefill + self.decode
 
     def close(self):
         for channel in getattr(self, "channels", {}).values():
@@ -173,44 +169,14 @@ def pb():
     return Protos()
 
 
-class Stream:
-    """One gRPC Generate call through a router, read on a thread."""
-
-    def __init__(self, pb, cluster, router, text, max_tokens):
-        stub = pb.inference_grpc.InferenceStub(cluster.channels[router.name])
-        self.request = pb.inference.GenerateRequest(
-            prompt=text, sampling=pb.inference.SamplingParams(max_tokens=max_tokens,
-                                                              temperature=0, ignore_eos=True))
-        self.tokens, self.last, self.error = [], None, None
-        self.flowing = threading.Event()
-        self.thread = threading.Thread(target=self._read, args=(stub,), daemon=True)
-        self.thread.start()
-
-    def _read(self, stub):
-        try:
-            for response in stub.Generate(self.request, timeout=300):
-                self.tokens.extend(response.token_ids)
-                if len(self.tokens) >= 2:
-                    self.flowing.set()
-                if response.finish_reason:
-                    self.last = response
-        except grpc.RpcError as error:
-            self.error = error
-        self.flowing.set()
-
-    def join(self, timeout=300):
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the stream never ended"
-        return self
-
-    def describe(self):
-        if self.error is not None:
-            return f"{self.error.code()}: {self.error.details()}"
-        return f"{len(self.tokens)} tokens, {self.last and self.last.timings}"
+def stream(pb, cluster, router, text, max_tokens):
+    """A greedy gRPC Generate call through a router, read on a thread."""
+    return GenerateStream(pb.inference_grpc.InferenceStub(cluster.channels[router.name]),
+                          greedy_request(pb, text, max_tokens), flowing_after=2)
 
 
 def generate(pb, cluster, router, text, max_tokens):
-    s = Stream(pb, cluster, router, text, max_tokens).join()
+    s = stream(pb, cluster, router, text, max_tokens).join()
     assert s.error is None, (s.describe(), cluster.pods.logs())
     assert len(s.tokens) == max_tokens, s.describe()
     return s
@@ -275,7 +241,7 @@ def test_b_a_decode_pod_killed_mid_stream_is_survived(cluster, pb):
                "Tell me about old libraries.", prompt("What did the clerks see at night?")]
     reference = [generate(pb, cluster, router, p, max_tokens).tokens for p in prompts]
     migrations = metric(cluster.metrics(router), "tandem_router_migrations_total")
-    streams = [Stream(pb, cluster, router, p, max_tokens) for p in prompts]
+    streams = [stream(pb, cluster, router, p, max_tokens) for p in prompts]
     for s in streams:
         assert s.flowing.wait(120), f"a stream got no tokens: {s.describe()}"
     load = {d.name: metric(cluster.metrics(d), "tandem_worker_running_sequences")

@@ -27,7 +27,6 @@ never hides them. Waits are on events (a log line, a metric, a client's stream),
 import http.client
 import json
 import re
-import threading
 import time
 
 import grpc
@@ -40,7 +39,8 @@ _why_not = netns_hosts.unavailable_reason()
 if _why_not:
     pytest.skip(f"network namespaces unavailable: {_why_not}", allow_module_level=True)
 
-from cluster_common import BIN, Protos, wait_router_ready, wait_until  # noqa: E402
+from cluster_common import (BIN, GenerateStream, OnThread, Protos, WorkerPools,  # noqa: E402
+                            greedy_request, wait_router_ready, wait_until)
 
 # The flags `tandem up` gives workers (cli/up.cc), with each host's own address; the default
 # model is found by the binaries. KV crosses hosts: UCX over TCP, not shared memory.
@@ -127,7 +127,7 @@ class Worker:
         return metric(self.metrics(), "tandem_worker_running_sequences") or 0
 
 
-class NetCluster:
+class NetCluster(WorkerPools):
     """A router on host "router" in front of prefill workers on hosts p0, p1, ... and decode
     workers on d0, d1, ...; the hosts are made here. stop() ends it all."""
 
@@ -154,10 +154,6 @@ class NetCluster:
             self.stop()
             raise
 
-    @property
-    def workers(self):
-        return self.prefill + self.decode
-
     def stop(self):
         if getattr(self, "channel", None) is not None:
             self.channel.close()
@@ -179,70 +175,29 @@ class NetCluster:
         return "".join(self.router.log[-lines:])
 
 
-def sampling(pb, max_tokens):
-    return pb.inference.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-
-
-class StreamReader:
-    """A client stream read on `self.thread`."""
-
-    def join(self, timeout=300):
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the stream never ended"
-        return self
-
-
-class GrpcStream(StreamReader):
-    """One Generate call read on a thread: tokens, the last response, the error, and when
-    (time.monotonic) the first tokens came and the stream ended."""
-
-    def __init__(self, pb, cluster, prompt, max_tokens):
-        self.request = pb.inference.GenerateRequest(prompt=prompt,
-                                                    sampling=sampling(pb, max_tokens))
-        self.stub = pb.inference_grpc.InferenceStub(cluster.channel)
-        self.tokens, self.last, self.error, self.ended_at = [], None, None, None
-        self.flowing = threading.Event()
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        try:
-            for response in self.stub.Generate(self.request, timeout=300):
-                self.tokens.extend(response.token_ids)
-                if len(self.tokens) >= 2:
-                    self.flowing.set()
-                if response.finish_reason:
-                    self.last = response
-        except grpc.RpcError as error:
-            self.error = error
-        self.ended_at = time.monotonic()
-        self.flowing.set()
-
-    def describe(self):
-        if self.error is not None:
-            return f"{self.error.code()}: {self.error.details()}"
-        return f"{len(self.tokens)} tokens, {self.last and self.last.timings}"
+def grpc_stream(pb, cluster, prompt, max_tokens):
+    """A greedy Generate call through the cluster's router, read on a thread."""
+    return GenerateStream(pb.inference_grpc.InferenceStub(cluster.channel),
+                          greedy_request(pb, prompt, max_tokens), flowing_after=2)
 
 
 def generate(pb, cluster, prompt, max_tokens):
     """A whole Generate call; its stream, which must have succeeded."""
-    s = GrpcStream(pb, cluster, prompt, max_tokens).join()
+    s = grpc_stream(pb, cluster, prompt, max_tokens).join()
     assert s.error is None, (s.describe(), cluster.log())
     assert len(s.tokens) == max_tokens, s.describe()
     return s
 
 
-class SseStream(StreamReader):
+class SseStream(OnThread):
     """One streaming OpenAI request (/v1/completions or /v1/chat/completions) read on a thread:
     its "data: " payloads with the time each came."""
 
     def __init__(self, cluster, path, body):
         self.path, self.body = path, dict(body, stream=True)
         self.port = cluster.http_port
-        self.status, self.events, self.failure, self.ended_at = None, [], None, None
-        self.flowing = threading.Event()
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
+        self.status, self.events, self.failure = None, [], None
+        self.start()
 
     def _read(self):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
@@ -264,8 +219,6 @@ class SseStream(StreamReader):
             self.failure = error
         finally:
             conn.close()
-            self.ended_at = time.monotonic()
-            self.flowing.set()
 
     def payloads(self):
         return [p for _, p in self.events]
@@ -313,7 +266,7 @@ def test_a_decode_host_cut_mid_stream_moves_its_streams(pb):
     try:
         reference = [generate(pb, cluster, p, max_tokens).tokens for p in prompts]
         migrations_before = metric(cluster.metrics(), "tandem_router_migrations_total") or 0
-        streams = [GrpcStream(pb, cluster, p, max_tokens) for p in prompts]
+        streams = [grpc_stream(pb, cluster, p, max_tokens) for p in prompts]
         for s in streams:
             assert s.flowing.wait(120), "a stream got no tokens"
         load = {w.id: w.running() for w in cluster.decode}
@@ -351,7 +304,7 @@ def test_b_the_only_decode_host_cut_ends_streams_with_a_clean_error(pb):
     try:
         decode = cluster.decode[0]
         total = total_blocks(decode)
-        grpc_streams = [GrpcStream(pb, cluster, p, 400)
+        grpc_streams = [grpc_stream(pb, cluster, p, 400)
                         for p in ("Tell a long story.", LONG + "Tell a long story about them.")]
         body = {"max_tokens": 400, "temperature": 0, "ignore_eos": True}
         sse_streams = [
@@ -420,7 +373,7 @@ def test_c_a_prefill_host_cut_mid_transfer_leaks_no_block(pb):
         for w in cluster.prefill:
             print(cluster.net.shape(w.host, rate_mbit=rate_mbit))
         prompt = "Who kept the last lighthouse? " + LONG * 2  # no prefix cached anywhere
-        stream = GrpcStream(pb, cluster, prompt, max_tokens)
+        stream = grpc_stream(pb, cluster, prompt, max_tokens)
         # A prefill worker holds the prompt's blocks from its first step until the last write to
         # the decode worker ended (it computes in a fraction of the transfer's time).
         busy = wait_until(lambda: next((w for w in cluster.prefill if (w.blocks()[1] or 0) > 0),
