@@ -117,16 +117,17 @@ class ServeTest : public ::testing::Test {
   int Serve(ServeOptions options) {
     options.await_signal = signals_.waiter();
     options.drainables = {&a_, &b_};
-    absl::Notification ready;
-    thread_ = std::thread([this, options, &ready] {
+    // A member, not a local: the thread reads it again after ServeUntilSignal returns, long
+    // after this function has (a local here was read after its scope ended and crashed a test).
+    thread_ = std::thread([this, options] {
       result_ = ServeUntilSignal("127.0.0.1:0", {}, [&](int port) {
         port_ = port;
-        ready.Notify();
+        ready_.Notify();
       }, options);
-      if (!ready.HasBeenNotified()) ready.Notify();
+      if (!ready_.HasBeenNotified()) ready_.Notify();
       returned_.Notify();
     });
-    ready.WaitForNotification();
+    ready_.WaitForNotification();
     return port_;
   }
   void TearDown() override {
@@ -145,6 +146,7 @@ class ServeTest : public ::testing::Test {
   std::thread thread_;
   int port_ = 0;
   absl::Status result_;
+  absl::Notification ready_;
   absl::Notification returned_;
 };
 

@@ -136,7 +136,8 @@ def load_sample(g):
         prefix_hit_tokens=1 << 40, prompt_tokens=(1 << 41) + 7, step_elapsed_us=1700000,
         finished_seqs=4242,
         queued_by_priority=[g.worker.QueuedClass(priority=2, tokens=96, prompts=1),
-                            g.worker.QueuedClass(priority=-1, tokens=4000, prompts=3)])
+                            g.worker.QueuedClass(priority=-1, tokens=4000, prompts=3)],
+        draining=True)
 
 
 def kv_pool(g):
