@@ -147,6 +147,27 @@ class Renderer {
     return Step(line);
   }
 
+  // A string or list this big may not be built: values are bounded like the output, so a
+  // template cannot exhaust memory by doubling a string or a list (strings are copied into
+  // lists; nested lists and dicts are shared, so a list costs its own items' bytes).
+  absl::Status Fits(int64_t bytes, int line) const {
+    if (bytes > options_.limits.max_output_bytes) {
+      // line 0 (a method call): the call adds its line.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          line > 0 ? absl::StrCat("line ", line, ": ") : "", "a value would take more than ",
+          options_.limits.max_output_bytes, " bytes"));
+    }
+    return absl::OkStatus();
+  }
+  static int64_t ListBytes(const ValueList& items) {
+    int64_t bytes = 0;
+    for (const Value& v : items) {
+      bytes += static_cast<int64_t>(sizeof(Value)) +
+               (v.is_string() ? static_cast<int64_t>(v.string_value().size()) : 0);
+    }
+    return bytes;
+  }
+
   absl::Status Step(int line) {
     if (++steps_ > options_.limits.max_steps) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -697,10 +718,11 @@ class Renderer {
       RETURN_IF_ERROR(need_string(a0));
       RETURN_IF_ERROR(need_string(a1));
       const Value* count = Arg(args, 2, "count");
-      return Value::String(Replace(s, a0->string_value(), a1->string_value(),
-                                   count != nullptr && count->kind() == Value::Kind::kInt
-                                       ? count->int_value()
-                                       : -1));
+      return ReplaceValue(s, a0->string_value(), a1->string_value(),
+                          count != nullptr && count->kind() == Value::Kind::kInt
+                              ? count->int_value()
+                              : -1,
+                          0);
     }
     if (name == "find" || name == "count") {
       RETURN_IF_ERROR(need_string(a0));
@@ -721,8 +743,11 @@ class Renderer {
       if (a0 == nullptr) return need_string(a0);
       ASSIGN_OR_RETURN(ValueList items, Iterate(*a0, 0));
       std::vector<std::string> parts;
+      int64_t bytes = 0;
       for (const Value& v : items) {
         RETURN_IF_ERROR(need_string(&v));
+        bytes += static_cast<int64_t>(v.string_value().size() + s.size());
+        RETURN_IF_ERROR(Fits(bytes, 0));
         parts.push_back(v.string_value());
       }
       return Value::String(absl::StrJoin(parts, s));
@@ -748,6 +773,27 @@ class Renderer {
       return Value::Bool(all);
     }
     return absl::FailedPreconditionError(absl::StrCat("str.", name, "() is not supported"));
+  }
+
+  // str.replace; RESOURCE_EXHAUSTED when the result would pass the output limit.
+  absl::StatusOr<Value> ReplaceValue(const std::string& s, const std::string& from,
+                                     const std::string& to, int64_t count, int line) const {
+    // The result's size before building it: s plus (to - from) per replacement.
+    int64_t n = 0;
+    if (from.empty()) {
+      n = static_cast<int64_t>(Codepoints(s).size()) + 1;
+    } else {
+      for (size_t at = s.find(from); at != std::string::npos && (count < 0 || n < count);
+           at = s.find(from, at + from.size())) {
+        ++n;
+      }
+    }
+    if (count >= 0) n = std::min(n, count);
+    RETURN_IF_ERROR(Fits(static_cast<int64_t>(s.size()) +
+                             n * (static_cast<int64_t>(to.size()) -
+                                  static_cast<int64_t>(from.size())),
+                         line));
+    return Value::String(Replace(s, from, to, count));
   }
 
   static std::string Replace(const std::string& s, const std::string& from, const std::string& to,
@@ -838,7 +884,9 @@ class Renderer {
     const std::string& op = e.name;
     if (op == "~") {
       std::string s = a.Str();
-      s += b.Str();
+      const std::string t = b.Str();
+      RETURN_IF_ERROR(Fits(static_cast<int64_t>(s.size() + t.size()), e.line));
+      s += t;
       return Value::String(std::move(s));
     }
     const auto as_number = [](const Value& v) -> Value {
@@ -892,9 +940,12 @@ class Renderer {
       }
     }
     if (op == "+" && a.is_string() && b.is_string()) {
+      RETURN_IF_ERROR(
+          Fits(static_cast<int64_t>(a.string_value().size() + b.string_value().size()), e.line));
       return Value::String(a.string_value() + b.string_value());
     }
     if (op == "+" && a.is_list() && b.is_list()) {
+      RETURN_IF_ERROR(Fits(ListBytes(a.list()) + ListBytes(b.list()), e.line));
       ValueList out = a.list();
       out.insert(out.end(), b.list().begin(), b.list().end());
       return Value::List(std::move(out), a.is_tuple() && b.is_tuple());
@@ -914,8 +965,9 @@ class Renderer {
   absl::StatusOr<Value> RepeatSequence(const Value& a, int64_t count, int line) {
     {
       const int64_t n = std::max<int64_t>(0, count);
-      const int64_t size = a.is_string() ? a.string_value().size() : a.list().size();
-      if (n * std::max<int64_t>(size, 1) > options_.limits.max_output_bytes) {
+      const int64_t size = a.is_string() ? a.string_value().size() : ListBytes(a.list());
+      if (n > options_.limits.max_output_bytes ||
+          n * std::max<int64_t>(size, 1) > options_.limits.max_output_bytes) {
         return absl::ResourceExhaustedError(absl::StrCat("line ", line, ": repetition too large"));
       }
       if (a.is_string()) {
