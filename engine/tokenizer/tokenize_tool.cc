@@ -9,8 +9,14 @@
 //       output: the decoded strings (invalid UTF-8 replaced by U+FFFD).
 //   tokenize_tool [--model=M.gguf] --chat < {"messages": [{"role":..., "content":...}],
 //                                            "add_generation_prompt": true, "bos_token": "",
-//                                            "template": "..." (default: the model's)}
-//       output: {"text": "..."} or {"error": "INVALID_ARGUMENT", "message": "..."} (exit 1).
+//                                            "eos_token": "", "tools": [...], "now": unix_seconds,
+//                                            "template": "..." (default: the model's),
+//                                            "builtin": false}
+//       renders with ChatTemplate as a server does: the template given, else the model's
+//       (ChatTemplate::ForModel); bos/eos default to the model's tokens. "builtin": true uses the
+//       built-in renderer the template is recognized as (ChatTemplate::Recognize) instead.
+//       output: {"text": "...", "kind": "jinja"|"chatml"|"llama3"} or
+//               {"error": "INVALID_ARGUMENT", "message": "..."} (exit 1).
 //   tokenize_tool --jinja < {"template": "...", "context": {...}, "now": unix_seconds}
 //       renders a Jinja template with the JSON context (jinja.h); output as for --chat.
 #include <cstdio>
@@ -132,28 +138,40 @@ int main(int argc, char** argv) {
   }
 
   if (chat) {
-    const json request = json::parse(input, nullptr, /*allow_exceptions=*/false);
+    const Json request = Json::parse(input, nullptr, /*allow_exceptions=*/false);
     if (!request.is_object() || !request.contains("messages")) {
       return Fail(absl::InvalidArgumentError("chat: expected {\"messages\": [...]}"));
     }
-    std::string tmpl;
-    if (request.contains("template")) {
-      tmpl = request["template"].get<std::string>();
+    absl::StatusOr<tandem::ChatTemplate> chat_template =
+        absl::InvalidArgumentError("chat: give --model or a \"template\"");
+    const bool builtin = request.value("builtin", false);
+    if (request.contains("template") || (builtin && tokenizer)) {
+      const std::string tmpl = request.contains("template")
+                                   ? request["template"].get<std::string>()
+                                   : tokenizer->data().chat_template;
+      chat_template = builtin ? tandem::ChatTemplate::Recognize(tmpl)
+                              : tandem::ChatTemplate::FromJinja(tmpl);
     } else if (tokenizer) {
-      tmpl = tokenizer->data().chat_template;
+      chat_template = tandem::ChatTemplate::ForModel(*tokenizer);
     }
-    auto chat_template = tandem::ChatTemplate::FromJinja(tmpl);
     if (!chat_template.ok()) return Fail(chat_template.status());
     std::vector<tandem::ChatMessage> messages;
     for (const auto& m : request["messages"]) {
       messages.push_back({m.value("role", ""), m.value("content", "")});
     }
     tandem::ChatTemplate::RenderOptions options;
+    if (tokenizer) options = tandem::ChatTemplate::OptionsFor(*tokenizer);
     options.add_generation_prompt = request.value("add_generation_prompt", true);
-    options.bos_token = request.value("bos_token", "");
+    options.bos_token = request.value("bos_token", options.bos_token);
+    options.eos_token = request.value("eos_token", options.eos_token);
+    if (request.contains("tools")) options.tools = FromJson(request["tools"]);
+    options.now = absl::FromUnixSeconds(request.value("now", int64_t{0}));
     auto text = chat_template->Render(messages, options);
     if (!text.ok()) return Fail(text.status());
-    std::cout << Dump(json{{"text", *text}}) << "\n";
+    const char* kind = "jinja";
+    if (chat_template->kind() == tandem::ChatTemplateKind::kChatMl) kind = "chatml";
+    if (chat_template->kind() == tandem::ChatTemplateKind::kLlama3) kind = "llama3";
+    std::cout << Dump(json{{"text", *text}, {"kind", kind}}) << "\n";
     return 0;
   }
 
