@@ -68,8 +68,11 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(const std::string
         model_path, ": the tokenizer has ", engine->tokenizer_->vocab_size(),
         " tokens but the model's vocabulary is ", engine->model_.config.vocab_size));
   }
-  const std::string& jinja = engine->tokenizer_->data().chat_template;
-  if (!jinja.empty()) engine->chat_template_ = ChatTemplate::FromJinja(jinja);
+  engine->chat_template_ = ChatTemplate::ForModel(*engine->tokenizer_);
+  if (!engine->chat_template_.ok()) {
+    LOG(WARNING) << model_path << ": chat requests will be refused: "
+                 << engine->chat_template_.status().message();
+  }
   if (options.backend != nullptr) {
     ASSIGN_OR_RETURN(engine->backend_, options.backend(engine->model_));
   } else {
@@ -115,12 +118,12 @@ std::vector<int32_t> LocalEngine::EncodePrompt(absl::string_view text) const {
 
 absl::StatusOr<std::vector<int32_t>> LocalEngine::EncodeChat(
     const std::vector<ChatMessage>& messages) const {
-  RETURN_IF_ERROR(chat_template_.status());
-  const int32_t bos = tokenizer_->bos_id();
-  ASSIGN_OR_RETURN(
-      std::string text,
-      chat_template_->Render(messages, {.add_generation_prompt = true,
-                                        .bos_token = bos >= 0 ? tokenizer_->TokenBytes(bos) : ""}));
+  if (!chat_template_.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("the model has no usable chat template: ",
+                                                   chat_template_.status().message()));
+  }
+  ASSIGN_OR_RETURN(std::string text,
+                   chat_template_->Render(messages, ChatTemplate::OptionsFor(*tokenizer_)));
   return tokenizer_->Encode(text, {.add_special = false, .parse_special = true});
 }
 

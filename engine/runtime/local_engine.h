@@ -142,13 +142,16 @@ class LocalEngine {
 
   const ModelConfig& config() const { return model_.config; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
-  // The model's chat template, or the error that explains why it cannot be rendered.
+  // The model's chat renderer (ChatTemplate::ForModel: its Jinja template, else a built-in one),
+  // or the error that explains why it has none.
   const absl::StatusOr<ChatTemplate>& chat_template() const { return chat_template_; }
   int64_t kv_pool_bytes() const;
 
   // The prompt's token ids (BOS added as the model asks; special tokens in the text are parsed).
   std::vector<int32_t> EncodePrompt(absl::string_view text) const;
   // The chat rendered by the model's template, with the generation prompt, as token ids.
+  // INVALID_ARGUMENT when the model has no usable template or the template refuses the chat
+  // (its message).
   absl::StatusOr<std::vector<int32_t>> EncodeChat(const std::vector<ChatMessage>& messages) const;
 
   using DeltaCallback = std::function<void(const GenerationDelta&)>;

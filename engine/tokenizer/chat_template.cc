@@ -5,6 +5,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/unicode.h"
 
 namespace tandem {
@@ -42,10 +44,59 @@ std::string PythonStrip(absl::string_view s) {
 }  // namespace
 
 ChatTemplate ChatTemplate::Of(ChatTemplateKind kind, std::string default_system) {
+  CHECK(kind != ChatTemplateKind::kJinja) << "ChatTemplate::Of takes a built-in kind";
   return ChatTemplate(kind, std::move(default_system));
 }
 
+absl::StatusOr<ChatTemplate> ChatTemplate::ForModel(const Tokenizer& tokenizer) {
+  const std::string& jinja = tokenizer.data().chat_template;
+  if (!jinja.empty()) return FromJinja(jinja);
+  const auto has = [&](absl::string_view token) { return tokenizer.TokenToId(token) >= 0; };
+  if (has("<|im_start|>") && has("<|im_end|>")) return Of(ChatTemplateKind::kChatMl);
+  if (has("<|start_header_id|>") && has("<|end_header_id|>") && has("<|eot_id|>")) {
+    return Of(ChatTemplateKind::kLlama3);
+  }
+  return absl::NotFoundError(
+      "chat template: the model has no chat template (tokenizer.chat_template), and its "
+      "vocabulary has neither ChatML (<|im_start|>, <|im_end|>) nor Llama 3 "
+      "(<|start_header_id|>, <|end_header_id|>, <|eot_id|>) tokens; give the prompt as plain "
+      "text instead");
+}
+
+ChatTemplate::RenderOptions ChatTemplate::OptionsFor(const Tokenizer& tokenizer) {
+  RenderOptions options;
+  options.add_generation_prompt = true;
+  if (tokenizer.bos_id() >= 0) options.bos_token = tokenizer.TokenBytes(tokenizer.bos_id());
+  if (tokenizer.eos_id() >= 0) options.eos_token = tokenizer.TokenBytes(tokenizer.eos_id());
+  return options;
+}
+
 absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(absl::string_view jinja) {
+  if (jinja.empty()) {
+    return absl::InvalidArgumentError("chat template: the template is empty");
+  }
+  absl::StatusOr<jinja::Template> parsed = jinja::Template::Parse(jinja);
+  if (parsed.ok()) {
+    ChatTemplate t(ChatTemplateKind::kJinja, "");
+    t.jinja_ = *std::move(parsed);
+    return t;
+  }
+  absl::StatusOr<ChatTemplate> builtin = Recognize(jinja);
+  if (!builtin.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chat template: the model's template does not parse (", parsed.status().message(),
+        ") and is not one the built-in renderers reproduce (", builtin.status().message(),
+        ")"));
+  }
+  builtin->fallback_reason_ = std::string(parsed.status().message());
+  LOG(WARNING) << "the model's chat template does not parse (" << parsed.status().message()
+               << "); using the built-in "
+               << (builtin->kind() == ChatTemplateKind::kLlama3 ? "Llama 3" : "ChatML")
+               << " renderer, which reproduces it";
+  return builtin;
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::Recognize(absl::string_view jinja) {
   if (jinja.empty()) {
     return absl::InvalidArgumentError("chat template: the model has no chat template");
   }
@@ -106,6 +157,35 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
           "' (expected system, user, assistant or tool)"));
     }
   }
+  if (kind_ != ChatTemplateKind::kJinja) return RenderBuiltin(messages, options);
+  // The variables transformers' apply_chat_template passes.
+  jinja::ValueList list;
+  list.reserve(messages.size());
+  for (const ChatMessage& m : messages) {
+    jinja::ValueDict message;
+    message.Set("role", jinja::Value::String(m.role));
+    message.Set("content", jinja::Value::String(m.content));
+    list.push_back(jinja::Value::Dict(std::move(message)));
+  }
+  jinja::ValueDict context;
+  context.Set("messages", jinja::Value::List(std::move(list)));
+  context.Set("add_generation_prompt", jinja::Value::Bool(options.add_generation_prompt));
+  context.Set("bos_token", jinja::Value::String(options.bos_token));
+  context.Set("eos_token", jinja::Value::String(options.eos_token));
+  if (options.tools.has_value()) context.Set("tools", *options.tools);
+  absl::StatusOr<std::string> text = jinja_->Render(
+      jinja::Value::Dict(std::move(context)), {.limits = options.limits, .now = options.now});
+  if (!text.ok()) {
+    // Whatever the template raised is about this conversation: the request is bad, not the
+    // server (HTTP 400, whatever the engine's code was).
+    return absl::InvalidArgumentError(
+        absl::StrCat("chat template: ", text.status().message()));
+  }
+  return text;
+}
+
+absl::StatusOr<std::string> ChatTemplate::RenderBuiltin(const std::vector<ChatMessage>& messages,
+                                                        const RenderOptions& options) const {
   std::string out;
   switch (kind_) {
     case ChatTemplateKind::kChatMl:
@@ -128,6 +208,8 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
         absl::StrAppend(&out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
       }
       break;
+    case ChatTemplateKind::kJinja:
+      return absl::InternalError("chat template: not a built-in renderer");
   }
   return out;
 }

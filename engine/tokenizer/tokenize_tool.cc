@@ -9,8 +9,16 @@
 //       output: the decoded strings (invalid UTF-8 replaced by U+FFFD).
 //   tokenize_tool [--model=M.gguf] --chat < {"messages": [{"role":..., "content":...}],
 //                                            "add_generation_prompt": true, "bos_token": "",
-//                                            "template": "..." (default: the model's)}
-//       output: {"text": "..."} or {"error": "INVALID_ARGUMENT", "message": "..."} (exit 1).
+//                                            "eos_token": "", "tools": [...], "now": unix_seconds,
+//                                            "template": "..." (default: the model's),
+//                                            "builtin": false}
+//       renders with ChatTemplate as a server does: the template given, else the model's
+//       (ChatTemplate::ForModel); bos/eos default to the model's tokens. "builtin": true uses the
+//       built-in renderer the template is recognized as (ChatTemplate::Recognize) instead.
+//       output: {"text": "...", "kind": "jinja"|"chatml"|"llama3"} or
+//               {"error": "INVALID_ARGUMENT", "message": "..."} (exit 1).
+//   tokenize_tool --jinja < {"template": "...", "context": {...}, "now": unix_seconds}
+//       renders a Jinja template with the JSON context (jinja.h); output as for --chat.
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -19,9 +27,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/time/time.h"
 #include "engine/model/gguf.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
+#include "engine/tokenizer/jinja.h"
 #include "engine/tokenizer/streaming_detokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/unicode.h"
@@ -41,11 +51,36 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+using Json = nlohmann::ordered_json;
+
+tandem::jinja::Value FromJson(const Json& j) {
+  using tandem::jinja::Value;
+  switch (j.type()) {
+    case Json::value_t::null: return Value::None();
+    case Json::value_t::boolean: return Value::Bool(j.get<bool>());
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return Value::Int(j.get<int64_t>());
+    case Json::value_t::number_float: return Value::Float(j.get<double>());
+    case Json::value_t::string: return Value::String(j.get<std::string>());
+    case Json::value_t::array: {
+      tandem::jinja::ValueList items;
+      for (const auto& item : j) items.push_back(FromJson(item));
+      return Value::List(std::move(items));
+    }
+    case Json::value_t::object: {
+      tandem::jinja::ValueDict dict;
+      for (const auto& [k, v] : j.items()) dict.Set(k, FromJson(v));
+      return Value::Dict(std::move(dict));
+    }
+    default: return Value::None();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string model_path;
-  bool add_special = false, parse_special = true, decode = false, chat = false;
+  bool add_special = false, parse_special = true, decode = false, chat = false, jinja = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (absl::StartsWith(arg, "--model=")) {
@@ -56,6 +91,8 @@ int main(int argc, char** argv) {
       parse_special = false;
     } else if (arg == "--decode") {
       decode = true;
+    } else if (arg == "--jinja") {
+      jinja = true;
     } else if (arg == "--chat") {
       chat = true;
     } else {
@@ -65,6 +102,26 @@ int main(int argc, char** argv) {
   }
   const std::string input((std::istreambuf_iterator<char>(std::cin)),
                           std::istreambuf_iterator<char>());
+
+  if (jinja) {
+    // nlohmann keeps object keys sorted unless ordered_json; the context's order matters for
+    // dict iteration, so parse with ordered_json.
+    const nlohmann::ordered_json request =
+        nlohmann::ordered_json::parse(input, nullptr, /*allow_exceptions=*/false);
+    if (!request.is_object() || !request.contains("template")) {
+      return Fail(absl::InvalidArgumentError("jinja: expected {\"template\": ..., \"context\": {...}}"));
+    }
+    auto tmpl = tandem::jinja::Template::Parse(request["template"].get<std::string>());
+    if (!tmpl.ok()) return Fail(tmpl.status());
+    tandem::jinja::RenderOptions options;
+    options.now = absl::FromUnixSeconds(request.value("now", int64_t{0}));
+    auto text = tmpl->Render(FromJson(request.contains("context") ? request["context"]
+                                                                         : nlohmann::ordered_json::object()),
+                             options);
+    if (!text.ok()) return Fail(text.status());
+    std::cout << Dump(json{{"text", *text}}) << "\n";
+    return 0;
+  }
 
   std::unique_ptr<tandem::GgufFile> gguf;
   std::unique_ptr<tandem::Tokenizer> tokenizer;
@@ -81,28 +138,40 @@ int main(int argc, char** argv) {
   }
 
   if (chat) {
-    const json request = json::parse(input, nullptr, /*allow_exceptions=*/false);
+    const Json request = Json::parse(input, nullptr, /*allow_exceptions=*/false);
     if (!request.is_object() || !request.contains("messages")) {
       return Fail(absl::InvalidArgumentError("chat: expected {\"messages\": [...]}"));
     }
-    std::string tmpl;
-    if (request.contains("template")) {
-      tmpl = request["template"].get<std::string>();
+    absl::StatusOr<tandem::ChatTemplate> chat_template =
+        absl::InvalidArgumentError("chat: give --model or a \"template\"");
+    const bool builtin = request.value("builtin", false);
+    if (request.contains("template") || (builtin && tokenizer)) {
+      const std::string tmpl = request.contains("template")
+                                   ? request["template"].get<std::string>()
+                                   : tokenizer->data().chat_template;
+      chat_template = builtin ? tandem::ChatTemplate::Recognize(tmpl)
+                              : tandem::ChatTemplate::FromJinja(tmpl);
     } else if (tokenizer) {
-      tmpl = tokenizer->data().chat_template;
+      chat_template = tandem::ChatTemplate::ForModel(*tokenizer);
     }
-    auto chat_template = tandem::ChatTemplate::FromJinja(tmpl);
     if (!chat_template.ok()) return Fail(chat_template.status());
     std::vector<tandem::ChatMessage> messages;
     for (const auto& m : request["messages"]) {
       messages.push_back({m.value("role", ""), m.value("content", "")});
     }
     tandem::ChatTemplate::RenderOptions options;
+    if (tokenizer) options = tandem::ChatTemplate::OptionsFor(*tokenizer);
     options.add_generation_prompt = request.value("add_generation_prompt", true);
-    options.bos_token = request.value("bos_token", "");
+    options.bos_token = request.value("bos_token", options.bos_token);
+    options.eos_token = request.value("eos_token", options.eos_token);
+    if (request.contains("tools")) options.tools = FromJson(request["tools"]);
+    options.now = absl::FromUnixSeconds(request.value("now", int64_t{0}));
     auto text = chat_template->Render(messages, options);
     if (!text.ok()) return Fail(text.status());
-    std::cout << Dump(json{{"text", *text}}) << "\n";
+    const char* kind = "jinja";
+    if (chat_template->kind() == tandem::ChatTemplateKind::kChatMl) kind = "chatml";
+    if (chat_template->kind() == tandem::ChatTemplateKind::kLlama3) kind = "llama3";
+    std::cout << Dump(json{{"text", *text}, {"kind", kind}}) << "\n";
     return 0;
   }
 

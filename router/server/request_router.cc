@@ -30,8 +30,11 @@ absl::StatusOr<std::unique_ptr<RequestRouter>> RequestRouter::Create(const Route
   auto router = std::unique_ptr<RequestRouter>(new RequestRouter(options, registry));
   ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(options.model_path));
   ASSIGN_OR_RETURN(router->tokenizer_, TokenizerFromGguf(*file));
-  const std::string& jinja = router->tokenizer_->data().chat_template;
-  if (!jinja.empty()) router->chat_template_ = ChatTemplate::FromJinja(jinja);
+  router->chat_template_ = ChatTemplate::ForModel(*router->tokenizer_);
+  if (!router->chat_template_.ok()) {
+    LOG(WARNING) << options.model_path << ": chat requests will be refused: "
+                 << router->chat_template_.status().message();
+  }
   router->file_model_id_ = std::filesystem::path(options.model_path).stem().string();
   absl::StatusOr<absl::string_view> arch = file->GetString("general.architecture");
   if (arch.ok()) {
@@ -87,12 +90,8 @@ absl::StatusOr<std::vector<int32_t>> RequestRouter::Encode(const v1::GenerateReq
         messages.push_back({m.role(), m.content()});
       }
       if (messages.empty()) return absl::InvalidArgumentError("the chat has no messages");
-      const int32_t bos = tokenizer_->bos_id();
       ASSIGN_OR_RETURN(std::string text,
-                       chat_template_->Render(messages, {.add_generation_prompt = true,
-                                                         .bos_token = bos >= 0
-                                                                          ? tokenizer_->TokenBytes(bos)
-                                                                          : ""}));
+                       chat_template_->Render(messages, ChatTemplate::OptionsFor(*tokenizer_)));
       return tokenizer_->Encode(text, {.add_special = false, .parse_special = true});
     }
     case v1::GenerateRequest::kTokenIds:

@@ -404,5 +404,34 @@ def test_chat_template_errors():
     rc, out, _ = run_tool(["--chat"], {"messages": [{"role": "wizard", "content": "x"}],
                                        "template": LLAMA3_TEMPLATE})
     assert rc == 1 and out["error"] == "INVALID_ARGUMENT" and "wizard" in out["message"]
-    rc, out, _ = run_tool(["--chat"], {"messages": [], "template": "{{ messages[0] }}"})
-    assert rc == 1 and out["error"] == "UNIMPLEMENTED"
+    # A template that raises for this conversation: the request is refused with its message.
+    alternate = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                 "{{ raise_exception('roles must alternate') }}{% endif %}{% endfor %}")
+    rc, out, _ = run_tool(["--chat"], {"messages": [{"role": "user", "content": "a"}] * 2,
+                                       "template": alternate})
+    assert rc == 1 and out["error"] == "INVALID_ARGUMENT" and "roles must alternate" in out["message"]
+    # jinja2 raises too, as transformers defines raise_exception.
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    with pytest.raises(jinja2.TemplateError, match="roles must alternate"):
+        env.from_string(alternate).render(messages=[{"role": "user", "content": "a"}] * 2)
+    # A template that does not parse and is no built-in family: refused, naming the parse error.
+    rc, out, _ = run_tool(["--chat"], {"messages": [], "template": "{% if messages %}"})
+    assert rc == 1 and out["error"] == "INVALID_ARGUMENT" and "line 1" in out["message"]
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_default_model_template_runs_as_jinja_and_matches_builtin_chatml(add_generation_prompt):
+    # The default model (SmolLM2) ships its template; it is rendered by the Jinja engine, and the
+    # built-in ChatML renderer it used before gives the same bytes (both equal jinja2's, above).
+    for messages in CONVERSATIONS:
+        request = {"messages": messages, "add_generation_prompt": add_generation_prompt}
+        rc, jinja_out, err = run_tool([f"--model={MODEL}", "--chat"], request)
+        assert rc == 0, err
+        assert jinja_out["kind"] == "jinja"
+        rc, builtin_out, err = run_tool([f"--model={MODEL}", "--chat"], {**request, "builtin": True})
+        assert rc == 0, err
+        assert builtin_out["kind"] == "chatml"
+        assert jinja_out["text"] == builtin_out["text"], f"messages={messages}"
