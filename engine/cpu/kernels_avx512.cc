@@ -171,7 +171,7 @@ void RowDot2Quant(const void* w_row, int64_t w_row_bytes, const void* x, int64_t
   }
 }
 
-const RowDot2Fn kRowDot2[6] = {nullptr, nullptr, nullptr, nullptr, RowDot2Quant<1>,
+const RowDot2Fn kRowDot2[kNumDTypes] = {nullptr, nullptr, nullptr, nullptr, RowDot2Quant<1>,
                                RowDot2Quant<2>};
 
 // ---- packed tiles (packed_weights.h) -----------------------------------------------------------
