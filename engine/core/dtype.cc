@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -23,9 +24,34 @@ absl::string_view DTypeName(DType type) {
       return "Q4_0";
     case DType::kQ4_1:
       return "Q4_1";
+    case DType::kQ5_0:
+      return "Q5_0";
+    case DType::kQ5_1:
+      return "Q5_1";
+    case DType::kIQ4_NL:
+      return "IQ4_NL";
+    case DType::kQ4_K:
+      return "Q4_K";
+    case DType::kQ5_K:
+      return "Q5_K";
+    case DType::kQ6_K:
+      return "Q6_K";
+    case DType::kQ8_K:
+      return "Q8_K";
   }
   return "?";
 }
+
+namespace {
+
+// "F32, F16, ..., Q8_K": every supported type, for error messages.
+std::string SupportedNames() {
+  std::string names;
+  for (DType t : kAllDTypes) absl::StrAppend(&names, names.empty() ? "" : ", ", DTypeName(t));
+  return names;
+}
+
+}  // namespace
 
 absl::StatusOr<DType> ParseDType(absl::string_view name) {
   const std::string upper = absl::AsciiStrToUpper(name);
@@ -33,10 +59,24 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
     if (DTypeName(t) == upper) return t;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown tensor type '", name, "' (expected F32, F16, BF16, Q8_0, Q4_0 or Q4_1)"));
+      absl::StrCat("unknown tensor type '", name, "' (expected one of ", SupportedNames(), ")"));
 }
 
-int64_t DTypeBlockElements(DType type) { return IsQuantized(type) ? kQuantBlock : 1; }
+int64_t DTypeBlockElements(DType type) {
+  switch (type) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      return 1;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kQ8_K:
+      return kSuperBlock;
+    default:
+      return kQuantBlock;
+  }
+}
 
 int64_t DTypeBlockBytes(DType type) {
   switch (type) {
@@ -51,12 +91,26 @@ int64_t DTypeBlockBytes(DType type) {
       return sizeof(BlockQ4_0);
     case DType::kQ4_1:
       return sizeof(BlockQ4_1);
+    case DType::kQ5_0:
+      return sizeof(BlockQ5_0);
+    case DType::kQ5_1:
+      return sizeof(BlockQ5_1);
+    case DType::kIQ4_NL:
+      return sizeof(BlockIQ4_NL);
+    case DType::kQ4_K:
+      return sizeof(BlockQ4_K);
+    case DType::kQ5_K:
+      return sizeof(BlockQ5_K);
+    case DType::kQ6_K:
+      return sizeof(BlockQ6_K);
+    case DType::kQ8_K:
+      return sizeof(BlockQ8_K);
   }
   return 0;
 }
 
 bool IsQuantized(DType type) {
-  return type == DType::kQ8_0 || type == DType::kQ4_0 || type == DType::kQ4_1;
+  return type != DType::kF32 && type != DType::kF16 && type != DType::kBF16;
 }
 
 std::optional<int64_t> DTypeStorageBytes(DType type, int64_t elements) {
@@ -78,8 +132,22 @@ uint32_t GgmlTypeId(DType type) {
       return 2;
     case DType::kQ4_1:
       return 3;
+    case DType::kQ5_0:
+      return 6;
+    case DType::kQ5_1:
+      return 7;
     case DType::kQ8_0:
       return 8;
+    case DType::kQ4_K:
+      return 12;
+    case DType::kQ5_K:
+      return 13;
+    case DType::kQ6_K:
+      return 14;
+    case DType::kQ8_K:
+      return 15;
+    case DType::kIQ4_NL:
+      return 20;
     case DType::kBF16:
       return 30;
   }
@@ -94,16 +162,15 @@ absl::StatusOr<DType> DTypeFromGgmlTypeId(uint32_t id) {
   static constexpr struct {
     uint32_t id;
     const char* name;
-  } kKnown[] = {{6, "Q5_0"},  {7, "Q5_1"},  {9, "Q8_1"},   {10, "Q2_K"},  {11, "Q3_K"},
-                {12, "Q4_K"}, {13, "Q5_K"}, {14, "Q6_K"},  {15, "Q8_K"},  {16, "IQ2_XXS"},
-                {17, "IQ2_XS"}, {18, "IQ3_XXS"}, {19, "IQ1_S"}, {20, "IQ4_NL"}, {21, "IQ3_S"},
-                {22, "IQ2_S"}, {23, "IQ4_XS"}, {24, "I8"}, {25, "I16"}, {26, "I32"},
-                {27, "I64"}, {28, "F64"}, {29, "IQ1_M"}};
+  } kKnown[] = {{9, "Q8_1"},     {10, "Q2_K"},   {11, "Q3_K"},  {16, "IQ2_XXS"}, {17, "IQ2_XS"},
+                {18, "IQ3_XXS"}, {19, "IQ1_S"},  {21, "IQ3_S"}, {22, "IQ2_S"},   {23, "IQ4_XS"},
+                {24, "I8"},      {25, "I16"},    {26, "I32"},   {27, "I64"},     {28, "F64"},
+                {29, "IQ1_M"},   {34, "TQ1_0"},  {35, "TQ2_0"}};
   for (const auto& k : kKnown) {
     if (k.id == id) {
       return absl::UnimplementedError(absl::StrCat(
           "tensor type ", k.name, " (ggml type ", id,
-          ") is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"));
+          ") is not supported; supported: ", SupportedNames()));
     }
   }
   return absl::NotFoundError(absl::StrCat("unknown ggml tensor type id ", id));
@@ -170,6 +237,59 @@ uint16_t FloatToBFloat16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
+namespace {
+
+// Q5_0 (x = d * (q - 16)) or Q5_1 (x = d * q + m).
+void DequantizeQ5(bool with_min, const void* src, float* dst, int64_t n) {
+  const size_t block_bytes = with_min ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0);
+  for (int64_t b = 0; b < n / kQuantBlock; ++b) {
+    const auto* blk = static_cast<const uint8_t*>(src) + b * block_bytes;
+    uint16_t dh, mh = 0;
+    uint32_t qh;
+    std::memcpy(&dh, blk, 2);
+    if (with_min) std::memcpy(&mh, blk + 2, 2);
+    const uint8_t* rest = blk + (with_min ? 4 : 2);
+    std::memcpy(&qh, rest, 4);
+    const uint8_t* qs = rest + 4;
+    const float d = HalfToFloat(dh), m = HalfToFloat(mh);
+    for (int j = 0; j < kQuantBlock; ++j) {
+      const int nibble = j < 16 ? qs[j] & 0x0F : qs[j - 16] >> 4;
+      const int q = nibble | static_cast<int>((qh >> j) & 1) << 4;
+      float* out = dst + b * kQuantBlock + j;
+      *out = with_min ? d * static_cast<float>(q) + m : d * static_cast<float>(q - 16);
+    }
+  }
+}
+
+// Q4_K or Q5_K (with the 5th bits).
+void DequantizeQ45K(bool five_bits, const void* src, float* dst, int64_t n) {
+  const size_t block_bytes = five_bits ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  for (int64_t b = 0; b < n / kSuperBlock; ++b) {
+    const auto* blk = static_cast<const uint8_t*>(src) + b * block_bytes;
+    uint16_t dh, mh;
+    std::memcpy(&dh, blk, 2);
+    std::memcpy(&mh, blk + 2, 2);
+    const uint8_t* scales = blk + 4;
+    const uint8_t* qh = blk + 16;  // Q5_K only
+    const uint8_t* qs = five_bits ? qh + kSuperBlock / 8 : blk + 16;
+    const float d = HalfToFloat(dh), dmin = HalfToFloat(mh);
+    for (int j = 0; j < kSuperBlock / kQuantBlock; ++j) {
+      int sc, m;
+      KQuantScaleMin(scales, j, &sc, &m);
+      const float dl = d * static_cast<float>(sc);
+      const float ml = dmin * static_cast<float>(m);
+      for (int l = 0; l < kQuantBlock; ++l) {
+        const uint8_t byte = qs[32 * (j / 2) + l];
+        int q = j % 2 == 0 ? byte & 0x0F : byte >> 4;
+        if (five_bits) q |= ((qh[l] >> j) & 1) << 4;
+        dst[b * kSuperBlock + kQuantBlock * j + l] = dl * static_cast<float>(q) - ml;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void DequantizeReference(DType type, const void* src, float* dst, int64_t n) {
   switch (type) {
     case DType::kF32:
@@ -212,6 +332,50 @@ void DequantizeReference(DType type, const void* src, float* dst, int64_t n) {
         for (int j = 0; j < kQuantBlock / 2; ++j) {
           dst[b * kQuantBlock + j] = d * static_cast<float>(blocks[b].qs[j] & 0x0F) + m;
           dst[b * kQuantBlock + j + 16] = d * static_cast<float>(blocks[b].qs[j] >> 4) + m;
+        }
+      }
+      return;
+    }
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+      DequantizeQ5(type == DType::kQ5_1, src, dst, n);
+      return;
+    case DType::kIQ4_NL: {
+      const auto* blocks = static_cast<const BlockIQ4_NL*>(src);
+      for (int64_t b = 0; b < n / kQuantBlock; ++b) {
+        const float d = HalfToFloat(blocks[b].d);
+        for (int j = 0; j < kQuantBlock / 2; ++j) {
+          dst[b * kQuantBlock + j] = d * static_cast<float>(kIq4NlValues[blocks[b].qs[j] & 0x0F]);
+          dst[b * kQuantBlock + j + 16] = d * static_cast<float>(kIq4NlValues[blocks[b].qs[j] >> 4]);
+        }
+      }
+      return;
+    }
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+      DequantizeQ45K(type == DType::kQ5_K, src, dst, n);
+      return;
+    case DType::kQ6_K: {
+      const auto* blocks = static_cast<const BlockQ6_K*>(src);
+      for (int64_t b = 0; b < n / kSuperBlock; ++b) {
+        const BlockQ6_K& blk = blocks[b];
+        const float d = HalfToFloat(blk.d);
+        float* out = dst + b * kSuperBlock;
+        for (int e = 0; e < kSuperBlock; ++e) {
+          const int h = e / 128, g = (e % 128) / 32, l = e % 32;
+          const uint8_t low = blk.ql[64 * h + 32 * (g & 1) + l];
+          const int q = ((g < 2 ? low & 0x0F : low >> 4) | ((blk.qh[32 * h + l] >> (2 * g)) & 3) << 4);
+          const float dl = d * static_cast<float>(blk.scales[e / 16]);
+          out[e] = dl * static_cast<float>(q - 32);
+        }
+      }
+      return;
+    }
+    case DType::kQ8_K: {
+      const auto* blocks = static_cast<const BlockQ8_K*>(src);
+      for (int64_t b = 0; b < n / kSuperBlock; ++b) {
+        for (int j = 0; j < kSuperBlock; ++j) {
+          dst[b * kSuperBlock + j] = blocks[b].d * static_cast<float>(blocks[b].qs[j]);
         }
       }
       return;

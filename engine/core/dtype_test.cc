@@ -63,13 +63,24 @@ TEST(DTypeTest, NamesSizesAndGgmlIds) {
     EXPECT_EQ(*ParseDType(DTypeName(t)), t);
     EXPECT_EQ(*DTypeFromGgmlTypeId(GgmlTypeId(t)), t);
   }
-  EXPECT_EQ(ParseDType("q4_k").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DTypeFromGgmlTypeId(12).status().code(), absl::StatusCode::kUnimplemented);  // Q4_K
+  EXPECT_EQ(*ParseDType("q4_k"), DType::kQ4_K);
+  EXPECT_EQ(*ParseDType("iq4_nl"), DType::kIQ4_NL);
+  EXPECT_EQ(ParseDType("q3_k").status().code(), absl::StatusCode::kInvalidArgument);
+  // Known ggml types Tandem does not read are named in the message.
+  const absl::Status q3k = DTypeFromGgmlTypeId(11).status();
+  EXPECT_EQ(q3k.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(q3k.message().find("Q3_K"), absl::string_view::npos) << q3k;
+  EXPECT_EQ(*DTypeFromGgmlTypeId(12), DType::kQ4_K);
+  EXPECT_EQ(*DTypeFromGgmlTypeId(20), DType::kIQ4_NL);
   EXPECT_EQ(DTypeFromGgmlTypeId(999).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(DTypeStorageBytes(DType::kQ4_1, 64), 40);
   EXPECT_EQ(DTypeStorageBytes(DType::kQ8_0, 32), 34);
   EXPECT_EQ(DTypeStorageBytes(DType::kBF16, 3), 6);
   EXPECT_EQ(DTypeStorageBytes(DType::kQ4_0, 33), std::nullopt);  // not whole blocks
+  EXPECT_EQ(DTypeStorageBytes(DType::kQ4_K, 512), 288);
+  EXPECT_EQ(DTypeStorageBytes(DType::kQ6_K, 256), 210);
+  EXPECT_EQ(DTypeStorageBytes(DType::kQ5_0, 64), 44);
+  EXPECT_EQ(DTypeStorageBytes(DType::kQ4_K, 576), std::nullopt);  // 2.25 super-blocks
   EXPECT_EQ(DTypeStorageBytes(DType::kF32, -1), std::nullopt);
   EXPECT_EQ(DTypeStorageBytes(DType::kF32, int64_t{1} << 62), std::nullopt);  // overflow
 }

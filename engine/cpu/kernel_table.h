@@ -37,7 +37,8 @@ void QuantizeRowQ8Act(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums 
 // w_row: one row of K weight elements in its DType's storage (K / 32 blocks when quantized).
 // x:     float rows (F32/F16/BF16 weights) or BlockQ8Act rows (quantized weights);
 //        row i starts `x_stride` elements (floats or blocks) after row i-1.
-// k:     elements per row (a multiple of 32 for quantized weights).
+// k:     elements per row (a whole number of the weight type's blocks: 32 elements, or 256 for
+//        the K-quants, whose super-blocks span 8 activation blocks).
 using RowDotFn = void (*)(const void* w_row, const void* x, int64_t x_stride, int64_t m, int64_t k,
                           float* y, int64_t y_stride);
 
@@ -112,16 +113,17 @@ using F32ToF16Fn = void (*)(const float* src, uint16_t* dst, int64_t n);
 
 struct KernelTable {
   Isa isa;
-  // Indexed by static_cast<int>(DType).
-  RowDotFn row_dot[6];
+  // Indexed by static_cast<int>(DType); an entry may be nullptr where the table has no kernel of
+  // its own for that type (MatMul then runs the scalar table's, which has every entry).
+  RowDotFn row_dot[kNumDTypes];
   // Σ a[i] * b[i] for i < n.
   float (*dot_f32)(const float* a, const float* b, int64_t n);
   // y[i] += a * x[i] for i < n.
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);
   // y[i] *= a for i < n.
   void (*scale_f32)(float a, float* y, int64_t n);
-  // Two-row kernels indexed by DType (6 entries), or nullptr where the table has none; an entry
-  // may be nullptr (then row_dot is used for every row).
+  // Two-row kernels indexed by DType (kNumDTypes entries), or nullptr where the table has none;
+  // an entry may be nullptr (then row_dot is used for every row).
   const RowDot2Fn* row_dot2;
   // Kernels over packed tiles, indexed by PackedFormat (2 entries), or nullptr where the table
   // has none of its own: MatMul then runs the scalar table's, and a caller that packs weights for

@@ -46,19 +46,42 @@ inline std::vector<uint8_t> RandomWeights(std::mt19937& rng, DType type, int64_t
     case DType::kBF16:
       for (int64_t i = 0; i < elements; ++i) put16(2 * i, FloatToBFloat16(val(rng)));
       break;
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_1: {
+    default: {  // quantized: random codes, then scales of realistic size where the format has them
       const int64_t block_bytes = DTypeBlockBytes(type);
-      for (int64_t b = 0; b < elements / kQuantBlock; ++b) {
+      for (int64_t b = 0; b < elements / DTypeBlockElements(type); ++b) {
         const int64_t off = b * block_bytes;
         for (int64_t i = 0; i < block_bytes; ++i) bytes[off + i] = static_cast<uint8_t>(byte(rng));
-        put16(off, FloatToHalf(scale(rng)));
-        if (type == DType::kQ4_1) put16(off + 2, FloatToHalf(0.1f * val(rng)));
-        if (type == DType::kQ8_0) {  // int8 codes in [-127, 127], as ggml writes them
-          for (int i = 0; i < kQuantBlock; ++i) {
-            if (bytes[off + 2 + i] == 0x80) bytes[off + 2 + i] = 0x81;
+        switch (type) {
+          case DType::kQ8_0:  // int8 codes in [-127, 127], as ggml writes them
+            put16(off, FloatToHalf(scale(rng)));
+            for (int i = 0; i < kQuantBlock; ++i) {
+              if (bytes[off + 2 + i] == 0x80) bytes[off + 2 + i] = 0x81;
+            }
+            break;
+          case DType::kQ4_1:
+          case DType::kQ5_1:
+            put16(off, FloatToHalf(scale(rng)));
+            put16(off + 2, FloatToHalf(0.1f * val(rng)));
+            break;
+          case DType::kIQ4_NL:  // codes up to 127
+            put16(off, FloatToHalf(scale(rng) / 16.0f));
+            break;
+          case DType::kQ4_K:  // 6-bit sub-block scales and mins
+          case DType::kQ5_K:
+            put16(off, FloatToHalf(scale(rng) / 32.0f));
+            put16(off + 2, FloatToHalf(scale(rng) / 8.0f));
+            break;
+          case DType::kQ6_K:  // int8 sub-block scales; d last
+            put16(off + 208, FloatToHalf(scale(rng) / 64.0f));
+            break;
+          case DType::kQ8_K: {  // f32 d
+            const float d = scale(rng);
+            std::memcpy(bytes.data() + off, &d, 4);
+            break;
           }
+          default:
+            put16(off, FloatToHalf(scale(rng)));
+            break;
         }
       }
       break;

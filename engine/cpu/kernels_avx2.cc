@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "engine/cpu/kernel_table.h"
 
@@ -417,8 +418,10 @@ void QuantizeQ8Act(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums) {
 
 const KernelTable kTable = {
     kTableIsa,
-    {RowDotFloat<0>, RowDotFloat<1>, RowDotFloat<2>, RowDotQuant<0>, RowDotQuant<1>,
-     RowDotQuant<2>},
+    {RowDotFloat<0>, RowDotFloat<1>, RowDotFloat<2>, RowDotQuant<kKindQ8_0>,
+     RowDotQuant<kKindQ4_0>, RowDotQuant<kKindQ4_1>, RowDotQuant<kKindQ5_0>,
+     RowDotQuant<kKindQ5_1>, RowDotQuant<kKindIQ4_NL>, RowDotQuant<kKindQ4_K>,
+     RowDotQuant<kKindQ5_K>, RowDotQuant<kKindQ6_K>, nullptr},
     DotF32,
     AxpyF32,
     ScaleF32,

@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "engine/cpu/kernel_table.h"
 
@@ -171,7 +172,7 @@ void RowDot2Quant(const void* w_row, int64_t w_row_bytes, const void* x, int64_t
   }
 }
 
-const RowDot2Fn kRowDot2[6] = {nullptr, nullptr, nullptr, nullptr, RowDot2Quant<1>,
+const RowDot2Fn kRowDot2[kNumDTypes] = {nullptr, nullptr, nullptr, nullptr, RowDot2Quant<1>,
                                RowDot2Quant<2>};
 
 // ---- packed tiles (packed_weights.h) -----------------------------------------------------------
@@ -670,8 +671,10 @@ void QuantizeQ8Act512(const float* x, BlockQ8Act* out, int64_t k, int32_t* sums)
 
 const KernelTable kTable = {
     kTableIsa,
-    {RowDotFloat<0>, RowDotFloat<1>, RowDotFloat<2>, RowDotQuant<0>, RowDotQuant<1>,
-     RowDotQuant<2>},
+    {RowDotFloat<0>, RowDotFloat<1>, RowDotFloat<2>, RowDotQuant<kKindQ8_0>,
+     RowDotQuant<kKindQ4_0>, RowDotQuant<kKindQ4_1>, RowDotQuant<kKindQ5_0>,
+     RowDotQuant<kKindQ5_1>, RowDotQuant<kKindIQ4_NL>, RowDotQuant<kKindQ4_K>,
+     RowDotQuant<kKindQ5_K>, RowDotQuant<kKindQ6_K>, nullptr},
     DotF32,
     AxpyF32,
     ScaleF32,

@@ -119,6 +119,115 @@ void RowDotQ4_1(const void* w_row, const void* x, int64_t xs, int64_t m, int64_t
   }
 }
 
+// ---- Q5_0, Q5_1, IQ4_NL and the K-quants -------------------------------------------------------
+// Each weight block's dot product with the activation blocks it spans (one for 32-element blocks,
+// 8 for a 256-element super-block), summed over the row in block order. The SIMD kernels compute
+// the same integer sums; only their float roundings may differ.
+
+template <typename Block, int kElements, float (*kBlockDot)(const Block&, const BlockQ8Act*)>
+void RowDotBlocks(const void* w_row, const void* x, int64_t xs, int64_t m, int64_t k, float* y,
+                  int64_t ys) {
+  const auto* w = static_cast<const Block*>(w_row);
+  const int64_t nb = k / kElements;
+  constexpr int64_t kActBlocks = kElements / kQuantBlock;
+  for (int64_t i = 0; i < m; ++i) {
+    const BlockQ8Act* xb = static_cast<const BlockQ8Act*>(x) + i * xs;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) acc += kBlockDot(w[b], xb + b * kActBlocks);
+    y[i * ys] = acc;
+  }
+}
+
+// Σ q * x over a 32-element block of 5-bit codes q (0..31).
+int32_t Q5Dot(const uint8_t* qh_bytes, const uint8_t* qs, const int8_t* xq) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  int32_t sumi = 0;
+  for (int j = 0; j < kQuantBlock / 2; ++j) {
+    const int lo = (qs[j] & 0x0F) | static_cast<int>((qh >> j) & 1) << 4;
+    const int hi = (qs[j] >> 4) | static_cast<int>((qh >> (j + 16)) & 1) << 4;
+    sumi += lo * xq[j] + hi * xq[j + kQuantBlock / 2];
+  }
+  return sumi;
+}
+
+float DotQ5_0(const BlockQ5_0& w, const BlockQ8Act* x) {
+  const int32_t sumi = Q5Dot(w.qh, w.qs, x->qs);
+  return HalfToFloat(w.d) * (x->d * static_cast<float>(sumi) - 16.0f * x->s);
+}
+
+float DotQ5_1(const BlockQ5_1& w, const BlockQ8Act* x) {
+  const int32_t sumi = Q5Dot(w.qh, w.qs, x->qs);
+  return HalfToFloat(w.d) * x->d * static_cast<float>(sumi) + HalfToFloat(w.m) * x->s;
+}
+
+float DotIQ4_NL(const BlockIQ4_NL& w, const BlockQ8Act* x) {
+  int32_t sumi = 0;
+  for (int j = 0; j < kQuantBlock / 2; ++j) {
+    sumi += kIq4NlValues[w.qs[j] & 0x0F] * x->qs[j] +
+            kIq4NlValues[w.qs[j] >> 4] * x->qs[j + kQuantBlock / 2];
+  }
+  return HalfToFloat(w.d) * x->d * static_cast<float>(sumi);
+}
+
+// Q4_K / Q5_K: sub-block j is activation block j; x = (d·sc_j)·q − dmin·m_j, so
+// Σ x·a = (d·a.d)·(sc_j·Σ q·a.qs) − (dmin·a.s)·m_j.
+template <bool kFiveBits>
+float DotQ45K(const uint16_t* dd, const uint8_t* scales, const uint8_t* qh, const uint8_t* qs,
+              const BlockQ8Act* x) {
+  const float d = HalfToFloat(dd[0]), dmin = HalfToFloat(dd[1]);
+  float acc = 0.0f;
+  for (int j = 0; j < kSuperBlock / kQuantBlock; ++j) {
+    int sc, m;
+    KQuantScaleMin(scales, j, &sc, &m);
+    int32_t sumi = 0;
+    for (int l = 0; l < kQuantBlock; ++l) {
+      const uint8_t byte = qs[32 * (j / 2) + l];
+      int q = j % 2 == 0 ? byte & 0x0F : byte >> 4;
+      if constexpr (kFiveBits) q |= ((qh[l] >> j) & 1) << 4;
+      sumi += q * x[j].qs[l];
+    }
+    acc += d * x[j].d * static_cast<float>(sc * sumi) - dmin * x[j].s * static_cast<float>(m);
+  }
+  return acc;
+}
+
+float DotQ4_K(const BlockQ4_K& w, const BlockQ8Act* x) {
+  return DotQ45K<false>(&w.d, w.scales, nullptr, w.qs, x);
+}
+float DotQ5_K(const BlockQ5_K& w, const BlockQ8Act* x) {
+  return DotQ45K<true>(&w.d, w.scales, w.qh, w.qs, x);
+}
+
+// Q6_K: activation block j = 4h + g covers elements 128h + 32g .. + 31, two 16-element scales.
+float DotQ6_K(const BlockQ6_K& w, const BlockQ8Act* x) {
+  const float d = HalfToFloat(w.d);
+  float acc = 0.0f;
+  for (int j = 0; j < kSuperBlock / kQuantBlock; ++j) {
+    const int h = j / 4, g = j % 4;
+    int32_t half_sums[2] = {0, 0};
+    for (int l = 0; l < kQuantBlock; ++l) {
+      const uint8_t low = w.ql[64 * h + 32 * (g & 1) + l];
+      const int q = (g < 2 ? low & 0x0F : low >> 4) | ((w.qh[32 * h + l] >> (2 * g)) & 3) << 4;
+      half_sums[l / 16] += (q - 32) * x[j].qs[l];
+    }
+    const int32_t sumi = w.scales[8 * h + 2 * g] * half_sums[0] +
+                         w.scales[8 * h + 2 * g + 1] * half_sums[1];
+    acc += d * x[j].d * static_cast<float>(sumi);
+  }
+  return acc;
+}
+
+float DotQ8_K(const BlockQ8_K& w, const BlockQ8Act* x) {
+  float acc = 0.0f;
+  for (int j = 0; j < kSuperBlock / kQuantBlock; ++j) {
+    int32_t sumi = 0;
+    for (int l = 0; l < kQuantBlock; ++l) sumi += w.qs[kQuantBlock * j + l] * x[j].qs[l];
+    acc += w.d * x[j].d * static_cast<float>(sumi);
+  }
+  return acc;
+}
+
 // The packed kernels' arithmetic, spelled out (packed_weights.h): every SIMD table's packed
 // kernels are tested against these bit for bit.
 template <bool kQ4>
@@ -184,7 +293,11 @@ void F32ToF16(const float* src, uint16_t* dst, int64_t n) {
 
 const KernelTable kScalarTable = {
     Isa::kScalar,
-    {RowDotF32, RowDotF16, RowDotBF16, RowDotQ8_0, RowDotQ4_0, RowDotQ4_1},
+    {RowDotF32, RowDotF16, RowDotBF16, RowDotQ8_0, RowDotQ4_0, RowDotQ4_1,
+     RowDotBlocks<BlockQ5_0, kQuantBlock, DotQ5_0>, RowDotBlocks<BlockQ5_1, kQuantBlock, DotQ5_1>,
+     RowDotBlocks<BlockIQ4_NL, kQuantBlock, DotIQ4_NL>,
+     RowDotBlocks<BlockQ4_K, kSuperBlock, DotQ4_K>, RowDotBlocks<BlockQ5_K, kSuperBlock, DotQ5_K>,
+     RowDotBlocks<BlockQ6_K, kSuperBlock, DotQ6_K>, RowDotBlocks<BlockQ8_K, kSuperBlock, DotQ8_K>},
     DotF32,
     AxpyF32,
     ScaleF32,

@@ -26,9 +26,10 @@ absl::Status Validate(const MatMulParams& p) {
                                                    " x ", p.k));
   }
   // (Packed weights hold whole blocks by construction.)
-  if (p.packed == nullptr && IsQuantized(p.w_type) && p.k % kQuantBlock != 0) {
+  if (p.packed == nullptr && p.k % DTypeBlockElements(p.w_type) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("MatMul: K=", p.k, " is not a multiple of ",
-                                                   kQuantBlock, " for ", DTypeName(p.w_type)));
+                                                   DTypeBlockElements(p.w_type), " for ",
+                                                   DTypeName(p.w_type)));
   }
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
   if ((p.x == nullptr && p.k > 0) || (p.packed == nullptr && p.w == nullptr) || p.y == nullptr) {
@@ -153,7 +154,9 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
             std::min(kRowTile, p.n - n0));
         continue;
       }
-      const RowDotFn row_dot = table.row_dot[static_cast<int>(p.w_type)];
+      const int type = static_cast<int>(p.w_type);
+      const RowDotFn row_dot = table.row_dot[type] != nullptr ? table.row_dot[type]
+                                                              : ScalarKernelTable().row_dot[type];
       const RowDot2Fn row_dot2 =
           table.row_dot2 != nullptr ? table.row_dot2[static_cast<int>(p.w_type)] : nullptr;
       const bool quant = IsQuantized(p.w_type);

@@ -44,7 +44,7 @@ struct MatMulParams {
   int64_t y_stride = 0;     // floats between rows of y (>= N)
   int64_t m = 0;            // M: activation rows (1 for decode)
   int64_t n = 0;            // N: output features
-  int64_t k = 0;            // K: input features; a multiple of 32 for quantized w_type
+  int64_t k = 0;            // K: input features; whole blocks of w_type (32 or 256 elements)
   // When set, the weights come from here (n() == N and k() == K) and w, w_type and w_row_bytes
   // are not read.
   const PackedWeights* packed = nullptr;

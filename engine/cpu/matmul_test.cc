@@ -24,8 +24,12 @@ struct Shape {
 
 // Every combination of the odd sizes the brief asks for, K in whole quant blocks; float types also
 // get K values that leave a SIMD tail.
+// A K that is whole blocks of every type the tests pair with `type`: 32, or 256 for the K-quants.
+int64_t KUnit(DType type) { return std::max<int64_t>(kQuantBlock, DTypeBlockElements(type)); }
+
 std::vector<Shape> Shapes(DType type) {
   std::vector<int64_t> ks = {32 * 3, 32 * 7, 576};
+  if (KUnit(type) == kSuperBlock) ks = {256, 256 * 3, 1536};
   if (!IsQuantized(type)) ks.insert(ks.end(), {1, 37, 83});
   std::vector<Shape> shapes;
   for (int64_t m : {1, 2, 7, 33}) {
@@ -37,19 +41,37 @@ std::vector<Shape> Shapes(DType type) {
 }
 
 // Per weight element, the largest magnitude any single term of the kernels' sums can have
-// (d·nibble and the offset for Q4 types), so float-rounding bounds cover every partial sum.
+// (d·code and the offset or min, for the types that split them), so float-rounding bounds cover
+// every partial sum.
 std::vector<double> TermBound(DType type, const uint8_t* w, const std::vector<float>& deq,
                               int64_t count) {
   std::vector<double> a(static_cast<size_t>(count));
+  const int64_t block = DTypeBlockElements(type);
   for (int64_t i = 0; i < count; ++i) {
     double bound = std::fabs(deq[i]);
+    const int64_t b = i / block;
     if (type == DType::kQ4_0) {
-      const auto* blocks = reinterpret_cast<const BlockQ4_0*>(w);
-      bound = 16.0 * std::fabs(HalfToFloat(blocks[i / kQuantBlock].d));
+      bound = 16.0 * std::fabs(HalfToFloat(reinterpret_cast<const BlockQ4_0*>(w)[b].d));
+    } else if (type == DType::kQ5_0) {
+      bound = 32.0 * std::fabs(HalfToFloat(reinterpret_cast<const BlockQ5_0*>(w)[b].d));
     } else if (type == DType::kQ4_1) {
-      const auto* blocks = reinterpret_cast<const BlockQ4_1*>(w);
-      bound = 15.0 * std::fabs(HalfToFloat(blocks[i / kQuantBlock].d)) +
-              std::fabs(HalfToFloat(blocks[i / kQuantBlock].m));
+      const BlockQ4_1& blk = reinterpret_cast<const BlockQ4_1*>(w)[b];
+      bound = 15.0 * std::fabs(HalfToFloat(blk.d)) + std::fabs(HalfToFloat(blk.m));
+    } else if (type == DType::kQ5_1) {
+      const BlockQ5_1& blk = reinterpret_cast<const BlockQ5_1*>(w)[b];
+      bound = 31.0 * std::fabs(HalfToFloat(blk.d)) + std::fabs(HalfToFloat(blk.m));
+    } else if (type == DType::kQ4_K || type == DType::kQ5_K) {
+      const uint8_t* blk = w + b * DTypeBlockBytes(type);
+      uint16_t d, dmin;
+      std::memcpy(&d, blk, 2);
+      std::memcpy(&dmin, blk + 2, 2);
+      int sc, m;
+      KQuantScaleMin(blk + 4, static_cast<int>(i % kSuperBlock / kQuantBlock), &sc, &m);
+      const double max_code = type == DType::kQ5_K ? 31.0 : 15.0;
+      bound = max_code * std::fabs(HalfToFloat(d)) * sc + std::fabs(HalfToFloat(dmin)) * m;
+    } else if (type == DType::kQ6_K) {
+      const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(w)[b];
+      bound = 32.0 * std::fabs(HalfToFloat(blk.d) * blk.scales[i % kSuperBlock / 16]);
     }
     a[i] = bound;
   }
@@ -103,7 +125,7 @@ TEST_P(MatMulTest, MatchesReferenceOnOddSizes) {
         }
         if (IsQuantized(type)) {
           // x is rounded to d·q with d = max|x_block| / 127: |error| <= d / 2 per element.
-          for (int64_t b = 0; b < s.k / kQuantBlock; ++b) {
+          for (int64_t b = 0; b < s.k / kQuantBlock; ++b) {  // activation blocks
             double amax = 0.0, wsum = 0.0;
             for (int64_t k = b * kQuantBlock; k < (b + 1) * kQuantBlock; ++k) {
               amax = std::max(amax, static_cast<double>(std::fabs(xi[k])));
@@ -131,7 +153,7 @@ TEST_P(MatMulTest, ThreadedEqualsSingleThreaded) {
   if (!IsaSupported(isa, HostCpuFeatures())) GTEST_SKIP() << IsaName(isa) << " not on this CPU";
   std::mt19937 rng(99);
   ThreadPool pool({.num_threads = 3});
-  const int64_t m = 33, n = 161, k = 32 * 7;
+  const int64_t m = 33, n = 161, k = KUnit(type) * 7;
   const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
   const std::vector<float> x = RandomFloats(rng, m * k);
   std::vector<float> y1(static_cast<size_t>(m * n)), y2(static_cast<size_t>(m * n));
@@ -156,7 +178,7 @@ TEST_P(MatMulTest, RowsDoNotDependOnTheBatch) {
   const auto [type, isa] = GetParam();
   if (!IsaSupported(isa, HostCpuFeatures())) GTEST_SKIP() << IsaName(isa) << " not on this CPU";
   std::mt19937 rng(7);
-  const int64_t m = 11, n = 37, k = 32 * 5;
+  const int64_t m = 11, n = 37, k = KUnit(type) * 5;
   const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
   const std::vector<float> x = RandomFloats(rng, m * k);
   std::vector<float> batched(static_cast<size_t>(m * n));
@@ -172,7 +194,7 @@ TEST_P(MatMulTest, SharedEqualsSeparateCalls) {
   const auto [type, isa] = GetParam();
   if (!IsaSupported(isa, HostCpuFeatures())) GTEST_SKIP() << IsaName(isa) << " not on this CPU";
   std::mt19937 rng(11);
-  const int64_t m = 7, k = 32 * 6;
+  const int64_t m = 7, k = KUnit(type) * 6;
   const int64_t ns[] = {37, 16, 65};
   const DType types[] = {type, DType::kQ8_0, DType::kF32};
   const std::vector<float> x = RandomFloats(rng, m * k);
@@ -218,7 +240,7 @@ TEST_P(MatMulTest, PrepareRowsWritesXBeforeItIsRead) {
   const auto [type, isa] = GetParam();
   if (!IsaSupported(isa, HostCpuFeatures())) GTEST_SKIP() << IsaName(isa) << " not on this CPU";
   std::mt19937 rng(12);
-  const int64_t m = 9, k = 32 * 5, n = 40;
+  const int64_t m = 9, k = KUnit(type) * 5, n = 40;
   const std::vector<float> source = RandomFloats(rng, m * k);
   const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
   ThreadPool pool({.num_threads = 3});

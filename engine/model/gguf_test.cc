@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -86,7 +87,8 @@ GgufTestWriter ValidWriter() {
   w.Add("a.f32", F32(0.5f));
   uint32_t seed = 1;
   for (DType t : kAllDTypes) {
-    w.AddTensor(absl::StrCat("t.", DTypeName(t)), t, {32, 2}, RandomTensorData(t, 64, seed++));
+    const int64_t row = std::max<int64_t>(32, DTypeBlockElements(t));
+    w.AddTensor(absl::StrCat("t.", DTypeName(t)), t, {row, 2}, RandomTensorData(t, 2 * row, seed++));
   }
   return w;
 }
@@ -227,14 +229,20 @@ TEST(GgufTest, TensorsOfEveryTypeRoundTrip) {
       w.set_alignment(alignment);
       if (alignment != 32) w.Add("general.alignment", U32(static_cast<uint32_t>(alignment)));
       std::vector<std::string> data;
-      std::vector<std::vector<int64_t>> shapes = {{32}, {64, 3}, {32, 2, 2}, {32, 1, 1, 3}};
+      const std::vector<std::vector<int64_t>> shapes = {{32}, {64, 3}, {32, 2, 2}, {32, 1, 1, 3}};
+      // ne[0] in whole blocks of 32 or, for the K-quants, 256 elements.
+      auto shape_of = [&](DType t, size_t s) {
+        std::vector<int64_t> shape = shapes[s];
+        shape[0] *= std::max<int64_t>(1, DTypeBlockElements(t) / 32);
+        return shape;
+      };
       uint32_t seed = 100;
       for (DType t : kAllDTypes) {
         for (size_t s = 0; s < shapes.size(); ++s) {
           int64_t n = 1;
-          for (int64_t d : shapes[s]) n *= d;
+          for (int64_t d : shape_of(t, s)) n *= d;
           data.push_back(RandomTensorData(t, n, seed++));
-          w.AddTensor(absl::StrCat(DTypeName(t), ".", s), t, shapes[s], data.back());
+          w.AddTensor(absl::StrCat(DTypeName(t), ".", s), t, shape_of(t, s), data.back());
         }
       }
       GgufTestLayout layout;
@@ -252,7 +260,7 @@ TEST(GgufTest, TensorsOfEveryTypeRoundTrip) {
           ASSERT_NE(tensor, nullptr);
           EXPECT_EQ(tensor, &(*f)->tensors()[i]);
           EXPECT_EQ(tensor->type, t);
-          EXPECT_EQ(tensor->shape, shapes[s]);
+          EXPECT_EQ(tensor->shape, shape_of(t, s));
           EXPECT_EQ(tensor->bytes, static_cast<int64_t>(data[i].size()));
           EXPECT_EQ(tensor->file_offset, layout.tensors[i].data_at);
           EXPECT_EQ(tensor->file_offset % alignment, 0);
@@ -356,8 +364,9 @@ std::vector<BadFileCase> BadFileCases() {
       {"version 4", patch(4, uint32_t{4}), C::kInvalidArgument, {"version 4"}},
       {"big-endian", patch(4, uint32_t{0x03000000}), C::kUnimplemented, {"big-endian"}},
       {"tensor_count huge", patch(l.tensor_count_at, kHuge), C::kDataLoss, {"tensor_count"}},
+      // The extra tensor's name is read from the first tensor's data: a length past the end.
       {"tensor_count + 1", patch(l.tensor_count_at, uint64_t{l.tensors.size() + 1}),
-       C::kInvalidArgument, {}},
+       C::kDataLoss, {"name", "exceeds"}},
       {"kv_count huge", patch(l.kv_count_at, uint64_t{1} << 62), C::kDataLoss,
        {"metadata_kv_count"}},
       {"key length huge", patch(kv("a.u8").key_at, kHuge), C::kDataLoss,
@@ -387,8 +396,10 @@ std::vector<BadFileCase> BadFileCases() {
        {"'t.F32'", "past the end"}},
       {"unknown type id", patch(t0.type_at, uint32_t{99}), C::kInvalidArgument,
        {"'t.F32'", "99"}},
-      {"unsupported type Q4_K", patch(t0.type_at, uint32_t{12}), C::kUnimplemented,
-       {"'t.F32'", "Q4_K"}},
+      {"unsupported type Q3_K", patch(t0.type_at, uint32_t{11}), C::kUnimplemented,
+       {"'t.F32'", "Q3_K"}},
+      {"row not whole super-blocks", patch(t0.type_at, uint32_t{12}), C::kInvalidArgument,
+       {"'t.F32'", "Q4_K block size 256"}},
       {"offset past end", patch(t1.offset_at, uint64_t{1} << 40), C::kDataLoss,
        {"tensor 't.F16' data offset", "past the end"}},
       {"offset huge", patch(t1.offset_at, kHuge - 31), C::kDataLoss, {"'t.F16'"}},

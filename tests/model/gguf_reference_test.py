@@ -29,7 +29,20 @@ DUMP = BIN_DIR / "gguf_dump"
 DEFAULT_MODEL = SOURCE_DIR / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 TYPE_NAMES = {Q.F32: "F32", Q.F16: "F16", Q.BF16: "BF16", Q.Q8_0: "Q8_0", Q.Q4_0: "Q4_0",
-              Q.Q4_1: "Q4_1"}
+              Q.Q4_1: "Q4_1", Q.Q5_0: "Q5_0", Q.Q5_1: "Q5_1", Q.IQ4_NL: "IQ4_NL", Q.Q4_K: "Q4_K",
+              Q.Q5_K: "Q5_K", Q.Q6_K: "Q6_K", Q.Q8_K: "Q8_K"}
+
+
+def dequantize(data, qtype):
+    """gguf-py's dequantization; for Q8_K, which gguf-py does not dequantize, the format's
+    definition (f32 d, then 256 int8 codes, then 16 int16 sums: x = d * q) in numpy."""
+    if qtype != Q.Q8_K:
+        return gguf.quants.dequantize(data, qtype)
+    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = np.ascontiguousarray(data).view(np.uint8).reshape(-1, type_size)
+    d = blocks[:, :4].copy().view(np.float32)
+    q = blocks[:, 4:260].view(np.int8).astype(np.float32)
+    return d * q
 
 
 def run_dump(path, values=False):
@@ -83,7 +96,7 @@ def compare(path, values=False):
         assert t["offset"] == rt.data_offset, rt.name
         assert t["offset"] % alignment == 0
         assert t["bytes"] == rt.n_bytes, rt.name
-        ref = gguf.quants.dequantize(rt.data, rt.tensor_type).astype(np.float32).reshape(-1)
+        ref = dequantize(rt.data, rt.tensor_type).astype(np.float32).reshape(-1)
         assert ref.size == int(np.prod(t["shape"]))
         s, ws = checksums(ref)
         assert (t["bits_sum"], t["bits_wsum"]) == (s, ws), rt.name
@@ -193,6 +206,48 @@ def test_gguf_py_written_files_match(tmp_path, seed, alignment):
     # Not a loadable model (no llama.* keys): the loader must say which key is missing.
     assert "config" not in dump
     assert "llama.block_count" in dump["config_error"]
+
+
+# Byte offsets of each block's float scales: (offset, "f16" | "f32"). Every other byte is random.
+BLOCK_SCALES = {
+    Q.Q5_0: [(0, "f16")], Q.Q5_1: [(0, "f16"), (2, "f16")], Q.IQ4_NL: [(0, "f16")],
+    Q.Q4_K: [(0, "f16"), (2, "f16")], Q.Q5_K: [(0, "f16"), (2, "f16")], Q.Q6_K: [(208, "f16")],
+    Q.Q8_K: [(0, "f32")],
+}
+
+
+def random_blocks(rng, qtype, rows, blocks_per_row):
+    """`rows` rows of random blocks of `qtype` (random codes, scales and mins; finite, signed
+    scales), as the uint8 array GGUFWriter takes for a raw tensor."""
+    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, size=(rows * blocks_per_row, type_size), dtype=np.uint8)
+    for offset, kind in BLOCK_SCALES[qtype]:
+        dtype = np.float16 if kind == "f16" else np.float32
+        scales = (rng.standard_normal(rows * blocks_per_row) * 0.05).astype(dtype)
+        data[:, offset:offset + scales.itemsize * 1] = scales.view(np.uint8).reshape(-1, scales.itemsize)
+    return data.reshape(rows, blocks_per_row * type_size)
+
+
+@pytest.mark.parametrize("qtype", list(BLOCK_SCALES), ids=lambda q: TYPE_NAMES[q])
+def test_new_block_types_dequantize_like_gguf_py(tmp_path, qtype):
+    """Q5_0/Q5_1/IQ4_NL and the K-quants: random blocks (every code, scale and min pattern the
+    format can hold) dequantize bit for bit as gguf-py does (Q8_K: as the format defines)."""
+    rng = np.random.default_rng(int(qtype))
+    block_size, _ = gguf.GGML_QUANT_SIZES[qtype]
+    path = tmp_path / f"{TYPE_NAMES[qtype]}.gguf"
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    shapes = {}
+    for i, (rows, blocks_per_row) in enumerate([(1, 1), (3, 2), (7, 5), (64, 9)]):
+        name = f"blk.{i}.{TYPE_NAMES[qtype]}"
+        w.add_tensor(name, random_blocks(rng, qtype, rows, blocks_per_row), raw_dtype=qtype)
+        shapes[name] = [blocks_per_row * block_size, rows] if rows > 1 else [block_size]
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    dump, _ = compare(path, values=True)
+    assert {t["name"]: t["type"] for t in dump["tensors"]} == {
+        name: TYPE_NAMES[qtype] for name in shapes}
 
 
 def test_truncated_file_is_an_error_not_a_crash(tmp_path):
