@@ -13,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/model/gguf.h"
+#include "engine/tokenizer/gguf_tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
@@ -481,6 +483,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromHfFolder(const std::stri
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Create(std::move(data));
   if (!tokenizer.ok()) return Annotate(tokenizer.status(), absl::StrCat(dir, "/tokenizer.json"));
   return tokenizer;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerForModel(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return TokenizerFromHfFolder(path);
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  return TokenizerFromGguf(*file);
 }
 
 }  // namespace tandem

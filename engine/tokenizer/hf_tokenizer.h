@@ -42,6 +42,9 @@ absl::StatusOr<TokenizerData> TokenizerDataFromHfJson(absl::string_view tokenize
 absl::StatusOr<TokenizerData> TokenizerDataFromHfFolder(const std::string& dir);
 absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromHfFolder(const std::string& dir);
 
+// The tokenizer of the model at `path`: TokenizerFromHfFolder for a folder, else the GGUF file's.
+absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerForModel(const std::string& path);
+
 }  // namespace tandem
 
 #endif  // TANDEM_ENGINE_TOKENIZER_HF_TOKENIZER_H_
