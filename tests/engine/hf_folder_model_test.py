@@ -10,8 +10,10 @@ refused naming the missing file.
 Needs tandem and logits_tool (TANDEM_BIN_DIR) and the default model (TANDEM_SOURCE_DIR/models).
 """
 import json
+import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -155,3 +157,39 @@ def test_missing_pieces_are_named(models, tmp_path):
         assert rc != 0 and missing in err, err
     rc, _, err = generate(tmp_path / "no-such-model", "hi")
     assert rc != 0 and "no-such-model" in err, err
+
+
+def test_cluster_serves_the_folder(models):
+    """`tandem up --model=DIR`: router, prefill and decode worker all on the folder; the cluster's
+    greedy text equals `tandem generate` in one process on the same folder."""
+    folder, _ = models["F16"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    p = subprocess.Popen([str(BIN / "tandem"), "up", f"--model={folder}", "--http_port=0",
+                          "--grpc_port=0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env)
+    lines, grpc_address = [], None
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if "gRPC API:" in line:
+                grpc_address = line.split("gRPC API:")[1].split()[0]
+            if "Ctrl-C stops the cluster" in line:
+                break
+        assert grpc_address, "".join(lines)
+        prompt = "Hallo Welt, 你好"
+        remote = subprocess.run([str(BIN / "tandem"), "generate", f"--url={grpc_address}",
+                                 f"--prompt={prompt}", "--max_tokens=12"],
+                                capture_output=True, text=True, timeout=120)
+        assert remote.returncode == 0, remote.stderr
+        local = subprocess.run([str(BIN / "tandem"), "generate", f"--model={folder}",
+                                f"--prompt={prompt}", "--max_tokens=12", "--threads=1"],
+                               capture_output=True, text=True, timeout=120)
+        assert local.returncode == 0, local.stderr
+        assert remote.stdout == local.stdout, (remote, local)
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+        assert p.returncode == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
