@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
+#include "engine/tokenizer/hf_tokenizer.h"
 #include "engine/tokenizer/streaming_detokenizer.h"
 
 namespace tandem {
@@ -57,12 +58,16 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Open(const std::string
         "max_running, max_tokens_per_step and kv_cache_bytes must be positive; max_prefill_chunk, "
         "max_prefill_tokens, admission_reserve_blocks and kv_blocks must not be negative");
   }
-  ASSIGN_OR_RETURN(LoadedModel model, LoadGgufModel(model_path));
+  ASSIGN_OR_RETURN(LoadedModel model, LoadModel(model_path));
   auto engine = std::unique_ptr<LocalEngine>(new LocalEngine(std::move(model), options));
   engine->model_id_ = options.model_id.empty()
                           ? std::filesystem::path(model_path).stem().string()
                           : options.model_id;
-  ASSIGN_OR_RETURN(engine->tokenizer_, TokenizerFromGguf(*engine->model_.file));
+  if (engine->model_.file != nullptr) {
+    ASSIGN_OR_RETURN(engine->tokenizer_, TokenizerFromGguf(*engine->model_.file));
+  } else {  // a Hugging Face folder
+    ASSIGN_OR_RETURN(engine->tokenizer_, TokenizerFromHfFolder(model_path));
+  }
   if (engine->tokenizer_->vocab_size() != engine->model_.config.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         model_path, ": the tokenizer has ", engine->tokenizer_->vocab_size(),

@@ -5,6 +5,10 @@
 //       output: for a list, [{"ids": [...], "decoded": "...", "streamed": "..."}, ...];
 //               for raw text, the id list. "decoded" is Decode(ids); "streamed" is the text a
 //               StreamingDetokenizer gives token by token.
+//   tokenize_tool --hf=DIR ...
+//       as --model, with the tokenizer read from DIR/tokenizer.json (+ tokenizer_config.json)
+//       (hf_tokenizer.h). --hf-info prints {"bos": id, "eos": id, "add_bos": bool,
+//       "chat_template": "..."} instead.
 //   tokenize_tool --model=M.gguf --decode < [[ids...], ...]
 //       output: the decoded strings (invalid UTF-8 replaced by U+FFFD).
 //   tokenize_tool [--model=M.gguf] --chat < {"messages": [{"role":..., "content":...}],
@@ -31,6 +35,7 @@
 #include "engine/model/gguf.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
+#include "engine/tokenizer/hf_tokenizer.h"
 #include "engine/tokenizer/jinja.h"
 #include "engine/tokenizer/streaming_detokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -79,12 +84,17 @@ tandem::jinja::Value FromJson(const Json& j) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_path;
+  std::string model_path, hf_dir;
+  bool hf_info = false;
   bool add_special = false, parse_special = true, decode = false, chat = false, jinja = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (absl::StartsWith(arg, "--model=")) {
       model_path = arg.substr(8);
+    } else if (absl::StartsWith(arg, "--hf=")) {
+      hf_dir = arg.substr(5);
+    } else if (arg == "--hf-info") {
+      hf_info = true;
     } else if (arg == "--add-special") {
       add_special = true;
     } else if (arg == "--no-parse-special") {
@@ -125,7 +135,18 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<tandem::GgufFile> gguf;
   std::unique_ptr<tandem::Tokenizer> tokenizer;
-  if (!model_path.empty()) {
+  if (!hf_dir.empty()) {
+    auto tok = tandem::TokenizerFromHfFolder(hf_dir);
+    if (!tok.ok()) return Fail(tok.status());
+    tokenizer = std::move(tok).value();
+    if (hf_info) {
+      const tandem::TokenizerData& d = tokenizer->data();
+      std::cout << Dump(json{{"bos", d.bos_id}, {"eos", d.eos_id}, {"add_bos", d.add_bos},
+                             {"chat_template", d.chat_template}})
+                << "\n";
+      return 0;
+    }
+  } else if (!model_path.empty()) {
     auto file = tandem::GgufFile::Open(model_path);
     if (!file.ok()) return Fail(file.status());
     gguf = std::move(file).value();

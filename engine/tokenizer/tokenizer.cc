@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -74,6 +75,10 @@ uint64_t PairKey(int32_t left, int32_t right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
 
+bool IsAsciiSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
 bool IsSpecialType(TokenType t) {
   return t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown;
 }
@@ -100,6 +105,31 @@ bool Tokenizer::IsControl(int32_t id) const {
 int32_t Tokenizer::TokenToId(absl::string_view token) const {
   auto it = token_to_id_.find(token);
   return it == token_to_id_.end() ? -1 : it->second;
+}
+
+absl::Status Tokenizer::InitMerges() {
+  const auto& d = data_;
+  merges_.reserve(d.merges.size());
+  for (size_t rank = 0; rank < d.merges.size(); ++rank) {
+    const std::string& m = d.merges[rank];
+    const size_t sp = m.find(' ', 1);
+    if (sp == std::string::npos || sp + 1 >= m.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer: merge ", rank, " '", m, "' is not 'left right'"));
+    }
+    const std::string left = m.substr(0, sp);
+    const std::string right = m.substr(sp + 1);
+    const int32_t l = TokenToId(left);
+    const int32_t r = TokenToId(right);
+    const int32_t result = TokenToId(left + right);
+    if (l < 0 || r < 0 || result < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer: merge ", rank, " '", m, "' names a token not in the vocabulary ('",
+          l < 0 ? left : r < 0 ? right : left + right, "')"));
+    }
+    merges_.try_emplace(PairKey(l, r), Merge{static_cast<int32_t>(rank), result});
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Tokenizer::Init() {
@@ -142,10 +172,7 @@ absl::Status Tokenizer::Init() {
   const bool byte_level = d.model == TokenizerModel::kByteLevelBpe;
   if (byte_level) {
     ASSIGN_OR_RETURN(pre_kind_, PreTokenizerKindFromName(d.pre_tokenizer));
-    ignore_merges_ = pre_kind_ == PreTokenizerKind::kLlama3;
-  } else if (!d.merges.empty()) {
-    return absl::InvalidArgumentError(
-        "tokenizer: SentencePiece BPE merges by score; it takes no merge list");
+    ignore_merges_ = d.ignore_merges.value_or(pre_kind_ == PreTokenizerKind::kLlama3);
   }
 
   token_bytes_.resize(n);
@@ -182,6 +209,9 @@ absl::Status Tokenizer::Init() {
     }
   }
 
+  if (!d.merges.empty() || byte_level) {
+    RETURN_IF_ERROR(InitMerges());
+  }
   if (byte_level) {
     // A byte without a token (SmolLM2 lacks 21 of them, e.g. 0x04 and 0xFF) is dropped when
     // encoding, as Hugging Face's BPE without an unknown token and llama.cpp do.
@@ -189,26 +219,6 @@ absl::Status Tokenizer::Init() {
       std::string mapped;
       AppendUtf8(ByteToUnicode(static_cast<uint8_t>(b)), &mapped);
       byte_ids_[b] = TokenToId(mapped);
-    }
-    merges_.reserve(d.merges.size());
-    for (size_t rank = 0; rank < d.merges.size(); ++rank) {
-      const std::string& m = d.merges[rank];
-      const size_t sp = m.find(' ', 1);
-      if (sp == std::string::npos || sp + 1 >= m.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tokenizer: merge ", rank, " '", m, "' is not 'left right'"));
-      }
-      const std::string left = m.substr(0, sp);
-      const std::string right = m.substr(sp + 1);
-      const int32_t l = TokenToId(left);
-      const int32_t r = TokenToId(right);
-      const int32_t result = TokenToId(left + right);
-      if (l < 0 || r < 0 || result < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tokenizer: merge ", rank, " '", m, "' names a token not in the vocabulary ('",
-            l < 0 ? left : r < 0 ? right : left + right, "')"));
-      }
-      merges_.try_emplace(PairKey(l, r), Merge{static_cast<int32_t>(rank), result});
     }
   } else {
     bool all_bytes = true;
@@ -220,6 +230,10 @@ absl::Status Tokenizer::Init() {
     }
   }
 
+  for (Special& s : specials) {
+    s.lstrip = absl::c_linear_search(d.lstrip_ids, s.id);
+    s.rstrip = absl::c_linear_search(d.rstrip_ids, s.id);
+  }
   specials_by_first_byte_.assign(256, {});
   std::sort(specials.begin(), specials.end(), [](const Special& a, const Special& b) {
     return a.text.size() > b.text.size() || (a.text.size() == b.text.size() && a.id < b.id);
@@ -240,7 +254,8 @@ std::vector<int32_t> Tokenizer::Encode(absl::string_view text,
     const absl::string_view fragment = text.substr(begin, end - begin);
     if (byte_level) {
       EncodeByteLevel(fragment, &out);
-    } else if (begin == 0 && data_.add_space_prefix) {
+    } else if (data_.add_space_prefix && (begin == 0 || data_.space_prefix_every_fragment) &&
+               !(data_.space_prefix_unless_space && fragment[0] == ' ')) {
       EncodeSentencePiece(absl::StrCat(" ", fragment), &out);
     } else {
       EncodeSentencePiece(fragment, &out);
@@ -260,9 +275,16 @@ std::vector<int32_t> Tokenizer::Encode(absl::string_view text,
       ++pos;
       continue;
     }
-    encode_fragment(start, pos);
+    size_t fragment_end = pos;
+    if (match->lstrip) {
+      while (fragment_end > start && IsAsciiSpace(text[fragment_end - 1])) --fragment_end;
+    }
+    encode_fragment(start, fragment_end);
     out.push_back(match->id);
     pos += match->text.size();
+    if (match->rstrip) {
+      while (pos < text.size() && IsAsciiSpace(text[pos])) ++pos;
+    }
     start = pos;
   }
   encode_fragment(start, text.size());
@@ -274,8 +296,6 @@ void Tokenizer::EncodeByteLevel(absl::string_view text, std::vector<int32_t>* ou
   for (absl::string_view word : PreTokenize(pre_kind_, text)) BpeWord(word, out);
 }
 
-// Ranked BPE over one word: a doubly linked list of symbols and a min-heap of candidate merges
-// (rank, position), stale entries skipped when popped. O(n log n) in the word length.
 void Tokenizer::BpeWord(absl::string_view word, std::vector<int32_t>* out) const {
   if (word.empty()) return;
   if (ignore_merges_) {
@@ -290,16 +310,23 @@ void Tokenizer::BpeWord(absl::string_view word, std::vector<int32_t>* out) const
     if (id >= 0) out->push_back(id);
     return;
   }
+  std::vector<int32_t> ids(word.size());
+  for (size_t i = 0; i < word.size(); ++i) ids[i] = byte_ids_[static_cast<uint8_t>(word[i])];
+  MergeRanked(std::move(ids), out);
+}
+
+// Ranked BPE over one word: a doubly linked list of symbols and a min-heap of candidate merges
+// (rank, position), stale entries skipped when popped. O(n log n) in the word length.
+void Tokenizer::MergeRanked(std::vector<int32_t> ids, std::vector<int32_t>* out) const {
+  if (ids.empty()) return;
   struct Symbol {
     int32_t id;
     int32_t prev;
     int32_t next;
   };
-  const auto n = static_cast<int32_t>(word.size());
+  const auto n = static_cast<int32_t>(ids.size());
   std::vector<Symbol> sym(n);
-  for (int32_t i = 0; i < n; ++i) {
-    sym[i] = {byte_ids_[static_cast<uint8_t>(word[i])], i - 1, i + 1 < n ? i + 1 : -1};
-  }
+  for (int32_t i = 0; i < n; ++i) sym[i] = {ids[i], i - 1, i + 1 < n ? i + 1 : -1};
   struct Candidate {
     int32_t rank;
     int32_t pos;
@@ -349,6 +376,10 @@ void Tokenizer::EncodeSentencePiece(absl::string_view raw, std::vector<int32_t>*
     } else {
       text.push_back(c);
     }
+  }
+  if (!merges_.empty()) {
+    EncodeSentencePieceRanked(text, out);
+    return;
   }
   struct Symbol {
     int32_t prev;
@@ -423,6 +454,48 @@ void Tokenizer::EncodeSentencePiece(absl::string_view raw, std::vector<int32_t>*
   };
   for (int32_t i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next) {
     emit(view.substr(sym[i].start, sym[i].len));
+  }
+}
+
+// SentencePiece-style BPE as Hugging Face's BPE model runs it: within each word (the whole text,
+// or pieces that begin at each U+2581 when split_at_spaces), start from UTF-8 characters that
+// are tokens, others as their <0xXX> byte tokens (or the unknown token when a byte has none),
+// then apply the merges by rank.
+void Tokenizer::EncodeSentencePieceRanked(absl::string_view text,
+                                          std::vector<int32_t>* out) const {
+  auto encode_word = [&](absl::string_view word) {
+    std::vector<int32_t> ids;
+    ids.reserve(word.size());
+    for (size_t pos = 0; pos < word.size();) {
+      char32_t cp;
+      const int len = DecodeUtf8(word, pos, &cp);
+      const absl::string_view ch = word.substr(pos, len);
+      pos += len;
+      auto it = text_to_id_.find(ch);
+      if (it != text_to_id_.end()) {
+        ids.push_back(it->second);
+        continue;
+      }
+      bool all_bytes = true;
+      for (char c : ch) all_bytes = all_bytes && byte_ids_[static_cast<uint8_t>(c)] >= 0;
+      if (all_bytes) {
+        for (char c : ch) ids.push_back(byte_ids_[static_cast<uint8_t>(c)]);
+      } else {
+        ids.push_back(data_.unk_id);
+      }
+    }
+    MergeRanked(std::move(ids), out);
+  };
+  if (!data_.split_at_spaces) {
+    encode_word(text);
+    return;
+  }
+  size_t start = 0;
+  for (size_t pos = kSpmSpace.size(); pos <= text.size(); ++pos) {
+    if (pos == text.size() || text.substr(pos, kSpmSpace.size()) == kSpmSpace) {
+      encode_word(text.substr(start, pos - start));
+      start = pos;
+    }
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,7 +56,9 @@ struct TokenizerData {
   std::vector<float> scores;
   // Per-token types. Empty (all kNormal), or one per token.
   std::vector<TokenType> token_types;
-  // Byte-level BPE merges by rank (first = applied first): "left right", both tokens.
+  // BPE merges by rank (first = applied first): "left right", both tokens. Byte-level BPE
+  // needs them; SentencePiece BPE merges by rank when they are given (Hugging Face
+  // tokenizer.json), by score otherwise (GGUF).
   std::vector<std::string> merges;
 
   // Special ids; -1 when the model has none.
@@ -67,6 +70,20 @@ struct TokenizerData {
   bool add_eos = false;  // append eos_id when EncodeOptions::add_special is set
   // SentencePiece BPE only: prefix the text with a space (the "dummy prefix").
   bool add_space_prefix = true;
+  // SentencePiece BPE only, as Hugging Face's Metaspace/Prepend do it: the dummy prefix goes on
+  // every fragment between special tokens (not only the text's first), ...
+  bool space_prefix_every_fragment = false;
+  // ... but not on a fragment that already starts with a space ...
+  bool space_prefix_unless_space = false;
+  // ... and BPE works within words that each begin at a space (Metaspace `split`).
+  bool split_at_spaces = false;
+  // Byte-level BPE: a word that is itself a token is not split. Unset: as the pre-tokenizer
+  // implies (Llama 3 sets it).
+  std::optional<bool> ignore_merges;
+  // Special tokens that, when matched in text, absorb the whitespace on their left / right
+  // (Hugging Face added_tokens' lstrip / rstrip).
+  std::vector<int32_t> lstrip_ids;
+  std::vector<int32_t> rstrip_ids;
 
   // The Jinja chat template text (tokenizer.chat_template); may be empty.
   std::string chat_template;
@@ -126,11 +143,15 @@ class Tokenizer {
 
   explicit Tokenizer(TokenizerData data);
   absl::Status Init();
+  absl::Status InitMerges();
 
   // One fragment of raw text (no special tokens inside) appended to `out`.
   void EncodeByteLevel(absl::string_view text, std::vector<int32_t>* out) const;
   void EncodeSentencePiece(absl::string_view text, std::vector<int32_t>* out) const;
   void BpeWord(absl::string_view word, std::vector<int32_t>* out) const;
+  void EncodeSentencePieceRanked(absl::string_view text, std::vector<int32_t>* out) const;
+  // Applies merges_ by rank to `ids` (-1 entries never merge and are dropped) into `out`.
+  void MergeRanked(std::vector<int32_t> ids, std::vector<int32_t>* out) const;
 
   TokenType type(int32_t id) const;
 
@@ -152,6 +173,8 @@ class Tokenizer {
     std::string text;
     int32_t id;
     bool control;
+    bool lstrip = false;
+    bool rstrip = false;
   };
   std::vector<std::vector<Special>> specials_by_first_byte_;
 };

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <system_error>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -11,9 +12,11 @@
 #include "common/status_macros.h"
 #include "engine/kv/block_hash.h"
 #include "engine/model/gguf.h"
+#include "engine/model/hf_config.h"
 #include "engine/sampling/sampling_options.h"
 #include "proto/conversion.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
+#include "engine/tokenizer/hf_tokenizer.h"
 #include "grpcpp/create_channel.h"
 #include "router/server/decode_relay.h"
 #include "router/server/router_metrics.h"
@@ -28,18 +31,24 @@ RequestRouter::RequestRouter(const RouterOptions& options, Registry* registry)
 absl::StatusOr<std::unique_ptr<RequestRouter>> RequestRouter::Create(const RouterOptions& options,
                                                                      Registry* registry) {
   auto router = std::unique_ptr<RequestRouter>(new RequestRouter(options, registry));
-  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(options.model_path));
-  ASSIGN_OR_RETURN(router->tokenizer_, TokenizerFromGguf(*file));
+  ASSIGN_OR_RETURN(router->tokenizer_, TokenizerForModel(options.model_path));
   router->chat_template_ = ChatTemplate::ForModel(*router->tokenizer_);
   if (!router->chat_template_.ok()) {
     LOG(WARNING) << options.model_path << ": chat requests will be refused: "
                  << router->chat_template_.status().message();
   }
   router->file_model_id_ = std::filesystem::path(options.model_path).stem().string();
-  absl::StatusOr<absl::string_view> arch = file->GetString("general.architecture");
-  if (arch.ok()) {
-    absl::StatusOr<uint32_t> context = file->GetUint32(absl::StrCat(*arch, ".context_length"));
-    if (context.ok()) router->file_max_context_ = *context;
+  std::error_code ec;
+  if (std::filesystem::is_directory(options.model_path, ec)) {  // a Hugging Face folder
+    absl::StatusOr<ModelConfig> config = LoadHfConfig(options.model_path + "/config.json");
+    if (config.ok()) router->file_max_context_ = config->max_context;
+  } else {
+    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(options.model_path));
+    absl::StatusOr<absl::string_view> arch = file->GetString("general.architecture");
+    if (arch.ok()) {
+      absl::StatusOr<uint32_t> context = file->GetUint32(absl::StrCat(*arch, ".context_length"));
+      if (context.ok()) router->file_max_context_ = *context;
+    }
   }
   {
     absl::MutexLock lock(&router->mu_);
