@@ -36,10 +36,15 @@ largest magnitude of 35-110):
     forward_reference_test.py, with the near-tie margin scaled to this noise: mean |dlogit| < 0.25
     and the same top-1 at >= 99% of the positions where the reference's margin is >= 0.5 (every
     position agreed at that margin when measured; at 0.25, 1 in 64 did not).
+Llama 3.1's RoPE scaling ("llama3_rope" shapes): llama.cpp reads it only as the `rope_freqs.weight`
+divisors its converter writes; Tandem is run on that file, on the same values as a Hugging Face
+directory whose config.json carries the "rope_scaling" (Tandem computes the divisors), and on a GGUF
+that carries the scaling as `llama.rope.scaling.*` metadata. Same tolerances as above; with the
+scaling left out on Tandem's side the F32 comparison is off by max |dlogit| 44, mean 4.2.
 """
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gguf
 import numpy as np
@@ -63,6 +68,9 @@ class Shape:
     head_dim: int = 32
     ffn: int = 192
     layers: int = 2
+    # Llama 3.1's RoPE scaling, as Hugging Face's config.json "rope_scaling" (rope_type "llama3");
+    # written to GGUF as the `rope_freqs.weight` divisors llama.cpp's converter computes from it.
+    llama3_rope: dict | None = None
 
     @property
     def bias(self):
@@ -74,6 +82,8 @@ class Shape:
 
     @property
     def rope_theta(self):
+        if self.llama3_rope is not None:
+            return 500000.0
         return 10000.0 if self.arch == "llama" else 1000000.0
 
 
@@ -83,6 +93,13 @@ SHAPES = [
     Shape("llama_mha_untied", "llama", hidden=64, heads=4, kv_heads=4, tied=False, layers=3),
     Shape("qwen2_gqa_untied", "qwen2", hidden=128, heads=4, kv_heads=2, tied=False),
     Shape("qwen2_mha_tied", "qwen2", hidden=128, heads=4, kv_heads=4, tied=True),
+    # Llama 3.1/3.2/3.3's scaling with a short original context, so that over NUM_TOKENS positions
+    # most frequencies are divided by `factor` and one falls in the smoothed band (with the real
+    # 8192 the scaled frequencies turn by < 0.05 rad in 64 positions and a test would not see
+    # them).
+    Shape("llama3_rope_gqa_tied", "llama", hidden=128, heads=4, kv_heads=2, tied=True,
+          llama3_rope={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
 ]
 
 GGUF_TYPES = {
@@ -184,9 +201,33 @@ def permute_for_interleaved_rope(w, n_head):
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path, shape, weights, type_name, tokenizer_metadata):
+def llama3_rope_freqs(shape):
+    """The per-frequency divisors llama.cpp's converter writes as `rope_freqs.weight` for a
+    "llama3" rope_scaling (conversion/llama.py, generate_extra_tensors): 1 for short wavelengths,
+    `factor` for long ones, a smooth blend between."""
+    r = shape.llama3_rope
+    freqs = 1.0 / shape.rope_theta ** (np.arange(0, shape.head_dim, 2, dtype=np.float64)
+                                       / shape.head_dim)
+    old = r["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / r["low_freq_factor"], old / r["high_freq_factor"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(r["factor"])
+        else:
+            smooth = (old / wavelen - r["low_freq_factor"]) / (r["high_freq_factor"] -
+                                                               r["low_freq_factor"])
+            out.append(1.0 / ((1 - smooth) / r["factor"] + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write_gguf(path, shape, weights, type_name, tokenizer_metadata, extra_kv=None):
     """Writes `weights` (Hugging Face names and orientation) as a GGUF file whose matrices are in
-    `type_name`; norms and biases stay F32."""
+    `type_name`; norms and biases stay F32. `extra_kv`: more metadata, {key: str | float | int}
+    (a key already written is replaced)."""
     qtype = GGUF_TYPES[type_name]
     writer = gguf.GGUFWriter(path, shape.arch)
     writer.add_block_count(shape.layers)
@@ -199,9 +240,19 @@ def write_gguf(path, shape, weights, type_name, tokenizer_metadata):
     writer.add_value_length(shape.head_dim)
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
-    writer.add_rope_freq_base(shape.rope_theta)
+    if "llama.rope.freq_base" not in (extra_kv or {}):
+        writer.add_rope_freq_base(shape.rope_theta)
+    for key, value in (extra_kv or {}).items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, value)
     for key, value, vtype, sub_type in tokenizer_metadata:
         writer.add_key_value(key, value, vtype, sub_type=sub_type)
+    if shape.llama3_rope is not None:
+        writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(shape))
     for name, w in weights.items():
         if shape.arch == "llama" and name.endswith("q_proj.weight"):
             w = permute_for_interleaved_rope(w, shape.heads)
@@ -284,6 +335,8 @@ def write_hf_model(directory, shape, weights, type_name, vocab):
         "max_position_embeddings": 2048, "rms_norm_eps": shape.rms_eps,
         "rope_theta": shape.rope_theta, "tie_word_embeddings": shape.tied,
     }
+    if shape.llama3_rope is not None:
+        config["rope_scaling"] = shape.llama3_rope
     (directory / "config.json").write_text(json.dumps(config))
     names = list(weights)
     half = len(names) // 2
@@ -341,3 +394,27 @@ def test_random_safetensors_matches_llama_cpp_on_gguf(shape, type_name, tokenize
     gguf_path = tmp_path / f"{shape.name}.gguf"
     write_gguf(gguf_path, shape, weights, "F32", tokenizer_metadata)
     compare_with_llama_cpp(shape, type_name, hf_dir, gguf_path, vocab, tmp_path)
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s.llama3_rope is not None],
+                         ids=lambda s: s.name)
+def test_llama3_rope_metadata_matches_llama_cpp_rope_freqs(shape, tokenizer_metadata, tmp_path):
+    """Tandem on a GGUF that states the scaling as metadata (`llama.rope.scaling.type` "llama3"
+    and its parameters; Tandem computes the divisors) against llama.cpp on the converter's form
+    (`rope_freqs.weight`), F32 matrices."""
+    vocab = vocab_size(tokenizer_metadata)
+    weights = random_weights(shape, vocab, SHAPES.index(shape))
+    ref_path = tmp_path / "rope_freqs.gguf"
+    write_gguf(ref_path, shape, weights, "F32", tokenizer_metadata)
+    metadata_shape = replace(shape, llama3_rope=None)
+    ours_path = tmp_path / "metadata.gguf"
+    r = shape.llama3_rope
+    write_gguf(ours_path, metadata_shape, weights, "F32", tokenizer_metadata, extra_kv={
+        "llama.rope.freq_base": shape.rope_theta,
+        "llama.rope.scaling.type": "llama3",
+        "llama.rope.scaling.factor": r["factor"],
+        "llama.rope.scaling.low_freq_factor": r["low_freq_factor"],
+        "llama.rope.scaling.high_freq_factor": r["high_freq_factor"],
+        "llama.rope.scaling.original_context_length": r["original_max_position_embeddings"],
+    })
+    compare_with_llama_cpp(shape, "F32", ours_path, ref_path, vocab, tmp_path)
