@@ -10,6 +10,7 @@ constexpr LlamaFamilyTraits kLlamaTraits{
     .default_rms_norm_eps = 1e-5f,
     .default_rope_theta = 10000.0f,
     .attention_bias = false,
+    .qk_norm = false,
     .rope_neox = false,  // llama.cpp's converter permutes Q/K rows for interleaved pairs
 };
 

@@ -76,6 +76,7 @@ absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& f,
   ModelConfig c;
   c.architecture = std::string(t.arch);
   c.attention_bias = t.attention_bias;
+  c.qk_norm = t.qk_norm;
   c.rope_neox = t.rope_neox;
   ASSIGN_OR_RETURN(c.num_layers, f.GetUint32(Key(t, "block_count")));
   ASSIGN_OR_RETURN(c.hidden_size, f.GetUint32(Key(t, "embedding_length")));
@@ -178,6 +179,18 @@ absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(const GgufFile& f,
           return absl::InvalidArgumentError(
               absl::StrCat(f.path(), ": tensor '", name(b), "' present, but architecture ",
                            c.architecture, " has no attention biases"));
+        }
+      }
+    }
+    if (c.qk_norm) {
+      ASSIGN_OR_RETURN(l.attn_q_norm, require(name("attn_q_norm.weight"), {c.head_dim}));
+      ASSIGN_OR_RETURN(l.attn_k_norm, require(name("attn_k_norm.weight"), {c.head_dim}));
+    } else {
+      for (absl::string_view n : {"attn_q_norm.weight", "attn_k_norm.weight"}) {
+        if (f.FindTensor(name(n)) != nullptr) {
+          return absl::UnimplementedError(
+              absl::StrCat(f.path(), ": tensor '", name(n), "' present, but architecture ",
+                           c.architecture, " has no Q/K norms"));
         }
       }
     }

@@ -95,6 +95,7 @@ std::string ModelConfig::DebugString() const {
   }
   absl::StrAppend(&s, " tied=", tie_word_embeddings ? "yes" : "no",
                   " qkv_bias=", attention_bias ? "yes" : "no",
+                  " qk_norm=", qk_norm ? "yes" : "no",
                   " rope_pairs=", rope_neox ? "neox" : "interleaved");
   return s;
 }

@@ -1,8 +1,10 @@
 """Tandem's CPU forward pass against llama.cpp on small random Llama-family models, one per
-supported layout: GGUF with F32 / F16 / Q8_0 / Q4_1 matrices, for "llama" and "qwen2" (Q/K/V
-biases), with and without grouped-query attention, with tied and untied embeddings, and a head_dim
+supported layout: GGUF with F32 / F16 / Q8_0 / Q4_1 matrices, for "llama" (also with Llama 3.1's
+RoPE scaling), "qwen2" (Q/K/V biases) and "qwen3" (per-head Q/K RMSNorm before RoPE), with and
+without grouped-query attention, with tied and untied embeddings, and a head_dim
 that is not hidden / heads; and the same shapes as Hugging Face directories (config.json and two
-.safetensors shards, F32 or BF16) run by Tandem against llama.cpp on a GGUF of the same values.
+.safetensors shards, F32 or BF16; "llama" and "qwen2" only) run by Tandem against llama.cpp on a
+GGUF of the same values.
 
 Each model is generated here: random weights in Hugging Face's orientation and naming (a matrix is
 [out, in], Q/K rows in NeoX "rotate half" order), written as GGUF the way llama.cpp's converter
@@ -60,7 +62,7 @@ NUM_TOKENS = 64
 class Shape:
     """The hyper-parameters of one random model."""
     name: str
-    arch: str  # "llama" | "qwen2" (Q/K/V biases)
+    arch: str  # "llama" | "qwen2" (Q/K/V biases) | "qwen3" (per-head Q/K RMSNorm)
     hidden: int
     heads: int
     kv_heads: int
@@ -75,6 +77,10 @@ class Shape:
     @property
     def bias(self):
         return self.arch == "qwen2"
+
+    @property
+    def qk_norm(self):
+        return self.arch == "qwen3"
 
     @property
     def rms_eps(self):
@@ -100,7 +106,13 @@ SHAPES = [
     Shape("llama3_rope_gqa_tied", "llama", hidden=128, heads=4, kv_heads=2, tied=True,
           llama3_rope={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    # Qwen3's layout: head_dim 64 (so attention runs the AVX tile kernels) != hidden / heads.
+    Shape("qwen3_gqa_tied", "qwen3", hidden=128, heads=4, kv_heads=2, tied=True, head_dim=64),
+    Shape("qwen3_mha_untied", "qwen3", hidden=64, heads=2, kv_heads=2, tied=False),
 ]
+
+# The architectures Tandem also loads as Hugging Face directories.
+HF_SHAPES = [s for s in SHAPES if s.arch in ("llama", "qwen2")]
 
 GGUF_TYPES = {
     "F32": gguf.GGMLQuantizationType.F32,
@@ -145,8 +157,8 @@ def random_weights(shape, vocab, seed):
         # Rows of unit-RMS inputs map to outputs of std `gain`.
         return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
 
-    def norm(n):
-        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+    def norm(n, mean=1.0):
+        return (mean + 0.2 * rng.standard_normal(n)).astype(np.float32)
 
     w = {"model.embed_tokens.weight": rng.standard_normal((vocab, h)).astype(np.float32)}
     for i in range(shape.layers):
@@ -159,6 +171,10 @@ def random_weights(shape, vocab, seed):
         if shape.bias:
             for proj, n in (("q_proj", dq), ("k_proj", dkv), ("v_proj", dkv)):
                 w[p + f"self_attn.{proj}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
+        if shape.qk_norm:
+            # Normalized heads score with a std of about 1 * gain²: 1.5 gives about 2.
+            w[p + "self_attn.q_norm.weight"] = norm(shape.head_dim, 1.5)
+            w[p + "self_attn.k_norm.weight"] = norm(shape.head_dim, 1.5)
         w[p + "post_attention_layernorm.weight"] = norm(h)
         w[p + "mlp.gate_proj.weight"] = matrix(f, h, 1.0)
         w[p + "mlp.up_proj.weight"] = matrix(f, h, 1.0)
@@ -178,6 +194,8 @@ GGUF_NAMES = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -379,7 +397,7 @@ def test_random_gguf_with_f16_kv_cache_matches_llama_cpp(shape, tokenizer_metada
 
 
 @pytest.mark.parametrize("type_name", ["F32", "BF16"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)
+@pytest.mark.parametrize("shape", HF_SHAPES, ids=lambda s: s.name)
 def test_random_safetensors_matches_llama_cpp_on_gguf(shape, type_name, tokenizer_metadata,
                                                       tmp_path):
     """Tandem on the Hugging Face layout (NeoX Q/K rows) against llama.cpp on the GGUF conversion
