@@ -109,6 +109,14 @@ absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& f,
         ": partial RoPE (head_dim ", c.head_dim, ") is not supported"));
   }
   RETURN_IF_ERROR(ReadRopeScaling(f, t, &c));
+  // Every layer windowed alike; per-layer patterns (`attention.sliding_window_pattern`, Gemma's
+  // alternation) are not supported.
+  ASSIGN_OR_RETURN(c.sliding_window, OptionalSize(f, Key(t, "attention.sliding_window"), 0));
+  if (c.sliding_window > 0 && f.Has(Key(t, "attention.sliding_window_pattern"))) {
+    return absl::UnimplementedError(absl::StrCat(
+        f.path(), ": metadata key '", Key(t, "attention.sliding_window_pattern"),
+        "': per-layer sliding-window patterns are not supported"));
+  }
 
   // Vocabulary: the tokenizer's token list, else `{arch}.vocab_size`, else the embedding rows.
   const GgufTensor* embd = f.FindTensor("token_embd.weight");

@@ -49,6 +49,9 @@ struct ModelConfig {
   // Each head of Q and of K is RMS-normalized (weights of head_dim, eps rms_norm_eps) after the
   // projection and before RoPE (Qwen3).
   bool qk_norm = false;
+  // > 0: sliding-window attention in every layer, each token attending to its last
+  // `sliding_window` positions, itself included (Mistral 7B v0.1's 4096); 0: full causal attention.
+  int64_t sliding_window = 0;
   // How RoPE pairs the dimensions of a head, which depends on how the file orders the Q/K rows:
   // true for NeoX / Hugging Face "rotate_half" pairs (i, i + head_dim / 2), false for adjacent
   // pairs (2i, 2i + 1). Set by the loader: GGUF "llama" files are interleaved (llama.cpp's

@@ -329,6 +329,10 @@ TEST(ModelLoaderTest, MetadataErrorsAndRopeScaling) {
        {"llama.rope.dimension_count", "partial RoPE"}},
       {"yarn", {{"llama.rope.scaling.type", Str("yarn")}, {"llama.rope.scaling.factor", F32(4)}},
        C::kUnimplemented, {"'yarn'", "none, linear, llama3"}},
+      {"sliding window pattern",
+       {{"llama.attention.sliding_window", U32(16)},
+        {"llama.attention.sliding_window_pattern", U32(2)}},
+       C::kUnimplemented, {"'llama.attention.sliding_window_pattern'", "not supported"}},
       {"linear without factor", {{"llama.rope.scaling.type", Str("linear")}}, C::kNotFound,
        {"'llama.rope.scaling.factor'"}},
       {"vocab mismatch", {{"llama.vocab_size", U32(41)}, {"tokenizer.ggml.tokens", std::nullopt}},
@@ -350,6 +354,13 @@ TEST(ModelLoaderTest, MetadataErrorsAndRopeScaling) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->config.rope_scaling.type, RopeScaling::Type::kLinear);
   EXPECT_EQ(m->config.rope_scaling.factor, 2.0f);
+
+  TinyModelSpec mistral;
+  mistral.kv_override = {{"llama.attention.sliding_window", U32(4096)}};
+  m = LoadTiny(mistral);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config.sliding_window, 4096);
+  EXPECT_EQ(LoadTiny(TinyModelSpec{})->config.sliding_window, 0);
 
   TinyModelSpec llama3;
   llama3.kv_override = {{"llama.rope.scaling.type", Str("llama3")},
@@ -414,6 +425,7 @@ TEST(ModelConfigTest, ValidateNamesTheBadField) {
          c->rope_scaling.low_freq_factor = 4;
          c->rope_scaling.high_freq_factor = 4;
        }},
+      {"sliding_window must be >= 0", [](ModelConfig* c) { c->sliding_window = -1; }},
       {"original_max_position",
        [](ModelConfig* c) {
          c->rope_scaling.type = RopeScaling::Type::kLlama3;

@@ -394,6 +394,7 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
   ap.num_heads = c.num_heads;
   ap.num_kv_heads = c.num_kv_heads;
   ap.head_dim = c.head_dim;
+  ap.window = c.sliding_window;
   RETURN_IF_ERROR(
       cpu::PagedAttention(ap, cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}));
   Emit(dump, "kqv_out" + suffix, sc.attn.data(), T, Dq);
