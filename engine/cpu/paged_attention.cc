@@ -13,10 +13,10 @@ namespace {
 
 absl::Status Validate(const PagedAttentionParams& p) {
   if (p.num_tokens < 0 || p.head_dim <= 0 || p.block_size <= 0 || p.num_kv_heads <= 0 ||
-      p.num_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
+      p.num_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.window < 0) {
     return absl::InvalidArgumentError(
-        "PagedAttention: need head_dim, block_size, num_kv_heads > 0 and num_heads a multiple of "
-        "num_kv_heads");
+        "PagedAttention: need head_dim, block_size, num_kv_heads > 0, num_heads a multiple of "
+        "num_kv_heads and window >= 0");
   }
   if (p.num_tokens > 0 &&
       (p.q == nullptr || p.out == nullptr || p.k_cache == nullptr || p.v_cache == nullptr ||
@@ -28,6 +28,11 @@ absl::Status Validate(const PagedAttentionParams& p) {
                                                    DTypeName(p.kv_type), " (F32 or F16)"));
   }
   return absl::OkStatus();
+}
+
+// The first cache position a token at `pos` attends to.
+int64_t FirstPosition(const PagedAttentionParams& p, int64_t pos) {
+  return p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
 }
 
 float Scale(const PagedAttentionParams& p) {
@@ -84,7 +89,8 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
       group <= kAttendMaxHeads) {
     // One item per (run, KV head): a run is up to kAttendMaxRows tokens of one sequence at
     // consecutive positions (a prompt chunk's) where the table has the tile kernel, else one
-    // token; its tokens' query heads share every key and value load.
+    // token; its tokens' query heads share every key and value load. The tile kernel's rows all
+    // start at position 0, so a run's tokens must all lie within the sliding window's reach of it.
     const bool tiles = f16 ? kt.attend64_rows_f16 != nullptr : kt.attend64_rows != nullptr;
     struct Run {
       int64_t first = 0, rows = 0;
@@ -95,7 +101,8 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
       int64_t rows = 1;
       while (tiles && rows < kAttendMaxRows && t + rows < p.num_tokens &&
              p.token_seq[t + rows] == p.token_seq[t] &&
-             p.token_pos[t + rows] == p.token_pos[t] + rows) {
+             p.token_pos[t + rows] == p.token_pos[t] + rows &&
+             FirstPosition(p, p.token_pos[t + rows]) == 0) {
         ++rows;
       }
       runs.push_back({t, rows});
@@ -111,7 +118,10 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
         const int64_t t = run.first;
         const int64_t seq = p.token_seq[t];
         const int64_t first_ctx = static_cast<int64_t>(p.token_pos[t]) + 1;
-        const int64_t ctx = first_ctx + run.rows - 1;  // the run's last token's
+        const int64_t end = first_ctx + run.rows - 1;  // the run's last token's, exclusive
+        // A run of more than one token starts at 0 (see above); a single token at its window.
+        const int64_t lo = FirstPosition(p, p.token_pos[t]);
+        const int64_t ctx = end - lo;  // positions attended to, from lo
         const int64_t padded = (ctx + kAttendChunk - 1) / kAttendChunk * kAttendChunk;
         keys.resize(static_cast<size_t>(padded));
         values.resize(static_cast<size_t>(padded));
@@ -121,13 +131,15 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
         const char* const k_head = static_cast<const char*>(p.k_cache) + head_offset;
         const char* const v_head = static_cast<const char*>(p.v_cache) + head_offset;
         const int32_t* const table = p.block_tables + seq * p.max_blocks_per_seq;
-        for (int64_t start = 0, b = 0; start < ctx; start += p.block_size, ++b) {
+        for (int64_t b = lo / p.block_size, start = b * p.block_size; start < end;
+             start += p.block_size, ++b) {
           const int64_t block_offset = table[b] * p.block_stride * bytes;
-          const int64_t slots = std::min(p.block_size, ctx - start);
-          for (int64_t j = 0; j < slots; ++j) {
+          const int64_t first = std::max(start, lo) - start;
+          const int64_t slots = std::min(p.block_size, end - start);
+          for (int64_t j = first; j < slots; ++j) {
             const int64_t offset = block_offset + j * p.token_stride * bytes;
-            keys[start + j] = k_head + offset;
-            values[start + j] = v_head + offset;
+            keys[start + j - lo] = k_head + offset;
+            values[start + j - lo] = v_head + offset;
           }
         }
         const void* zeros = f16 ? static_cast<const void*>(kZeroHalves) : kZeros;
@@ -176,7 +188,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
       float running_max = -std::numeric_limits<float>::infinity();
       float running_sum = 0.0f;
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t start = 0; start < ctx; start += kChunk) {
+      for (int64_t start = FirstPosition(p, ctx - 1); start < ctx; start += kChunk) {
         const int64_t count = std::min(kChunk, ctx - start);
         float chunk_max = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < count; ++j) {
@@ -217,9 +229,10 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
     for (int64_t h = 0; h < p.num_heads; ++h) {
       const int64_t g = h / group;
       const float* q = p.q + t * p.q_token_stride + h * d;
-      std::vector<double> s(static_cast<size_t>(ctx));
+      const int64_t lo = FirstPosition(p, ctx - 1);
+      std::vector<double> s(static_cast<size_t>(ctx), 0.0);
       double max = -std::numeric_limits<double>::infinity();
-      for (int64_t pos = 0; pos < ctx; ++pos) {
+      for (int64_t pos = lo; pos < ctx; ++pos) {
         const int64_t k = CacheOffset(p, seq, pos, g);
         double dot = 0.0;
         for (int64_t i = 0; i < d; ++i) {
@@ -229,12 +242,12 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
         max = std::max(max, s[pos]);
       }
       double sum = 0.0;
-      for (double& v : s) {
-        v = std::exp(v - max);
-        sum += v;
+      for (int64_t pos = lo; pos < ctx; ++pos) {
+        s[pos] = std::exp(s[pos] - max);
+        sum += s[pos];
       }
       std::vector<double> o(static_cast<size_t>(d), 0.0);
-      for (int64_t pos = 0; pos < ctx; ++pos) {
+      for (int64_t pos = lo; pos < ctx; ++pos) {
         const int64_t v = CacheOffset(p, seq, pos, g);
         for (int64_t i = 0; i < d; ++i) o[i] += s[pos] / sum * ElementAt(p, p.v_cache, v + i);
       }

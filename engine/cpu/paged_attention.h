@@ -3,7 +3,8 @@
 // One call serves a whole step: the batch's query tokens may be prefill-chunk tokens and single
 // decode tokens mixed in any order. Token t belongs to sequence token_seq[t] and sits at position
 // token_pos[t]; it attends to that sequence's cache positions 0..token_pos[t] (so the K/V of the
-// step's own tokens must already be written to the cache). Cache position p of sequence s is slot
+// step's own tokens must already be written to the cache), or with a sliding window of W
+// positions (Mistral's) only to max(0, token_pos[t] - W + 1)..token_pos[t]. Cache position p of sequence s is slot
 // p % block_size of physical block block_tables[s * max_blocks_per_seq + p / block_size].
 //
 // One pass per (token, head): online softmax (running max and sum, as in FlashAttention) over the
@@ -55,10 +56,13 @@ struct PagedAttentionParams {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   float scale = 0.0f;  // applied to q·k; 0 means 1 / sqrt(head_dim)
+  // > 0: sliding-window attention, each token sees its last `window` positions (itself
+  // included); 0: every position up to its own.
+  int64_t window = 0;
 };
 
 // INVALID_ARGUMENT for inconsistent sizes (non-positive head_dim / block_size, num_heads not a
-// multiple of num_kv_heads, null pointers with tokens present) or a kv_type other than F32 / F16.
+// multiple of num_kv_heads, null pointers with tokens present, a negative window) or a kv_type other than F32 / F16.
 // Positions and block ids are the caller's contract (checked one layer up) and are not validated
 // per token.
 [[nodiscard]] absl::Status PagedAttention(const PagedAttentionParams& params,

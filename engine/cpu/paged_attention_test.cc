@@ -160,6 +160,70 @@ TEST(PagedAttentionLongTest, MatchesTheReferenceOverManyChunks) {
   }
 }
 
+// Sliding-window attention (Mistral's): each token sees only its last `window` positions, in a
+// prompt chunk that crosses the window's edge (tile runs must stop there), decode tokens, head_dim
+// 64 (the AVX kernels) and 32 (the generic loop). Against the reference with the same window, and
+// with every cache position a decode token must not see set to NaN, so a read outside the window
+// poisons its output.
+TEST(PagedAttentionWindowTest, SeesOnlyTheWindow) {
+  const std::vector<int64_t> lens = {41, 64, 33, 97};
+  std::vector<std::pair<int32_t, int32_t>> tokens;
+  for (int32_t pos = 0; pos < 41; ++pos) tokens.push_back({0, pos});  // a whole prompt
+  tokens.insert(tokens.end(), {{1, 63}, {2, 32}, {3, 96}});             // one token each
+  for (int64_t window : {1, 7, 24, 40, 100}) {
+    for (int64_t head_dim : {64, 32}) {
+      for (int64_t group : {1, 3, 7}) {
+        std::mt19937 rng(static_cast<uint32_t>(window * 100 + head_dim + group));
+        Batch batch = MakeBatch(16, group, head_dim, rng, lens, tokens, 4.0f);
+        // Sequences 1..3 have one token, at their last position: poison what precedes its window.
+        PagedAttentionParams p = batch.Params();
+        for (int32_t s = 1; s < 4; ++s) {
+          const int64_t last = lens[s] - 1;
+          for (int64_t pos = 0; pos < last - window + 1; ++pos) {
+            const int64_t block = batch.block_tables[s * batch.max_blocks + pos / 16];
+            for (int64_t i = 0; i < p.token_stride; ++i) {
+              const int64_t off = block * p.block_stride + (pos % 16) * p.token_stride + i;
+              batch.k_cache[off] = batch.v_cache[off] = std::numeric_limits<float>::quiet_NaN();
+            }
+          }
+        }
+        for (DType kv_type : {DType::kF32, DType::kF16}) {
+          p = batch.Params(kv_type);
+          p.window = window;
+          std::vector<float> expected(batch.out.size());
+          p.out = expected.data();
+          ASSERT_TRUE(PagedAttentionReference(p).ok());
+          for (Isa isa : kAllIsas) {
+            if (!IsaSupported(isa, HostCpuFeatures())) continue;
+            std::vector<float> got(batch.out.size(), std::numeric_limits<float>::quiet_NaN());
+            p.out = got.data();
+            ASSERT_TRUE(PagedAttention(p, {.isa = isa}).ok());
+            for (size_t i = 0; i < got.size(); ++i) {
+              if (i % p.out_token_stride >= static_cast<size_t>(p.num_heads * head_dim)) continue;
+              // As MatchesTheReferenceOverManyChunks (NaN fails it).
+              ASSERT_NEAR(got[i], expected[i], 1e-5f)
+                  << IsaName(isa) << " " << DTypeName(kv_type) << " window " << window
+                  << " head_dim " << head_dim << " group " << group << " element " << i
+                  << " (token " << i / p.out_token_stride << ")";
+            }
+          }
+        }
+      }
+    }
+  }
+  // A window that reaches position 0 changes nothing.
+  std::mt19937 rng(5);
+  Batch batch = MakeBatch(16, 2, 64, rng, lens, tokens);
+  PagedAttentionParams p = batch.Params();
+  std::vector<float> full(batch.out.size()), windowed(batch.out.size());
+  p.out = full.data();
+  ASSERT_TRUE(PagedAttention(p).ok());
+  p.window = 97;
+  p.out = windowed.data();
+  ASSERT_TRUE(PagedAttention(p).ok());
+  EXPECT_EQ(full, windowed);
+}
+
 // A prompt chunk's tokens go to the tile kernel (Attend64RowsFn) in runs of up to 8; each
 // token's output must be bit for bit what the step gives when that token is the only one (the
 // one-token kernel), for every group size, both cache types, chunks that start anywhere relative

@@ -10,6 +10,7 @@ constexpr LlamaFamilyTraits kQwen2Traits{
     .default_rms_norm_eps = 1e-6f,
     .default_rope_theta = 1000000.0f,
     .attention_bias = true,
+    .qk_norm = false,
     .rope_neox = true,  // written unpermuted
 };
 

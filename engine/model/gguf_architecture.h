@@ -20,6 +20,7 @@ struct GgufArchitecture {
 
 const GgufArchitecture& LlamaArchitecture();  // arch_llama.cc
 const GgufArchitecture& Qwen2Architecture();  // arch_qwen2.cc
+const GgufArchitecture& Qwen3Architecture();  // arch_qwen3.cc
 
 // Shared by the Llama-family architectures (llama_family.cc).
 struct LlamaFamilyTraits {
@@ -27,6 +28,7 @@ struct LlamaFamilyTraits {
   float default_rms_norm_eps;    // when `{arch}.attention.layer_norm_rms_epsilon` is absent
   float default_rope_theta;      // when `{arch}.rope.freq_base` is absent
   bool attention_bias;           // Q/K/V bias tensors are required
+  bool qk_norm;                  // per-head Q/K norm tensors (attn_{q,k}_norm) are required
   bool rope_neox;                // ModelConfig::rope_neox for this architecture's files
 };
 absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& file,

@@ -76,6 +76,7 @@ absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& f,
   ModelConfig c;
   c.architecture = std::string(t.arch);
   c.attention_bias = t.attention_bias;
+  c.qk_norm = t.qk_norm;
   c.rope_neox = t.rope_neox;
   ASSIGN_OR_RETURN(c.num_layers, f.GetUint32(Key(t, "block_count")));
   ASSIGN_OR_RETURN(c.hidden_size, f.GetUint32(Key(t, "embedding_length")));
@@ -108,6 +109,14 @@ absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& f,
         ": partial RoPE (head_dim ", c.head_dim, ") is not supported"));
   }
   RETURN_IF_ERROR(ReadRopeScaling(f, t, &c));
+  // Every layer windowed alike; per-layer patterns (`attention.sliding_window_pattern`, Gemma's
+  // alternation) are not supported.
+  ASSIGN_OR_RETURN(c.sliding_window, OptionalSize(f, Key(t, "attention.sliding_window"), 0));
+  if (c.sliding_window > 0 && f.Has(Key(t, "attention.sliding_window_pattern"))) {
+    return absl::UnimplementedError(absl::StrCat(
+        f.path(), ": metadata key '", Key(t, "attention.sliding_window_pattern"),
+        "': per-layer sliding-window patterns are not supported"));
+  }
 
   // Vocabulary: the tokenizer's token list, else `{arch}.vocab_size`, else the embedding rows.
   const GgufTensor* embd = f.FindTensor("token_embd.weight");
@@ -178,6 +187,18 @@ absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(const GgufFile& f,
           return absl::InvalidArgumentError(
               absl::StrCat(f.path(), ": tensor '", name(b), "' present, but architecture ",
                            c.architecture, " has no attention biases"));
+        }
+      }
+    }
+    if (c.qk_norm) {
+      ASSIGN_OR_RETURN(l.attn_q_norm, require(name("attn_q_norm.weight"), {c.head_dim}));
+      ASSIGN_OR_RETURN(l.attn_k_norm, require(name("attn_k_norm.weight"), {c.head_dim}));
+    } else {
+      for (absl::string_view n : {"attn_q_norm.weight", "attn_k_norm.weight"}) {
+        if (f.FindTensor(name(n)) != nullptr) {
+          return absl::UnimplementedError(
+              absl::StrCat(f.path(), ": tensor '", name(n), "' present, but architecture ",
+                           c.architecture, " has no Q/K norms"));
         }
       }
     }

@@ -56,6 +56,9 @@ absl::Status ModelConfig::Validate() const {
   if (!PositiveFinite(rope_theta)) {
     return Bad(*this, absl::StrCat("rope_theta must be positive and finite, got ", rope_theta));
   }
+  if (sliding_window < 0) {
+    return Bad(*this, absl::StrCat("sliding_window must be >= 0, got ", sliding_window));
+  }
   switch (rope_scaling.type) {
     case RopeScaling::Type::kNone:
       break;
@@ -95,6 +98,7 @@ std::string ModelConfig::DebugString() const {
   }
   absl::StrAppend(&s, " tied=", tie_word_embeddings ? "yes" : "no",
                   " qkv_bias=", attention_bias ? "yes" : "no",
+                  " qk_norm=", qk_norm ? "yes" : "no", " sliding_window=", sliding_window,
                   " rope_pairs=", rope_neox ? "neox" : "interleaved");
   return s;
 }

@@ -1,4 +1,5 @@
-// The shape of a Llama-family transformer (Llama 2/3, SmolLM/SmolLM2, TinyLlama, Mistral, Qwen2),
+// The shape of a Llama-family transformer (Llama 2/3, SmolLM/SmolLM2, TinyLlama, Mistral, Qwen2,
+// Qwen3),
 // as read from a model file, and its validation.
 #ifndef TANDEM_ENGINE_MODEL_MODEL_CONFIG_H_
 #define TANDEM_ENGINE_MODEL_MODEL_CONFIG_H_
@@ -28,7 +29,7 @@ absl::string_view RopeScalingTypeName(RopeScaling::Type type);
 
 // Hyper-parameters of a decoder-only Llama-family model. All sizes are element counts.
 struct ModelConfig {
-  // GGUF `general.architecture` spelling: "llama" or "qwen2".
+  // GGUF `general.architecture` spelling: "llama", "qwen2" or "qwen3".
   std::string architecture;
   int64_t vocab_size = 0;         // rows of the token embedding
   int64_t hidden_size = 0;        // d_model
@@ -45,6 +46,12 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   // Q, K and V projections have biases (Qwen2).
   bool attention_bias = false;
+  // Each head of Q and of K is RMS-normalized (weights of head_dim, eps rms_norm_eps) after the
+  // projection and before RoPE (Qwen3).
+  bool qk_norm = false;
+  // > 0: sliding-window attention in every layer, each token attending to its last
+  // `sliding_window` positions, itself included (Mistral 7B v0.1's 4096); 0: full causal attention.
+  int64_t sliding_window = 0;
   // How RoPE pairs the dimensions of a head, which depends on how the file orders the Q/K rows:
   // true for NeoX / Hugging Face "rotate_half" pairs (i, i + head_dim / 2), false for adjacent
   // pairs (2i, 2i + 1). Set by the loader: GGUF "llama" files are interleaved (llama.cpp's

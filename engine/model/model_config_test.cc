@@ -39,6 +39,7 @@ struct TinyModelSpec {
   int64_t vocab = 40;
   bool tied = true;
   bool biases = false;
+  bool qk_norms = false;  // blk.N.attn_{q,k}_norm.weight
   // Metadata changes: a value replaces (or adds) the key, std::nullopt removes it.
   std::map<std::string, std::optional<GgufTestValue>> kv_override;
   std::set<std::string> skip_tensors;
@@ -95,6 +96,10 @@ std::string BuildTinyModel(const TinyModelSpec& s) {
       add(p + "attn_q.bias", DType::kF32, {s.heads * hd});
       add(p + "attn_k.bias", DType::kF32, {s.kv_heads * hd});
       add(p + "attn_v.bias", DType::kF32, {s.kv_heads * hd});
+    }
+    if (s.qk_norms) {
+      add(p + "attn_q_norm.weight", DType::kF32, {hd});
+      add(p + "attn_k_norm.weight", DType::kF32, {hd});
     }
     add(p + "ffn_norm.weight", DType::kF32, {s.hidden});
     add(p + "ffn_gate.weight", DType::kQ8_0, {s.hidden, s.ffn});
@@ -189,15 +194,67 @@ TEST(ModelLoaderTest, Qwen2NeedsItsQkvBiases) {
   EXPECT_THAT(s.message(), HasSubstr("'blk.0.attn_q.bias'"));
 }
 
-TEST(ModelLoaderTest, DispatchesOnGeneralArchitecture) {
-  EXPECT_THAT(SupportedGgufArchitectures(), ::testing::ElementsAre("llama", "qwen2"));
+TEST(ModelLoaderTest, Qwen3NeedsItsQkNorms) {
   TinyModelSpec spec;
-  spec.arch = "gemma";
-  absl::Status s = LoadTiny(spec).status();
+  spec.arch = "qwen3";
+  spec.kv_override["qwen3.attention.layer_norm_rms_epsilon"] = std::nullopt;  // default 1e-6
+  spec.kv_override["qwen3.attention.key_length"] = U32(32);  // head_dim != hidden / heads
+  spec.kv_override["qwen3.attention.value_length"] = U32(32);
+  spec.shape_override = {{"blk.0.attn_q.weight", {64, 128}}, {"blk.1.attn_q.weight", {64, 128}},
+                         {"blk.0.attn_k.weight", {64, 64}},  {"blk.1.attn_k.weight", {64, 64}},
+                         {"blk.0.attn_v.weight", {64, 64}},  {"blk.1.attn_v.weight", {64, 64}},
+                         {"blk.0.attn_output.weight", {128, 64}},
+                         {"blk.1.attn_output.weight", {128, 64}},
+                         {"blk.0.attn_q_norm.weight", {32}}, {"blk.1.attn_q_norm.weight", {32}},
+                         {"blk.0.attn_k_norm.weight", {32}}, {"blk.1.attn_k_norm.weight", {32}}};
+  spec.qk_norms = true;
+  absl::StatusOr<LoadedModel> m = LoadTiny(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config.architecture, "qwen3");
+  EXPECT_TRUE(m->config.qk_norm);
+  EXPECT_FALSE(m->config.attention_bias);
+  EXPECT_TRUE(m->config.rope_neox);
+  EXPECT_EQ(m->config.head_dim, 32);
+  EXPECT_FLOAT_EQ(m->config.rms_norm_eps, 1e-6f);
+  EXPECT_FLOAT_EQ(m->config.rope_theta, 10000.0f);  // the file's, over the 1e6 default
+  for (const LayerWeights& l : m->weights.layers) {
+    ASSERT_NE(l.attn_q_norm, nullptr);
+    EXPECT_EQ(l.attn_q_norm->shape, (std::vector<int64_t>{32}));
+    ASSERT_NE(l.attn_k_norm, nullptr);
+    EXPECT_EQ(l.attn_q_bias, nullptr);
+  }
+
+  // Without its norms a Qwen3 file is refused, naming the tensor and its shape.
+  TinyModelSpec missing = spec;
+  missing.skip_tensors.insert("blk.1.attn_k_norm.weight");
+  absl::Status s = LoadTiny(missing).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'blk.1.attn_k_norm.weight'"));
+  EXPECT_THAT(s.message(), HasSubstr("{32}"));
+
+  // A Llama file with Q/K norms would be misread without them: refused, naming the tensor.
+  TinyModelSpec llama;
+  llama.qk_norms = true;
+  s = LoadTiny(llama).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_THAT(s.message(), HasSubstr("'gemma'"));
-  EXPECT_THAT(s.message(), HasSubstr("llama, qwen2"));
-  EXPECT_THAT(s.message(), HasSubstr(kName));
+  EXPECT_THAT(s.message(), HasSubstr("'blk.0.attn_q_norm.weight'"));
+  EXPECT_THAT(s.message(), HasSubstr("llama"));
+}
+
+TEST(ModelLoaderTest, DispatchesOnGeneralArchitecture) {
+  EXPECT_THAT(SupportedGgufArchitectures(), ::testing::ElementsAre("llama", "qwen2", "qwen3"));
+  // Architectures people download that Tandem does not run yet: refused at load, by name.
+  for (const char* arch : {"gemma", "gemma2", "gemma3", "phi3", "mistral3"}) {
+    SCOPED_TRACE(arch);
+    TinyModelSpec spec;
+    spec.arch = arch;
+    absl::Status s = LoadTiny(spec).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("'", arch, "'")));
+    EXPECT_THAT(s.message(), HasSubstr("llama, qwen2, qwen3"));
+    EXPECT_THAT(s.message(), HasSubstr(kName));
+  }
+  absl::Status s;
 
   TinyModelSpec no_arch;
   no_arch.kv_override["general.architecture"] = std::nullopt;
@@ -272,6 +329,10 @@ TEST(ModelLoaderTest, MetadataErrorsAndRopeScaling) {
        {"llama.rope.dimension_count", "partial RoPE"}},
       {"yarn", {{"llama.rope.scaling.type", Str("yarn")}, {"llama.rope.scaling.factor", F32(4)}},
        C::kUnimplemented, {"'yarn'", "none, linear, llama3"}},
+      {"sliding window pattern",
+       {{"llama.attention.sliding_window", U32(16)},
+        {"llama.attention.sliding_window_pattern", U32(2)}},
+       C::kUnimplemented, {"'llama.attention.sliding_window_pattern'", "not supported"}},
       {"linear without factor", {{"llama.rope.scaling.type", Str("linear")}}, C::kNotFound,
        {"'llama.rope.scaling.factor'"}},
       {"vocab mismatch", {{"llama.vocab_size", U32(41)}, {"tokenizer.ggml.tokens", std::nullopt}},
@@ -293,6 +354,13 @@ TEST(ModelLoaderTest, MetadataErrorsAndRopeScaling) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->config.rope_scaling.type, RopeScaling::Type::kLinear);
   EXPECT_EQ(m->config.rope_scaling.factor, 2.0f);
+
+  TinyModelSpec mistral;
+  mistral.kv_override = {{"llama.attention.sliding_window", U32(4096)}};
+  m = LoadTiny(mistral);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config.sliding_window, 4096);
+  EXPECT_EQ(LoadTiny(TinyModelSpec{})->config.sliding_window, 0);
 
   TinyModelSpec llama3;
   llama3.kv_override = {{"llama.rope.scaling.type", Str("llama3")},
@@ -357,6 +425,7 @@ TEST(ModelConfigTest, ValidateNamesTheBadField) {
          c->rope_scaling.low_freq_factor = 4;
          c->rope_scaling.high_freq_factor = 4;
        }},
+      {"sliding_window must be >= 0", [](ModelConfig* c) { c->sliding_window = -1; }},
       {"original_max_position",
        [](ModelConfig* c) {
          c->rope_scaling.type = RopeScaling::Type::kLlama3;

@@ -14,7 +14,7 @@ namespace {
 
 // The registry: one entry per architecture file.
 std::vector<const GgufArchitecture*> Architectures() {
-  return {&LlamaArchitecture(), &Qwen2Architecture()};
+  return {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture()};
 }
 
 absl::StatusOr<const GgufArchitecture*> FindArchitecture(const GgufFile& file) {

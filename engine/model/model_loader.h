@@ -5,7 +5,7 @@
 //   const GgufTensor* wq = model.weights.layers[0].attn_q;  // ggml shape {hidden, heads*head_dim}
 //
 // For GGUF the architecture comes from `general.architecture`; one source file per architecture
-// (arch_llama.cc, arch_qwen2.cc) maps its metadata and tensor names. For Hugging Face directories
+// (arch_llama.cc, arch_qwen2.cc, arch_qwen3.cc) maps its metadata and tensor names. For Hugging Face directories
 // it comes from config.json (hf_config.h) and hf_model_loader.cc maps the tensor names.
 //
 // Every tensor is a GgufTensor view whatever the file format: for safetensors, `shape` is the
@@ -16,6 +16,7 @@
 //   token_embd   {H, V}     output_norm {H}       output {H, V} (== token_embd when tied)
 //   attn_norm    {H}        attn_q {H, Dq}        attn_k {H, Dkv}     attn_v {H, Dkv}
 //   attn_output  {Dq, H}    attn_q_bias {Dq}      attn_k_bias {Dkv}   attn_v_bias {Dkv}
+//   attn_q_norm  {head_dim} attn_k_norm {head_dim}
 //   ffn_norm     {H}        ffn_gate {H, F}       ffn_up {H, F}       ffn_down {F, H}
 // (A weight {in, out} in ggml order is a PyTorch [out, in] matrix: y = W x.)
 #ifndef TANDEM_ENGINE_MODEL_MODEL_LOADER_H_
@@ -33,7 +34,8 @@
 namespace tandem {
 
 // One transformer block. Pointers are into the owning LoadedModel; never null except the biases,
-// which are set exactly when ModelConfig::attention_bias is true.
+// which are set exactly when ModelConfig::attention_bias is true, and the Q/K norms, set exactly
+// when ModelConfig::qk_norm is true.
 struct LayerWeights {
   const GgufTensor* attn_norm = nullptr;
   const GgufTensor* attn_q = nullptr;
@@ -43,6 +45,8 @@ struct LayerWeights {
   const GgufTensor* attn_q_bias = nullptr;
   const GgufTensor* attn_k_bias = nullptr;
   const GgufTensor* attn_v_bias = nullptr;
+  const GgufTensor* attn_q_norm = nullptr;  // {head_dim}, shared by every Q head
+  const GgufTensor* attn_k_norm = nullptr;  // {head_dim}, shared by every K head
   const GgufTensor* ffn_norm = nullptr;
   const GgufTensor* ffn_gate = nullptr;
   const GgufTensor* ffn_up = nullptr;
@@ -100,7 +104,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 // Only the config (no tensor mapping), e.g. for planning memory before loading weights.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file);
 
-// {"llama", "qwen2"}.
+// {"llama", "qwen2", "qwen3"}.
 std::vector<std::string> SupportedGgufArchitectures();
 
 }  // namespace tandem

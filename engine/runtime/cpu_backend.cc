@@ -95,6 +95,8 @@ absl::Status CpuBackend::Init() {
     s.q_bias = ToFloat(w.attn_q_bias);
     s.k_bias = ToFloat(w.attn_k_bias);
     s.v_bias = ToFloat(w.attn_v_bias);
+    s.q_norm = ToFloat(w.attn_q_norm);
+    s.k_norm = ToFloat(w.attn_k_norm);
   }
   if (options_.pack_weights) RETURN_IF_ERROR(PackWeights());
   return absl::OkStatus();
@@ -224,6 +226,16 @@ void CpuBackend::Rope(std::vector<float>& y, int64_t heads) {
                             .style = rope_style_, .cos_sin = scratch_.rope_cos_sin.data()});
 }
 
+void CpuBackend::HeadNorm(std::vector<float>& y, int64_t heads,
+                          const std::vector<float>& weight) const {
+  if (weight.empty()) return;
+  const ModelConfig& c = model_->config;
+  cpu::RmsNorm(cpu::RmsNormParams{.x = y.data(), .x_stride = c.head_dim,
+                                  .weight = weight.data(), .out = y.data(),
+                                  .out_stride = c.head_dim, .rows = plan_.num_tokens * heads,
+                                  .dim = c.head_dim, .eps = c.rms_norm_eps});
+}
+
 void CpuBackend::CollectKvRows(int64_t l, const KvStorage& kv) {
   // Each sequence's positions 0 .. its last in this step; the step's own rows are written in
   // between, so asking for them early only saves a miss.
@@ -333,6 +345,8 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
   AddBias(sc.q, sl.q_bias, T);
   AddBias(sc.k, sl.k_bias, T);
   AddBias(sc.v, sl.v_bias, T);
+  HeadNorm(sc.q, c.num_heads, sl.q_norm);
+  HeadNorm(sc.k, c.num_kv_heads, sl.k_norm);
   Rope(sc.q, c.num_heads);
   Rope(sc.k, c.num_kv_heads);
   Emit(dump, "Qcur" + suffix, sc.q.data(), T, Dq);
@@ -380,6 +394,7 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
   ap.num_heads = c.num_heads;
   ap.num_kv_heads = c.num_kv_heads;
   ap.head_dim = c.head_dim;
+  ap.window = c.sliding_window;
   RETURN_IF_ERROR(
       cpu::PagedAttention(ap, cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}));
   Emit(dump, "kqv_out" + suffix, sc.attn.data(), T, Dq);

@@ -76,6 +76,7 @@ class CpuBackend final : public Backend {
  private:
   struct SmallLayer {
     std::vector<float> attn_norm, ffn_norm, q_bias, k_bias, v_bias;
+    std::vector<float> q_norm, k_norm;  // [head_dim] when ModelConfig::qk_norm, else empty
   };
   CpuBackend(const LoadedModel* model, const Options& options);
   absl::Status Init();
@@ -94,6 +95,9 @@ class CpuBackend final : public Backend {
   void NormRows(const std::vector<float>& weight, bool add_proj, int64_t begin, int64_t end);
   // RoPE on `y` ([T, heads, head_dim]) at the step's positions.
   void Rope(std::vector<float>& y, int64_t heads);
+  // Per-head RMSNorm of `y` ([T, heads, head_dim]) in place, with `weight` ([head_dim]); nothing
+  // when `weight` is empty.
+  void HeadNorm(std::vector<float>& y, int64_t heads, const std::vector<float>& weight) const;
   // The KV rows layer `l`'s attention reads, for prefetching (Options::prefetch_kv).
   void CollectKvRows(int64_t l, const KvStorage& kv);
   // Layer `l` up to its attention output (scratch_.attn): Q/K/V, RoPE, the step's K/V into

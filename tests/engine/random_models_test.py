@@ -1,8 +1,10 @@
 """Tandem's CPU forward pass against llama.cpp on small random Llama-family models, one per
-supported layout: GGUF with F32 / F16 / Q8_0 / Q4_1 matrices, for "llama" and "qwen2" (Q/K/V
-biases), with and without grouped-query attention, with tied and untied embeddings, and a head_dim
+supported layout: GGUF with F32 / F16 / Q8_0 / Q4_1 matrices, for "llama" (also with Llama 3.1's
+RoPE scaling), "qwen2" (Q/K/V biases) and "qwen3" (per-head Q/K RMSNorm before RoPE), with and
+without grouped-query attention, with tied and untied embeddings, and a head_dim
 that is not hidden / heads; and the same shapes as Hugging Face directories (config.json and two
-.safetensors shards, F32 or BF16) run by Tandem against llama.cpp on a GGUF of the same values.
+.safetensors shards, F32 or BF16; "llama" and "qwen2" only) run by Tandem against llama.cpp on a
+GGUF of the same values.
 
 Each model is generated here: random weights in Hugging Face's orientation and naming (a matrix is
 [out, in], Q/K rows in NeoX "rotate half" order), written as GGUF the way llama.cpp's converter
@@ -36,12 +38,18 @@ largest magnitude of 35-110):
     forward_reference_test.py, with the near-tie margin scaled to this noise: mean |dlogit| < 0.25
     and the same top-1 at >= 99% of the positions where the reference's margin is >= 0.5 (every
     position agreed at that margin when measured; at 0.25, 1 in 64 did not).
+Llama 3.1's RoPE scaling ("llama3_rope" shapes): llama.cpp reads it only as the `rope_freqs.weight`
+divisors its converter writes; Tandem is run on that file, on the same values as a Hugging Face
+directory whose config.json carries the "rope_scaling" (Tandem computes the divisors), and on a GGUF
+that carries the scaling as `llama.rope.scaling.*` metadata. Same tolerances as above; with the
+scaling left out on Tandem's side the F32 comparison is off by max |dlogit| 44, mean 4.2.
 """
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gguf
+import llama_cpp
 import numpy as np
 import pytest
 
@@ -55,7 +63,7 @@ NUM_TOKENS = 64
 class Shape:
     """The hyper-parameters of one random model."""
     name: str
-    arch: str  # "llama" | "qwen2" (Q/K/V biases)
+    arch: str  # "llama" | "qwen2" (Q/K/V biases) | "qwen3" (per-head Q/K RMSNorm)
     hidden: int
     heads: int
     kv_heads: int
@@ -63,10 +71,17 @@ class Shape:
     head_dim: int = 32
     ffn: int = 192
     layers: int = 2
+    # Llama 3.1's RoPE scaling, as Hugging Face's config.json "rope_scaling" (rope_type "llama3");
+    # written to GGUF as the `rope_freqs.weight` divisors llama.cpp's converter computes from it.
+    llama3_rope: dict | None = None
 
     @property
     def bias(self):
         return self.arch == "qwen2"
+
+    @property
+    def qk_norm(self):
+        return self.arch == "qwen3"
 
     @property
     def rms_eps(self):
@@ -74,6 +89,8 @@ class Shape:
 
     @property
     def rope_theta(self):
+        if self.llama3_rope is not None:
+            return 500000.0
         return 10000.0 if self.arch == "llama" else 1000000.0
 
 
@@ -83,7 +100,20 @@ SHAPES = [
     Shape("llama_mha_untied", "llama", hidden=64, heads=4, kv_heads=4, tied=False, layers=3),
     Shape("qwen2_gqa_untied", "qwen2", hidden=128, heads=4, kv_heads=2, tied=False),
     Shape("qwen2_mha_tied", "qwen2", hidden=128, heads=4, kv_heads=4, tied=True),
+    # Llama 3.1/3.2/3.3's scaling with a short original context, so that over NUM_TOKENS positions
+    # most frequencies are divided by `factor` and one falls in the smoothed band (with the real
+    # 8192 the scaled frequencies turn by < 0.05 rad in 64 positions and a test would not see
+    # them).
+    Shape("llama3_rope_gqa_tied", "llama", hidden=128, heads=4, kv_heads=2, tied=True,
+          llama3_rope={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    # Qwen3's layout: head_dim 64 (so attention runs the AVX tile kernels) != hidden / heads.
+    Shape("qwen3_gqa_tied", "qwen3", hidden=128, heads=4, kv_heads=2, tied=True, head_dim=64),
+    Shape("qwen3_mha_untied", "qwen3", hidden=64, heads=2, kv_heads=2, tied=False),
 ]
+
+# The architectures Tandem also loads as Hugging Face directories.
+HF_SHAPES = [s for s in SHAPES if s.arch in ("llama", "qwen2")]
 
 GGUF_TYPES = {
     "F32": gguf.GGMLQuantizationType.F32,
@@ -128,8 +158,8 @@ def random_weights(shape, vocab, seed):
         # Rows of unit-RMS inputs map to outputs of std `gain`.
         return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
 
-    def norm(n):
-        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+    def norm(n, mean=1.0):
+        return (mean + 0.2 * rng.standard_normal(n)).astype(np.float32)
 
     w = {"model.embed_tokens.weight": rng.standard_normal((vocab, h)).astype(np.float32)}
     for i in range(shape.layers):
@@ -142,6 +172,10 @@ def random_weights(shape, vocab, seed):
         if shape.bias:
             for proj, n in (("q_proj", dq), ("k_proj", dkv), ("v_proj", dkv)):
                 w[p + f"self_attn.{proj}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
+        if shape.qk_norm:
+            # Normalized heads score with a std of about 1 * gain²: 1.5 gives about 2.
+            w[p + "self_attn.q_norm.weight"] = norm(shape.head_dim, 1.5)
+            w[p + "self_attn.k_norm.weight"] = norm(shape.head_dim, 1.5)
         w[p + "post_attention_layernorm.weight"] = norm(h)
         w[p + "mlp.gate_proj.weight"] = matrix(f, h, 1.0)
         w[p + "mlp.up_proj.weight"] = matrix(f, h, 1.0)
@@ -161,6 +195,8 @@ GGUF_NAMES = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -184,9 +220,33 @@ def permute_for_interleaved_rope(w, n_head):
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path, shape, weights, type_name, tokenizer_metadata):
+def llama3_rope_freqs(shape):
+    """The per-frequency divisors llama.cpp's converter writes as `rope_freqs.weight` for a
+    "llama3" rope_scaling (conversion/llama.py, generate_extra_tensors): 1 for short wavelengths,
+    `factor` for long ones, a smooth blend between."""
+    r = shape.llama3_rope
+    freqs = 1.0 / shape.rope_theta ** (np.arange(0, shape.head_dim, 2, dtype=np.float64)
+                                       / shape.head_dim)
+    old = r["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / r["low_freq_factor"], old / r["high_freq_factor"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(r["factor"])
+        else:
+            smooth = (old / wavelen - r["low_freq_factor"]) / (r["high_freq_factor"] -
+                                                               r["low_freq_factor"])
+            out.append(1.0 / ((1 - smooth) / r["factor"] + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write_gguf(path, shape, weights, type_name, tokenizer_metadata, extra_kv=None):
     """Writes `weights` (Hugging Face names and orientation) as a GGUF file whose matrices are in
-    `type_name`; norms and biases stay F32."""
+    `type_name`; norms and biases stay F32. `extra_kv`: more metadata, {key: str | float | int}
+    (a key already written is replaced)."""
     qtype = GGUF_TYPES[type_name]
     writer = gguf.GGUFWriter(path, shape.arch)
     writer.add_block_count(shape.layers)
@@ -199,9 +259,19 @@ def write_gguf(path, shape, weights, type_name, tokenizer_metadata):
     writer.add_value_length(shape.head_dim)
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
-    writer.add_rope_freq_base(shape.rope_theta)
+    if "llama.rope.freq_base" not in (extra_kv or {}):
+        writer.add_rope_freq_base(shape.rope_theta)
+    for key, value in (extra_kv or {}).items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, value)
     for key, value, vtype, sub_type in tokenizer_metadata:
         writer.add_key_value(key, value, vtype, sub_type=sub_type)
+    if shape.llama3_rope is not None:
+        writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(shape))
     for name, w in weights.items():
         if shape.arch == "llama" and name.endswith("q_proj.weight"):
             w = permute_for_interleaved_rope(w, shape.heads)
@@ -284,6 +354,8 @@ def write_hf_model(directory, shape, weights, type_name, vocab):
         "max_position_embeddings": 2048, "rms_norm_eps": shape.rms_eps,
         "rope_theta": shape.rope_theta, "tie_word_embeddings": shape.tied,
     }
+    if shape.llama3_rope is not None:
+        config["rope_scaling"] = shape.llama3_rope
     (directory / "config.json").write_text(json.dumps(config))
     names = list(weights)
     half = len(names) // 2
@@ -326,7 +398,7 @@ def test_random_gguf_with_f16_kv_cache_matches_llama_cpp(shape, tokenizer_metada
 
 
 @pytest.mark.parametrize("type_name", ["F32", "BF16"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)
+@pytest.mark.parametrize("shape", HF_SHAPES, ids=lambda s: s.name)
 def test_random_safetensors_matches_llama_cpp_on_gguf(shape, type_name, tokenizer_metadata,
                                                       tmp_path):
     """Tandem on the Hugging Face layout (NeoX Q/K rows) against llama.cpp on the GGUF conversion
@@ -341,3 +413,67 @@ def test_random_safetensors_matches_llama_cpp_on_gguf(shape, type_name, tokenize
     gguf_path = tmp_path / f"{shape.name}.gguf"
     write_gguf(gguf_path, shape, weights, "F32", tokenizer_metadata)
     compare_with_llama_cpp(shape, type_name, hf_dir, gguf_path, vocab, tmp_path)
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s.llama3_rope is not None],
+                         ids=lambda s: s.name)
+def test_llama3_rope_metadata_matches_llama_cpp_rope_freqs(shape, tokenizer_metadata, tmp_path):
+    """Tandem on a GGUF that states the scaling as metadata (`llama.rope.scaling.type` "llama3"
+    and its parameters; Tandem computes the divisors) against llama.cpp on the converter's form
+    (`rope_freqs.weight`), F32 matrices."""
+    vocab = vocab_size(tokenizer_metadata)
+    weights = random_weights(shape, vocab, SHAPES.index(shape))
+    ref_path = tmp_path / "rope_freqs.gguf"
+    write_gguf(ref_path, shape, weights, "F32", tokenizer_metadata)
+    metadata_shape = replace(shape, llama3_rope=None)
+    ours_path = tmp_path / "metadata.gguf"
+    r = shape.llama3_rope
+    write_gguf(ours_path, metadata_shape, weights, "F32", tokenizer_metadata, extra_kv={
+        "llama.rope.freq_base": shape.rope_theta,
+        "llama.rope.scaling.type": "llama3",
+        "llama.rope.scaling.factor": r["factor"],
+        "llama.rope.scaling.low_freq_factor": r["low_freq_factor"],
+        "llama.rope.scaling.high_freq_factor": r["high_freq_factor"],
+        "llama.rope.scaling.original_context_length": r["original_max_position_embeddings"],
+    })
+    compare_with_llama_cpp(shape, "F32", ours_path, ref_path, vocab, tmp_path)
+
+
+# Mistral's sliding-window attention, as `llama.attention.sliding_window` (every layer). llama.cpp
+# ignores that key for "llama" files, so the reference is built from a property of one layer: with a
+# single layer and RoPE (which depends only on relative positions), the logits at position t under a
+# window of W are the full-attention logits of the last W tokens alone, tokens[t - W + 1 .. t],
+# evaluated by llama.cpp as a fresh sequence. Both runs here use F32 matrices and KV caches; Tandem's
+# output is compared with the F32 tolerances. Measured: max |dlogit| 1.7e-5..2.5e-5; with the window
+# left out on Tandem's side, the positions past it are off by max 37, mean 4.4. (Tandem's logits
+# come one token per step, so this is the decode path; the prefill path's window, tile runs
+# included, is held to the reference kernel in engine/cpu/paged_attention_test.cc.)
+SWA_WINDOW = 16
+SWA_SHAPES = [
+    Shape("mistral_swa_gqa", "llama", hidden=128, heads=4, kv_heads=2, tied=True, head_dim=64,
+          layers=1),
+    Shape("mistral_swa_mha", "llama", hidden=64, heads=4, kv_heads=4, tied=False, layers=1),
+]
+
+
+@pytest.mark.parametrize("shape", SWA_SHAPES, ids=lambda s: s.name)
+def test_sliding_window_matches_llama_cpp_on_each_window(shape, tokenizer_metadata, tmp_path):
+    vocab = vocab_size(tokenizer_metadata)
+    seed = len(SHAPES) + SWA_SHAPES.index(shape)
+    weights = random_weights(shape, vocab, seed)
+    path = tmp_path / f"{shape.name}.gguf"
+    write_gguf(path, shape, weights, "F32", tokenizer_metadata,
+               extra_kv={"llama.attention.sliding_window": SWA_WINDOW})
+    tokens = np.random.default_rng(100 + seed).integers(0, vocab, NUM_TOKENS).tolist()
+    ours, _ = tandem(path, tokens, 0, tmp_path, kv_dtype="f32")
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_batch=512, logits_all=True,
+                          n_threads=2, verbose=False, seed=0, type_k=GGML_TYPE_F32,
+                          type_v=GGML_TYPE_F32)
+    ref = np.empty_like(ours)
+    for t in range(NUM_TOKENS):
+        window = tokens[max(0, t - SWA_WINDOW + 1): t + 1]
+        llm.reset()
+        llm.eval(window)
+        ref[t] = np.array(llm.scores[len(window) - 1], dtype=np.float32)
+    print(f"\n{shape.name} window {SWA_WINDOW}: {check_logits(ours, ref, 'F32')}")
