@@ -165,6 +165,13 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_t
     ASSIGN_OR_RETURN(c.attention_bias, r.Bool(j, "attention_bias", false));
   }
   RETURN_IF_ERROR(Annotate(ReadRopeScaling(r, j, &c), source));
+  // Mistral v0.1 attends over a window (`sliding_window`, 4096); later Mistrals set it null.
+  // Qwen2 configs carry a window too but switch it off with `use_sliding_window: false`.
+  ASSIGN_OR_RETURN(const bool use_window, r.Bool(j, "use_sliding_window", true));
+  if (const auto w = j.find("sliding_window"); use_window && w != j.end() && !w->is_null()) {
+    ASSIGN_OR_RETURN(c.sliding_window, r.Int(j, "sliding_window"));
+    if (c.sliding_window <= 0) return r.Error("sliding_window", "must be positive or null");
+  }
   RETURN_IF_ERROR(Annotate(c.Validate(), source));
   return c;
 }

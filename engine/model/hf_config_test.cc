@@ -63,6 +63,32 @@ TEST(HfConfigTest, MapsLlamaAndQwen2) {
   EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
 }
 
+TEST(HfConfigTest, SlidingWindow) {
+  json j = SmolLM2Config();
+  j["architectures"] = {"MistralForCausalLM"};
+  j["sliding_window"] = 4096;  // Mistral 7B v0.1
+  absl::StatusOr<ModelConfig> c = ModelConfigFromHfConfigJson(j.dump(), "mistral-v0.1");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 4096);
+
+  j["sliding_window"] = nullptr;  // v0.2 and later: full attention
+  c = ModelConfigFromHfConfigJson(j.dump(), "mistral-v0.2");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+
+  json q = Qwen2Config();  // a window that is switched off
+  q["sliding_window"] = 32768;
+  q["use_sliding_window"] = false;
+  c = ModelConfigFromHfConfigJson(q.dump(), "qwen");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+
+  j["sliding_window"] = -1;
+  c = ModelConfigFromHfConfigJson(j.dump(), "bad");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("sliding_window"));
+}
+
 TEST(HfConfigTest, RopeScaling) {
   json j = SmolLM2Config();
   j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
