@@ -15,10 +15,15 @@ inline constexpr absl::string_view kDefaultModelFile = "SmolLM2-135M-Instruct.Q4
 // `models_dir` when not empty, otherwise <source>/models.
 std::string ModelsDir(absl::string_view models_dir);
 
-// The model to use: `model` when given (a GGUF file, or a Hugging Face model folder that
-// CheckHfModelFolder accepts; trailing slashes dropped), otherwise the default model in
-// ModelsDir(models_dir). NOT_FOUND, with how to get it, when the file does not exist or is not a
-// regular file or a folder; CheckHfModelFolder's errors for a folder.
+// The model to use, from --model:
+//  - empty: the default model in ModelsDir(models_dir); NOT_FOUND, with how to get it, when missing;
+//  - an existing path (trailing slashes dropped): a GGUF file, or a Hugging Face model folder that
+//    CheckHfModelFolder accepts (its errors otherwise);
+//  - a bare name (no '/') that is not an existing path: ModelsDir(models_dir)/NAME, then
+//    ModelsDir(models_dir)/NAME.gguf, accepted as above; e.g. "SmolLM2-135M-Instruct.Q4_1" or the
+//    name of a Hugging Face folder there.
+// NOT_FOUND otherwise; for a bare name the message lists the models the models folder holds (its
+// *.gguf files without the suffix, and its folders).
 absl::StatusOr<std::string> ResolveModelPath(absl::string_view model, absl::string_view models_dir);
 
 // A Hugging Face model folder has config.json, tokenizer.json and at least one *.safetensors file;

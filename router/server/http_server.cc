@@ -225,13 +225,7 @@ void HttpServer::Impl::Handle(evhttp_request* req) {
     return;
   }
   if (path == "/v1/models") {
-    const v1::ListModelsResponse models = router->ListModels();
-    json data = json::array();
-    for (const v1::ModelInfo& m : models.models()) {
-      data.push_back({{"id", m.id()}, {"object", "model"}, {"created", 0},
-                      {"owned_by", m.owned_by()}, {"max_model_len", m.max_context()}});
-    }
-    Reply(req, 200, "application/json", json{{"object", "list"}, {"data", data}}.dump());
+    Reply(req, 200, "application/json", OpenAiModelList(router->ListModels()));
     return;
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {

@@ -193,4 +193,19 @@ std::string OpenAiErrorBody(const absl::Status& status) {
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+std::string OpenAiModelList(const v1::ListModelsResponse& models) {
+  json data = json::array();
+  for (const v1::ModelInfo& m : models.models()) {
+    data.push_back({{"id", m.id()},
+                    {"object", "model"},
+                    {"created", m.created_unix_s()},
+                    {"owned_by", m.owned_by()},
+                    {"max_model_len", m.max_context()},
+                    {"format", m.format()},
+                    {"architecture", m.architecture()}});
+  }
+  return json{{"object", "list"}, {"data", data}}.dump(-1, ' ', false,
+                                                       json::error_handler_t::replace);
+}
+
 }  // namespace tandem::router

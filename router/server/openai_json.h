@@ -31,6 +31,11 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool ch
 // 404, 413), rate_limit_error (429) or server_error.
 std::string OpenAiErrorBody(const absl::Status& status);
 
+// The body of GET /v1/models: {"object": "list", "data": [...]}, one OpenAI model object per
+// entry (id, object "model", created, owned_by) with Tandem's max_model_len (context length in
+// tokens), format ("gguf" or "hf") and architecture.
+std::string OpenAiModelList(const v1::ListModelsResponse& models);
+
 // "stop", "length", "abort", "error", or "" while the stream goes on.
 std::string OpenAiFinishReason(v1::FinishReason reason);
 

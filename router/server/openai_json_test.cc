@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem::router {
 namespace {
@@ -149,6 +150,35 @@ TEST(OpenAiJsonTest, ErrorBodiesAndFinishReasonsHaveOpenAisShape) {
   EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_CANCELLED), "abort");
   EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_ERROR), "error");
   EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_UNSPECIFIED), "");
+}
+
+TEST(OpenAiJsonTest, ModelListHasOpenAisShapeAndTheModelsFacts) {
+  v1::ListModelsResponse models;
+  v1::ModelInfo* m = models.add_models();
+  m->set_id("SmolLM2-135M-Instruct.Q4_1");
+  m->set_architecture("llama");
+  m->set_max_context(8192);
+  m->set_created_unix_s(1700000000);
+  m->set_owned_by("tandem");
+  m->set_format("gguf");
+  v1::ModelInfo* hf = models.add_models();
+  hf->set_id("Qwen2.5-0.5B");
+  hf->set_format("hf");
+  hf->set_max_context(32768);
+  const nlohmann::json body = nlohmann::json::parse(OpenAiModelList(models));
+  EXPECT_EQ(body["object"], "list");
+  ASSERT_EQ(body["data"].size(), 2u);
+  const nlohmann::json& first = body["data"][0];
+  EXPECT_EQ(first["id"], "SmolLM2-135M-Instruct.Q4_1");
+  EXPECT_EQ(first["object"], "model");
+  EXPECT_EQ(first["created"], 1700000000);
+  EXPECT_EQ(first["owned_by"], "tandem");
+  EXPECT_EQ(first["max_model_len"], 8192);
+  EXPECT_EQ(first["format"], "gguf");
+  EXPECT_EQ(first["architecture"], "llama");
+  EXPECT_EQ(body["data"][1]["format"], "hf");
+  EXPECT_EQ(body["data"][1]["max_model_len"], 32768);
+  EXPECT_EQ(OpenAiModelList({}), R"({"data":[],"object":"list"})");
 }
 
 }  // namespace

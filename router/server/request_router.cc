@@ -38,14 +38,21 @@ absl::StatusOr<std::unique_ptr<RequestRouter>> RequestRouter::Create(const Route
                  << router->chat_template_.status().message();
   }
   router->file_model_id_ = std::filesystem::path(options.model_path).stem().string();
+  router->loaded_unix_s_ = absl::ToUnixSeconds(options.clock->Now());
   std::error_code ec;
   if (std::filesystem::is_directory(options.model_path, ec)) {  // a Hugging Face folder
+    router->file_format_ = "hf";
     absl::StatusOr<ModelConfig> config = LoadHfConfig(options.model_path + "/config.json");
-    if (config.ok()) router->file_max_context_ = config->max_context;
+    if (config.ok()) {
+      router->file_max_context_ = config->max_context;
+      router->file_architecture_ = config->architecture;
+    }
   } else {
+    router->file_format_ = "gguf";
     ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(options.model_path));
     absl::StatusOr<absl::string_view> arch = file->GetString("general.architecture");
     if (arch.ok()) {
+      router->file_architecture_ = std::string(*arch);
       absl::StatusOr<uint32_t> context = file->GetUint32(absl::StrCat(*arch, ".context_length"));
       if (context.ok()) router->file_max_context_ = *context;
     }
@@ -395,6 +402,9 @@ v1::ListModelsResponse RequestRouter::ListModels() {
   m->set_max_context(static_cast<uint32_t>(model.has_value() ? model->max_context : file_max_context_));
   m->set_vocab_size(static_cast<uint32_t>(tokenizer_->vocab_size()));
   m->set_owned_by("tandem");
+  m->set_architecture(file_architecture_);
+  m->set_format(file_format_);
+  m->set_created_unix_s(loaded_unix_s_);
   return response;
 }
 

@@ -152,6 +152,9 @@ class RequestRouter final : public RelayHost, public Drainable {
   absl::StatusOr<ChatTemplate> chat_template_;
   std::string file_model_id_;
   int64_t file_max_context_ = 0;
+  std::string file_architecture_;  // "llama", "qwen2", ...; empty when the files do not say
+  std::string file_format_;        // "gguf" or "hf" (ModelInfo.format)
+  int64_t loaded_unix_s_ = 0;      // when Create read the model (ModelInfo.created_unix_s)
   absl::Mutex mu_;
   std::unique_ptr<placement::PlacementPolicy> policy_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Decode::Stub>> stubs_ ABSL_GUARDED_BY(mu_);

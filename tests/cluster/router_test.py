@@ -150,6 +150,9 @@ def model_id(cluster):
     assert body["object"] == "list" and len(body["data"]) == 1, body
     model = body["data"][0]
     assert model["object"] == "model" and model["max_model_len"] == MAX_CONTEXT, model
+    # The default model is a GGUF file of the llama architecture, loaded when the router started.
+    assert model["format"] == "gguf" and model["architecture"] == "llama", model
+    assert model["owned_by"] == "tandem" and model["created"] > 0, model
     return model["id"]
 
 
@@ -222,7 +225,12 @@ def test_greedy_output_is_the_same_disaggregated_aggregated_and_in_one_process(
 def test_openai_sdk_completions_chat_streaming_usage_and_models(cluster, model_id):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{cluster.http_port}/v1", api_key="unused",
                            max_retries=0, timeout=60)
-    assert [m.id for m in client.models.list()] == [model_id]
+    models = list(client.models.list())
+    assert [m.id for m in models] == [model_id]
+    assert models[0].object == "model" and models[0].owned_by == "tandem" and models[0].created > 0
+    # Tandem's own fields arrive as the SDK's extras.
+    assert models[0].model_extra["max_model_len"] == MAX_CONTEXT
+    assert models[0].model_extra["format"] == "gguf"
 
     prompt = "Write a short poem about the sea:"
     args = dict(model=model_id, prompt=prompt, max_tokens=12, temperature=0,
