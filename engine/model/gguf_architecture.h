@@ -3,6 +3,10 @@
 #ifndef TANDEM_ENGINE_MODEL_GGUF_ARCHITECTURE_H_
 #define TANDEM_ENGINE_MODEL_GGUF_ARCHITECTURE_H_
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/model/gguf.h"
@@ -14,13 +18,17 @@ namespace tandem {
 struct GgufArchitecture {
   absl::string_view name;  // `general.architecture` value
   absl::StatusOr<ModelConfig> (*config_from_gguf)(const GgufFile& file);
-  absl::StatusOr<ModelWeights> (*weights_from_gguf)(const GgufFile& file,
-                                                    const ModelConfig& config);
+  // May point weights at tensor views it makes (e.g. row ranges of a fused matrix in the
+  // mapping); it then appends what holds them to `owners` (LoadedModel::owners).
+  absl::StatusOr<ModelWeights> (*weights_from_gguf)(
+      const GgufFile& file, const ModelConfig& config,
+      std::vector<std::shared_ptr<const void>>* owners);
 };
 
 const GgufArchitecture& LlamaArchitecture();  // arch_llama.cc
 const GgufArchitecture& Qwen2Architecture();  // arch_qwen2.cc
 const GgufArchitecture& Qwen3Architecture();  // arch_qwen3.cc
+const GgufArchitecture& Phi3Architecture();   // arch_phi3.cc
 
 // Shared by the Llama-family architectures (llama_family.cc).
 struct LlamaFamilyTraits {
@@ -33,8 +41,17 @@ struct LlamaFamilyTraits {
 };
 absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& file,
                                                       const LlamaFamilyTraits& traits);
-absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(const GgufFile& file,
-                                                        const ModelConfig& config);
+// Makes no views: `owners` is left alone.
+absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(
+    const GgufFile& file, const ModelConfig& config,
+    std::vector<std::shared_ptr<const void>>* owners);
+
+// The tensor `name` of `file`, or NOT_FOUND naming it and `shape` (ggml order), or
+// INVALID_ARGUMENT naming it, `shape` and its actual shape.
+absl::StatusOr<const GgufTensor*> RequireGgufTensor(const GgufFile& file,
+                                                    const ModelConfig& config,
+                                                    const std::string& name,
+                                                    const std::vector<int64_t>& shape);
 
 }  // namespace tandem
 

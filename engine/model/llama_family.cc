@@ -137,22 +137,28 @@ absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& f,
   return c;
 }
 
-absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(const GgufFile& f,
-                                                        const ModelConfig& c) {
+absl::StatusOr<const GgufTensor*> RequireGgufTensor(const GgufFile& f, const ModelConfig& c,
+                                                    const std::string& name,
+                                                    const std::vector<int64_t>& shape) {
+  const GgufTensor* t = f.FindTensor(name);
+  if (t == nullptr) {
+    return absl::NotFoundError(absl::StrCat(f.path(), ": tensor '", name, "' not found (",
+                                            c.architecture, " expects shape ", ShapeString(shape),
+                                            ")"));
+  }
+  if (t->shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tensor '", name,
+                                                   "': expected shape ", ShapeString(shape),
+                                                   ", got ", ShapeString(t->shape)));
+  }
+  return t;
+}
+
+absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(
+    const GgufFile& f, const ModelConfig& c, std::vector<std::shared_ptr<const void>>* /*owners*/) {
   auto require = [&](const std::string& name,
                      const std::vector<int64_t>& shape) -> absl::StatusOr<const GgufTensor*> {
-    const GgufTensor* t = f.FindTensor(name);
-    if (t == nullptr) {
-      return absl::NotFoundError(absl::StrCat(f.path(), ": tensor '", name, "' not found (",
-                                              c.architecture, " expects shape ",
-                                              ShapeString(shape), ")"));
-    }
-    if (t->shape != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tensor '", name,
-                                                     "': expected shape ", ShapeString(shape),
-                                                     ", got ", ShapeString(t->shape)));
-    }
-    return t;
+    return RequireGgufTensor(f, c, name, shape);
   };
   const int64_t h = c.hidden_size;
   const int64_t dq = c.num_heads * c.head_dim;

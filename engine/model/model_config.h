@@ -1,6 +1,5 @@
 // The shape of a Llama-family transformer (Llama 2/3, SmolLM/SmolLM2, TinyLlama, Mistral, Qwen2,
-// Qwen3),
-// as read from a model file, and its validation.
+// Qwen3, Phi-3), as read from a model file, and its validation.
 #ifndef TANDEM_ENGINE_MODEL_MODEL_CONFIG_H_
 #define TANDEM_ENGINE_MODEL_MODEL_CONFIG_H_
 
@@ -29,7 +28,7 @@ absl::string_view RopeScalingTypeName(RopeScaling::Type type);
 
 // Hyper-parameters of a decoder-only Llama-family model. All sizes are element counts.
 struct ModelConfig {
-  // GGUF `general.architecture` spelling: "llama", "qwen2" or "qwen3".
+  // GGUF `general.architecture` spelling: "llama", "qwen2", "qwen3" or "phi3".
   std::string architecture;
   int64_t vocab_size = 0;         // rows of the token embedding
   int64_t hidden_size = 0;        // d_model

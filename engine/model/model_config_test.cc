@@ -40,10 +40,15 @@ struct TinyModelSpec {
   bool tied = true;
   bool biases = false;
   bool qk_norms = false;  // blk.N.attn_{q,k}_norm.weight
+  // Phi-3's layout: blk.N.attn_qkv.weight instead of attn_{q,k,v}, and blk.N.ffn_up.weight
+  // holding gate and up (2 * ffn rows) instead of ffn_gate + ffn_up.
+  bool fused_qkv = false;
+  bool fused_gate_up = false;
   // Metadata changes: a value replaces (or adds) the key, std::nullopt removes it.
   std::map<std::string, std::optional<GgufTestValue>> kv_override;
   std::set<std::string> skip_tensors;
   std::map<std::string, std::vector<int64_t>> shape_override;
+  std::map<std::string, std::vector<int64_t>> extra_tensors;  // F32, written after the rest
 };
 
 std::string BuildTinyModel(const TinyModelSpec& s) {
@@ -88,9 +93,13 @@ std::string BuildTinyModel(const TinyModelSpec& s) {
   for (int64_t i = 0; i < s.layers; ++i) {
     const std::string p = absl::StrCat("blk.", i, ".");
     add(p + "attn_norm.weight", DType::kF32, {s.hidden});
-    add(p + "attn_q.weight", DType::kQ4_1, {s.hidden, s.heads * hd});
-    add(p + "attn_k.weight", DType::kQ4_0, {s.hidden, s.kv_heads * hd});
-    add(p + "attn_v.weight", DType::kF16, {s.hidden, s.kv_heads * hd});
+    if (s.fused_qkv) {
+      add(p + "attn_qkv.weight", DType::kQ4_1, {s.hidden, (s.heads + 2 * s.kv_heads) * hd});
+    } else {
+      add(p + "attn_q.weight", DType::kQ4_1, {s.hidden, s.heads * hd});
+      add(p + "attn_k.weight", DType::kQ4_0, {s.hidden, s.kv_heads * hd});
+      add(p + "attn_v.weight", DType::kF16, {s.hidden, s.kv_heads * hd});
+    }
     add(p + "attn_output.weight", DType::kBF16, {s.heads * hd, s.hidden});
     if (s.biases) {
       add(p + "attn_q.bias", DType::kF32, {s.heads * hd});
@@ -102,10 +111,15 @@ std::string BuildTinyModel(const TinyModelSpec& s) {
       add(p + "attn_k_norm.weight", DType::kF32, {hd});
     }
     add(p + "ffn_norm.weight", DType::kF32, {s.hidden});
-    add(p + "ffn_gate.weight", DType::kQ8_0, {s.hidden, s.ffn});
-    add(p + "ffn_up.weight", DType::kQ8_0, {s.hidden, s.ffn});
+    if (s.fused_gate_up) {
+      add(p + "ffn_up.weight", DType::kQ8_0, {s.hidden, 2 * s.ffn});
+    } else {
+      add(p + "ffn_gate.weight", DType::kQ8_0, {s.hidden, s.ffn});
+      add(p + "ffn_up.weight", DType::kQ8_0, {s.hidden, s.ffn});
+    }
     add(p + "ffn_down.weight", DType::kQ8_0, {s.ffn, s.hidden});
   }
+  for (const auto& [name, shape] : s.extra_tensors) add(name, DType::kF32, shape);
   return w.Build();
 }
 
@@ -241,17 +255,106 @@ TEST(ModelLoaderTest, Qwen3NeedsItsQkNorms) {
   EXPECT_THAT(s.message(), HasSubstr("llama"));
 }
 
+TEST(ModelLoaderTest, Phi3SplitsItsFusedMatricesInPlace) {
+  TinyModelSpec spec;
+  spec.arch = "phi3";
+  spec.fused_qkv = true;
+  spec.fused_gate_up = true;
+  spec.kv_override["phi3.attention.sliding_window"] = U32(16);
+  absl::StatusOr<LoadedModel> m = LoadTiny(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config.architecture, "phi3");
+  EXPECT_TRUE(m->config.rope_neox);
+  EXPECT_FALSE(m->config.attention_bias);
+  EXPECT_EQ(m->config.sliding_window, 0);  // as llama.cpp: phi3's window is not applied
+  EXPECT_EQ(m->config.intermediate_size, 96);
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(i);
+    const LayerWeights& l = m->weights.layers[static_cast<size_t>(i)];
+    const GgufTensor* qkv = m->file->FindTensor(absl::StrCat("blk.", i, ".attn_qkv.weight"));
+    ASSERT_NE(qkv, nullptr);
+    const char* base = static_cast<const char*>(qkv->data);
+    const int64_t row = 64 / 32 * 20;  // Q4_1: 20 bytes per 32 values
+    EXPECT_EQ(l.attn_q->shape, (std::vector<int64_t>{64, 64}));
+    EXPECT_EQ(l.attn_k->shape, (std::vector<int64_t>{64, 32}));
+    EXPECT_EQ(l.attn_v->shape, (std::vector<int64_t>{64, 32}));
+    EXPECT_EQ(l.attn_q->type, DType::kQ4_1);
+    EXPECT_EQ(l.attn_q->data, base);
+    EXPECT_EQ(l.attn_k->data, base + 64 * row);
+    EXPECT_EQ(l.attn_v->data, base + 96 * row);
+    EXPECT_EQ(l.attn_v->bytes, 32 * row);
+    EXPECT_EQ(l.attn_v->file_offset, qkv->file_offset + 96 * row);
+    const GgufTensor* up = m->file->FindTensor(absl::StrCat("blk.", i, ".ffn_up.weight"));
+    ASSERT_NE(up, nullptr);
+    const int64_t up_row = 64 / 32 * 34;  // Q8_0
+    EXPECT_EQ(l.ffn_gate->data, up->data);
+    EXPECT_EQ(l.ffn_up->data, static_cast<const char*>(up->data) + 96 * up_row);
+    EXPECT_EQ(l.ffn_gate->shape, (std::vector<int64_t>{64, 96}));
+    EXPECT_EQ(l.ffn_up->shape, (std::vector<int64_t>{64, 96}));
+    EXPECT_EQ(l.ffn_up->name, absl::StrCat("blk.", i, ".ffn_up.weight[up]"));
+  }
+
+  // llama.cpp also takes separate Q/K/V in a phi3 file; gate/up stay fused.
+  TinyModelSpec separate = spec;
+  separate.fused_qkv = false;
+  m = LoadTiny(separate);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->weights.layers[1].attn_k, m->file->FindTensor("blk.1.attn_k.weight"));
+
+  // An ffn_up of F rows (the Llama layout) is refused naming the 2F it must have.
+  TinyModelSpec unfused = spec;
+  unfused.fused_gate_up = false;
+  absl::Status s = LoadTiny(unfused).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'blk.0.ffn_up.weight': expected shape {64, 192}"));
+
+  TinyModelSpec wrong_qkv = spec;
+  wrong_qkv.shape_override["blk.1.attn_qkv.weight"] = {64, 64};
+  s = LoadTiny(wrong_qkv).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'blk.1.attn_qkv.weight': expected shape {64, 128}"));
+
+  TinyModelSpec no_qkv = spec;
+  no_qkv.skip_tensors.insert("blk.0.attn_qkv.weight");
+  s = LoadTiny(no_qkv).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'blk.0.attn_q.weight'"));
+
+  // Partial RoPE (Phi-4-mini) is refused by its key.
+  TinyModelSpec partial = spec;
+  partial.kv_override["phi3.rope.dimension_count"] = U32(12);
+  s = LoadTiny(partial).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(s.message(), HasSubstr("phi3.rope.dimension_count"));
+}
+
+TEST(ModelLoaderTest, Phi3LongRopeIsRefusedByName) {
+  for (const char* tensor : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    SCOPED_TRACE(tensor);
+    TinyModelSpec spec;
+    spec.arch = "phi3";
+    spec.fused_qkv = true;
+    spec.fused_gate_up = true;
+    spec.extra_tensors[tensor] = {8};
+    absl::Status s = LoadTiny(spec).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("'", tensor, "'")));
+    EXPECT_THAT(s.message(), HasSubstr("LongRoPE"));
+  }
+}
+
 TEST(ModelLoaderTest, DispatchesOnGeneralArchitecture) {
-  EXPECT_THAT(SupportedGgufArchitectures(), ::testing::ElementsAre("llama", "qwen2", "qwen3"));
+  EXPECT_THAT(SupportedGgufArchitectures(),
+              ::testing::ElementsAre("llama", "qwen2", "qwen3", "phi3"));
   // Architectures people download that Tandem does not run yet: refused at load, by name.
-  for (const char* arch : {"gemma", "gemma2", "gemma3", "phi3", "mistral3"}) {
+  for (const char* arch : {"gemma", "gemma2", "gemma3", "phi2", "mistral3"}) {
     SCOPED_TRACE(arch);
     TinyModelSpec spec;
     spec.arch = arch;
     absl::Status s = LoadTiny(spec).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
     EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("'", arch, "'")));
-    EXPECT_THAT(s.message(), HasSubstr("llama, qwen2, qwen3"));
+    EXPECT_THAT(s.message(), HasSubstr("llama, qwen2, qwen3, phi3"));
     EXPECT_THAT(s.message(), HasSubstr(kName));
   }
   absl::Status s;

@@ -14,7 +14,7 @@ namespace {
 
 // The registry: one entry per architecture file.
 std::vector<const GgufArchitecture*> Architectures() {
-  return {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture()};
+  return {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Phi3Architecture()};
 }
 
 absl::StatusOr<const GgufArchitecture*> FindArchitecture(const GgufFile& file) {
@@ -44,7 +44,7 @@ absl::StatusOr<LoadedModel> LoadGgufModel(std::unique_ptr<GgufFile> file) {
   ASSIGN_OR_RETURN(const GgufArchitecture* arch, FindArchitecture(*file));
   LoadedModel model;
   ASSIGN_OR_RETURN(model.config, arch->config_from_gguf(*file));
-  ASSIGN_OR_RETURN(model.weights, arch->weights_from_gguf(*file, model.config));
+  ASSIGN_OR_RETURN(model.weights, arch->weights_from_gguf(*file, model.config, &model.owners));
   model.file = std::move(file);
   return model;
 }

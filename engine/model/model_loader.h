@@ -5,8 +5,10 @@
 //   const GgufTensor* wq = model.weights.layers[0].attn_q;  // ggml shape {hidden, heads*head_dim}
 //
 // For GGUF the architecture comes from `general.architecture`; one source file per architecture
-// (arch_llama.cc, arch_qwen2.cc, arch_qwen3.cc) maps its metadata and tensor names. For Hugging Face directories
-// it comes from config.json (hf_config.h) and hf_model_loader.cc maps the tensor names.
+// (arch_llama.cc, arch_qwen2.cc, arch_qwen3.cc, arch_phi3.cc) maps its metadata and tensor names;
+// Phi-3's fused attn_qkv and gate/up matrices become views of their row ranges (held in `owners`).
+// For Hugging Face directories it comes from config.json (hf_config.h) and hf_model_loader.cc maps
+// the tensor names.
 //
 // Every tensor is a GgufTensor view whatever the file format: for safetensors, `shape` is the
 // reversed PyTorch shape (ggml order) and `file_offset` is the offset in its .safetensors file.
@@ -104,7 +106,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 // Only the config (no tensor mapping), e.g. for planning memory before loading weights.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file);
 
-// {"llama", "qwen2", "qwen3"}.
+// {"llama", "qwen2", "qwen3", "phi3"}.
 std::vector<std::string> SupportedGgufArchitectures();
 
 }  // namespace tandem

@@ -1,6 +1,7 @@
 """Tandem's CPU forward pass against llama.cpp on small random Llama-family models, one per
 supported layout: GGUF with F32 / F16 / Q8_0 / Q4_1 matrices, for "llama" (also with Llama 3.1's
-RoPE scaling), "qwen2" (Q/K/V biases) and "qwen3" (per-head Q/K RMSNorm before RoPE), with and
+RoPE scaling), "qwen2" (Q/K/V biases), "qwen3" (per-head Q/K RMSNorm before RoPE) and "phi3" (fused
+attn_qkv and gate/up matrices, split by Tandem into row ranges of the file), with and
 without grouped-query attention, with tied and untied embeddings, and a head_dim
 that is not hidden / heads; and the same shapes as Hugging Face directories (config.json and two
 .safetensors shards, F32 or BF16; "llama" and "qwen2" only) run by Tandem against llama.cpp on a
@@ -63,7 +64,9 @@ NUM_TOKENS = 64
 class Shape:
     """The hyper-parameters of one random model."""
     name: str
-    arch: str  # "llama" | "qwen2" (Q/K/V biases) | "qwen3" (per-head Q/K RMSNorm)
+    # "llama" | "qwen2" (Q/K/V biases) | "qwen3" (per-head Q/K RMSNorm) | "phi3" (fused
+    # attn_qkv and gate/up matrices)
+    arch: str
     hidden: int
     heads: int
     kv_heads: int
@@ -74,6 +77,8 @@ class Shape:
     # Llama 3.1's RoPE scaling, as Hugging Face's config.json "rope_scaling" (rope_type "llama3");
     # written to GGUF as the `rope_freqs.weight` divisors llama.cpp's converter computes from it.
     llama3_rope: dict | None = None
+    # Written as `{arch}.attention.sliding_window` when set.
+    sliding_window: int | None = None
 
     @property
     def bias(self):
@@ -85,13 +90,13 @@ class Shape:
 
     @property
     def rms_eps(self):
-        return 1e-5 if self.arch == "llama" else 1e-6
+        return 1e-5 if self.arch in ("llama", "phi3") else 1e-6
 
     @property
     def rope_theta(self):
         if self.llama3_rope is not None:
             return 500000.0
-        return 10000.0 if self.arch == "llama" else 1000000.0
+        return 10000.0 if self.arch in ("llama", "phi3") else 1000000.0
 
 
 SHAPES = [
@@ -110,6 +115,13 @@ SHAPES = [
     # Qwen3's layout: head_dim 64 (so attention runs the AVX tile kernels) != hidden / heads.
     Shape("qwen3_gqa_tied", "qwen3", hidden=128, heads=4, kv_heads=2, tied=True, head_dim=64),
     Shape("qwen3_mha_untied", "qwen3", hidden=64, heads=2, kv_heads=2, tied=False),
+    # Phi-3-mini's layout: multi-head, untied, head_dim 96, and the sliding window its converter
+    # writes (2047 there), which llama.cpp ignores for phi3 (and so does Tandem): a window of 16
+    # over 64 tokens, if applied, changes the logits (F32: max |dlogit| 38, mean 3.2, top-1 39%).
+    Shape("phi3_mha_untied", "phi3", hidden=192, heads=2, kv_heads=2, tied=False, head_dim=96,
+          sliding_window=16),
+    # Phi-3-medium's grouped-query attention.
+    Shape("phi3_gqa_tied", "phi3", hidden=128, heads=4, kv_heads=2, tied=True),
 ]
 
 # The architectures Tandem also loads as Hugging Face directories.
@@ -201,6 +213,8 @@ GGUF_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # Phi-3
+    "mlp.gate_up_proj.weight": "ffn_up.weight",  # Phi-3
 }
 
 
@@ -243,6 +257,26 @@ def llama3_rope_freqs(shape):
     return np.array(out, dtype=np.float32)
 
 
+def fuse_for_phi3(weights):
+    """Phi-3's fused matrices, as Hugging Face stores them (qkv_proj: the rows of Q, K, V;
+    gate_up_proj: the rows of gate, then up) and llama.cpp's converter writes them (attn_qkv,
+    ffn_up of twice the FFN rows)."""
+    out = {}
+    for name, w in weights.items():
+        if name.endswith(("k_proj.weight", "v_proj.weight", "gate_proj.weight")):
+            continue
+        if name.endswith("q_proj.weight"):
+            p = name[:-len("q_proj.weight")]
+            w = np.concatenate([w, weights[p + "k_proj.weight"], weights[p + "v_proj.weight"]])
+            name = p + "qkv_proj.weight"
+        elif name.endswith("up_proj.weight"):
+            p = name[:-len("up_proj.weight")]
+            w = np.concatenate([weights[p + "gate_proj.weight"], w])
+            name = p + "gate_up_proj.weight"
+        out[name] = w
+    return out
+
+
 def write_gguf(path, shape, weights, type_name, tokenizer_metadata, extra_kv=None):
     """Writes `weights` (Hugging Face names and orientation) as a GGUF file whose matrices are in
     `type_name`; norms and biases stay F32. `extra_kv`: more metadata, {key: str | float | int}
@@ -270,8 +304,12 @@ def write_gguf(path, shape, weights, type_name, tokenizer_metadata, extra_kv=Non
             writer.add_uint32(key, value)
     for key, value, vtype, sub_type in tokenizer_metadata:
         writer.add_key_value(key, value, vtype, sub_type=sub_type)
+    if shape.sliding_window is not None:
+        writer.add_sliding_window(shape.sliding_window)
     if shape.llama3_rope is not None:
         writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(shape))
+    if shape.arch == "phi3":
+        weights = fuse_for_phi3(weights)
     for name, w in weights.items():
         if shape.arch == "llama" and name.endswith("q_proj.weight"):
             w = permute_for_interleaved_rope(w, shape.heads)
