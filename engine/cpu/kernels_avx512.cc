@@ -188,39 +188,57 @@ inline __m512i Bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-template <bool kQ4, int R>
+// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16). kQ5x16 is kQ4x16 with each code's
+// fifth bit ORed in from its qh group and f32 scales; codes stay unsigned (0..31).
+template <int F, int R>
 __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64_t nb,
                                                       const BlockQ8Act* x, const int32_t* xsum,
                                                       int64_t xs, float* y, int64_t ys,
                                                       int64_t rows) {
-  constexpr int64_t kBlockBytes = kPackedBlockBytes<kQ4>;
+  constexpr bool kQ4 = F != 1;  // nibble codes with an offset
+  constexpr bool kFive = F == 2;
+  constexpr int64_t kBlockBytes = kFive ? kPackedQ5BlockBytes : kPackedBlockBytes<kQ4>;
   constexpr int kGroups = kPackedGroups<kQ4>;
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = tile + b * kBlockBytes;
-    if constexpr (R > 1) PrefetchPackedBlock<kQ4>(blk);
+    if constexpr (R > 1) PrefetchPackedBlock<kBlockBytes>(blk);
     __m512i w[8];
     if constexpr (kQ4) {
       const __m512i low = _mm512_set1_epi8(0x0F);
+      __m512i h = _mm512_setzero_si512();
+      if constexpr (kFive) h = _mm512_load_si512(blk + kPackedQ5FifthBits);
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m512i v = _mm512_loadu_si512(blk + 64 * c);
         w[c] = _mm512_and_si512(v, low);
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        if constexpr (kFive) {
+          // Bit c (4 + c) of each qh byte to bit 4: 16-bit shifts by at most 4 move no bit of one
+          // byte onto bit 4 of the other.
+          const __m512i five = _mm512_set1_epi8(0x10);
+          w[c] = _mm512_or_si512(w[c], _mm512_and_si512(_mm512_slli_epi16(h, 4 - c), five));
+          w[c + 4] = _mm512_or_si512(w[c + 4], _mm512_and_si512(_mm512_srli_epi16(h, c), five));
+        }
       }
     } else {
       const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
 #pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) w[g] = _mm512_xor_si512(_mm512_loadu_si512(blk + 64 * g), bias);
     }
-    const __m512 dw =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64)));
-    __m512 mw = _mm512_setzero_ps();
-    if constexpr (kQ4) {
-      mw = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64 + 32)));
+    __m512 dw, mw = _mm512_setzero_ps();
+    if constexpr (kFive) {
+      dw = _mm512_load_ps(blk + kPackedQ5Scales);
+      mw = _mm512_load_ps(blk + kPackedQ5Scales + 64);
+    } else {
+      dw = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64)));
+      if constexpr (kQ4) {
+        mw = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64 + 32)));
+      }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -246,31 +264,31 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ys, keep, acc[r]);
 }
 
-template <bool kQ4>
+template <int F>
 void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* xsum,
                int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
   // xsum is only read (and only guaranteed to point anywhere) for Q8 tiles.
-  auto sums = [&](int64_t i) { return kQ4 ? nullptr : xsum + i * xs; };
+  auto sums = [&](int64_t i) { return F != 1 ? nullptr : xsum + i * xs; };
   int64_t i = 0;
   for (; i + 8 <= m; i += 8) {
-    PackedRows<kQ4, 8>(tile, nb, x + i * xs, sums(i), xs, y + i * ys, ys, rows);
+    PackedRows<F, 8>(tile, nb, x + i * xs, sums(i), xs, y + i * ys, ys, rows);
   }
   const BlockQ8Act* xi = x + i * xs;
   const int32_t* si = sums(i);
   float* yi = y + i * ys;
   switch (m - i) {
-    case 7: PackedRows<kQ4, 7>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 6: PackedRows<kQ4, 6>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 5: PackedRows<kQ4, 5>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 4: PackedRows<kQ4, 4>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 3: PackedRows<kQ4, 3>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 2: PackedRows<kQ4, 2>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 1: PackedRows<kQ4, 1>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 7: PackedRows<F, 7>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 6: PackedRows<F, 6>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 5: PackedRows<F, 5>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 4: PackedRows<F, 4>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 3: PackedRows<F, 3>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 2: PackedRows<F, 2>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 1: PackedRows<F, 1>(tile, nb, xi, si, xs, yi, ys, rows); break;
     default: break;
   }
 }
 
-const PackedDotFn kPackedDot[2] = {PackedDot<true>, PackedDot<false>};
+const PackedDotFn kPackedDot[3] = {PackedDot<0>, PackedDot<1>, PackedDot<2>};
 
 // ---- attention, head_dim 64 ---------------------------------------------------------------------
 // Scores for 16 positions at a time: 16 partial-product vectors (4 FMAs each) are summed
