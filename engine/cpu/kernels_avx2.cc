@@ -161,24 +161,90 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
   }
 }
 
+// kQ6x16: the signs of the codes move onto x, as kQ8x16's; each half's 4 pair sums (at most
+// 2 * 32 * 127 each) add up in 16 bits, and the halves are scaled by their int8 scales in
+// integers, as the row kernel does. (The tile's bias word is for AVX-512 only.)
+template <int R>
+void PackedHalfRowsQ6(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
+                      int64_t xs, float* y, int64_t ys, int64_t rows) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* base = tile + b * kPackedQ6BlockBytes;
+    if (R > 1 && half == 0) PrefetchPackedBlock<kPackedQ6BlockBytes>(base);
+    const uint8_t* blk = base + 32 * half;
+    const __m256i sc0 = _mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + kPackedQ6Scales + 8 * half)));
+    const __m256i sc1 = _mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + kPackedQ6Scales + 16 + 8 * half)));
+    const __m256 dw = _mm256_cvtph_ps(
+        _mm_load_si128(reinterpret_cast<const __m128i*>(base + kPackedQ6D + 16 * half)));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8Act& xb = x[r * xs + b];
+      __m256i s16[2];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        s16[h] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const int g = 4 * h + c;
+          const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * g));
+          s16[h] = _mm256_add_epi16(
+              s16[h], _mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
+                                           _mm256_sign_epi8(Bcast4(xb.qs + 4 * g), w)));
+        }
+      }
+      const __m256i sum =
+          _mm256_add_epi32(_mm256_mullo_epi32(_mm256_madd_epi16(s16[0], ones), sc0),
+                           _mm256_mullo_epi32(_mm256_madd_epi16(s16[1], ones), sc1));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(xb.d)),
+                               acc[r]);
+    }
+  }
+  const int64_t first = 8 * half;
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    if (rows >= first + 8) {
+      _mm256_storeu_ps(y + r * ys + first, acc[r]);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc[r]);
+      for (int64_t i = first; i < rows; ++i) y[r * ys + i] = tmp[i - first];
+    }
+  }
+}
+
+template <int F, int R>
+inline void HalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
+                     const int32_t* xsum, int64_t xs, float* y, int64_t ys, int64_t rows) {
+  if constexpr (F == 3) {
+    PackedHalfRowsQ6<R>(tile, nb, half, x, xs, y, ys, rows);
+  } else {
+    PackedHalfRows<F, R>(tile, nb, half, x, xsum, xs, y, ys, rows);
+  }
+}
+
 template <int F>
 void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* xsum,
                int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
   for (int half = 0; half < 2 && 8 * half < rows; ++half) {
     int64_t i = 0;
     for (; i + 4 <= m; i += 4) {
-      PackedHalfRows<F, 4>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows);
+      HalfRows<F, 4>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows);
     }
     switch (m - i) {
-      case 3: PackedHalfRows<F, 3>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
-      case 2: PackedHalfRows<F, 2>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
-      case 1: PackedHalfRows<F, 1>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
+      case 3: HalfRows<F, 3>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
+      case 2: HalfRows<F, 2>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
+      case 1: HalfRows<F, 1>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
       default: break;
     }
   }
 }
 
-const PackedDotFn kPackedDot[3] = {PackedDot<0>, PackedDot<1>, PackedDot<2>};
+const PackedDotFn kPackedDot[4] = {PackedDot<0>, PackedDot<1>, PackedDot<2>, PackedDot<3>};
 
 // ---- attention, head_dim 64 ---------------------------------------------------------------------
 // The AVX-512 kernel's plan on 256-bit registers: scores for 8 positions at a time (8 partial

@@ -264,6 +264,67 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ys, keep, acc[r]);
 }
 
+// kQ6x16: signed codes, so the activations are the unsigned operand, biased by 128 (x ^ 0x80);
+// the tile's bias word takes 128 · Σ c (times the half scales) off again. The two halves' sums
+// are scaled by their int8 scales in integers, as the row kernel does.
+inline __m512i Bcast4Biased(const int8_t* p) {
+  uint32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm512_set1_epi32(static_cast<int>(v ^ 0x80808080u));
+}
+
+template <int R>
+__attribute__((always_inline)) inline void PackedRowsQ6(const uint8_t* tile, int64_t nb,
+                                                        const BlockQ8Act* x, int64_t xs, float* y,
+                                                        int64_t ys, int64_t rows) {
+  __m512 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = tile + b * kPackedQ6BlockBytes;
+    if constexpr (R > 1) PrefetchPackedBlock<kPackedQ6BlockBytes>(blk);
+    __m512i w[8];
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) w[g] = _mm512_load_si512(blk + 64 * g);
+    const __m512i bias = _mm512_load_si512(blk + kPackedQ6Bias);
+    const __m512i sc0 = _mm512_cvtepi8_epi32(
+        _mm_load_si128(reinterpret_cast<const __m128i*>(blk + kPackedQ6Scales)));
+    const __m512i sc1 = _mm512_cvtepi8_epi32(
+        _mm_load_si128(reinterpret_cast<const __m128i*>(blk + kPackedQ6Scales + 16)));
+    const __m512 dw =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ6D)));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8Act& xb = x[r * xs + b];
+      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Bcast4Biased(xb.qs), w[0]);
+      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Bcast4Biased(xb.qs + 16), w[4]);
+#pragma GCC unroll 3
+      for (int c = 1; c < 4; ++c) {
+        s0 = _mm512_dpbusd_epi32(s0, Bcast4Biased(xb.qs + 4 * c), w[c]);
+        s1 = _mm512_dpbusd_epi32(s1, Bcast4Biased(xb.qs + 16 + 4 * c), w[c + 4]);
+      }
+      const __m512i sum = _mm512_sub_epi32(
+          _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)), bias);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(xb.d)),
+                               acc[r]);
+    }
+  }
+  const __mmask16 keep = static_cast<__mmask16>(rows >= 16 ? 0xFFFF : (1u << rows) - 1);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ys, keep, acc[r]);
+}
+
+template <int F, int R>
+__attribute__((always_inline)) inline void Rows(const uint8_t* tile, int64_t nb,
+                                                const BlockQ8Act* x, const int32_t* xsum,
+                                                int64_t xs, float* y, int64_t ys, int64_t rows) {
+  if constexpr (F == 3) {
+    PackedRowsQ6<R>(tile, nb, x, xs, y, ys, rows);
+  } else {
+    PackedRows<F, R>(tile, nb, x, xsum, xs, y, ys, rows);
+  }
+}
+
 template <int F>
 void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* xsum,
                int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
@@ -271,24 +332,24 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
   auto sums = [&](int64_t i) { return F != 1 ? nullptr : xsum + i * xs; };
   int64_t i = 0;
   for (; i + 8 <= m; i += 8) {
-    PackedRows<F, 8>(tile, nb, x + i * xs, sums(i), xs, y + i * ys, ys, rows);
+    Rows<F, 8>(tile, nb, x + i * xs, sums(i), xs, y + i * ys, ys, rows);
   }
   const BlockQ8Act* xi = x + i * xs;
   const int32_t* si = sums(i);
   float* yi = y + i * ys;
   switch (m - i) {
-    case 7: PackedRows<F, 7>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 6: PackedRows<F, 6>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 5: PackedRows<F, 5>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 4: PackedRows<F, 4>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 3: PackedRows<F, 3>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 2: PackedRows<F, 2>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 1: PackedRows<F, 1>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 7: Rows<F, 7>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 6: Rows<F, 6>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 5: Rows<F, 5>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 4: Rows<F, 4>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 3: Rows<F, 3>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 2: Rows<F, 2>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 1: Rows<F, 1>(tile, nb, xi, si, xs, yi, ys, rows); break;
     default: break;
   }
 }
 
-const PackedDotFn kPackedDot[3] = {PackedDot<0>, PackedDot<1>, PackedDot<2>};
+const PackedDotFn kPackedDot[4] = {PackedDot<0>, PackedDot<1>, PackedDot<2>, PackedDot<3>};
 
 // ---- attention, head_dim 64 ---------------------------------------------------------------------
 // Scores for 16 positions at a time: 16 partial-product vectors (4 FMAs each) are summed

@@ -9,7 +9,7 @@
 namespace tandem::cpu {
 
 static_assert(kPackedBlockBytes<true> == 320 && kPackedBlockBytes<false> == 544 &&
-                  kPackedQ5BlockBytes == 448,
+                  kPackedQ5BlockBytes == 448 && kPackedQ6BlockBytes == 640,
               "the layouts packed_weights.h documents");
 
 int64_t PackedBlockBytes(PackedFormat format) {
@@ -20,6 +20,8 @@ int64_t PackedBlockBytes(PackedFormat format) {
       return kPackedBlockBytes<false>;
     case PackedFormat::kQ5x16:
       return kPackedQ5BlockBytes;
+    case PackedFormat::kQ6x16:
+      return kPackedQ6BlockBytes;
   }
   return 0;
 }
@@ -103,6 +105,27 @@ void PackFiveBitRow(const uint8_t code[kQuantBlock], float d, float m, int64_t r
   std::memcpy(out + kPackedQ5Scales + 64 + r * 4, &m, 4);
 }
 
+// Writes row r's part of kQ6x16 block index b (elements 32 (b % 8) .. + 31 of super-block
+// b / 8 of the Q6_K row at `row`) at `out` (packed_weights.h).
+void PackQ6Row(const uint8_t* row, int64_t b, int64_t r, uint8_t* out) {
+  const BlockQ6_K& w = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
+  const int j = static_cast<int>(b % 8), h = j / 4, g = j % 4;
+  int32_t half_sums[2] = {0, 0};
+  for (int l = 0; l < kQuantBlock; ++l) {
+    const uint8_t low = w.ql[64 * h + 32 * (g & 1) + l];
+    const int q = (g < 2 ? low & 0x0F : low >> 4) | ((w.qh[32 * h + l] >> (2 * g)) & 3) << 4;
+    const int c = q - 32;
+    out[(l / 4) * 64 + r * 4 + l % 4] = static_cast<uint8_t>(static_cast<int8_t>(c));
+    half_sums[l / 16] += c;
+  }
+  const int8_t sc0 = w.scales[8 * h + 2 * g], sc1 = w.scales[8 * h + 2 * g + 1];
+  const int32_t bias = 128 * (sc0 * half_sums[0] + sc1 * half_sums[1]);  // |bias| < 2^24
+  std::memcpy(out + kPackedQ6Bias + r * 4, &bias, 4);
+  out[kPackedQ6Scales + r] = static_cast<uint8_t>(sc0);
+  out[kPackedQ6Scales + 16 + r] = static_cast<uint8_t>(sc1);
+  std::memcpy(out + kPackedQ6D + r * 2, &w.d, 2);
+}
+
 }  // namespace
 
 bool PackedKernelIsNative(PackedFormat format, Isa isa) {
@@ -121,6 +144,8 @@ std::optional<PackedFormat> PackedWeights::FormatFor(DType type) {
     case DType::kQ4_K:
     case DType::kQ5_K:
       return PackedFormat::kQ5x16;
+    case DType::kQ6_K:
+      return PackedFormat::kQ6x16;
     default:
       return std::nullopt;
   }
@@ -166,6 +191,10 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(const void* w, DType type, int
       uint8_t* out = data.get() + (t * nb + b) * block_bytes;
       for (int64_t r = 0; r < kPackedRows && t * kPackedRows + r < n; ++r) {
         const int64_t row = t * kPackedRows + r;
+        if (*format == PackedFormat::kQ6x16) {
+          PackQ6Row(src + row * w_row_bytes, b, r, out);
+          continue;
+        }
         if (*format == PackedFormat::kQ5x16) {
           uint8_t code[kQuantBlock];
           float d, m;

@@ -19,12 +19,34 @@ using testing::RandomFloats;
 using testing::RandomWeights;
 
 constexpr DType kPackable[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_0,
-                               DType::kQ5_1, DType::kQ4_K, DType::kQ5_K};
+                               DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 // Row widths to test a type on: around the kernels' unrolling, whole super-blocks for K-quants.
 std::vector<int64_t> Widths(DType type) {
   if (DTypeBlockElements(type) == kSuperBlock) return {256, 768};
   return {32, 96, 576};
+}
+
+// Q6_K: elements 32 (b % 8) .. + 31 of super-block b / 8 as x = d * scales[j / 16] * code[j],
+// code in -32..31, read from the GGUF block (ql[128], qh[64], int8 scales[16], f16 d).
+void Q6KCodes(const uint8_t* row, int64_t b, int code[kQuantBlock], int scales[2], float* d) {
+  const uint8_t* blk = row + (b / 8) * DTypeBlockBytes(DType::kQ6_K);
+  const uint8_t* ql = blk;
+  const uint8_t* qh = blk + 128;
+  const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+  uint16_t d16;
+  std::memcpy(&d16, blk + 208, 2);
+  *d = HalfToFloat(d16);
+  // Element e = 128 h + 32 g + l of the super-block: low bits from ql[64 h + 32 (g & 1) + l]
+  // (low nibble for g < 2), high bits 2g..2g+1 of qh[32 h + l]; scale sc[e / 16].
+  const int e0 = 32 * static_cast<int>(b % 8), h = e0 / 128, g = (e0 % 128) / 32;
+  for (int l = 0; l < kQuantBlock; ++l) {
+    const uint8_t low = ql[64 * h + 32 * (g & 1) + l];
+    const int q = (g < 2 ? low & 0x0F : low >> 4) | (((qh[32 * h + l] >> (2 * g)) & 3) << 4);
+    code[l] = q - 32;
+  }
+  scales[0] = sc[e0 / 16];
+  scales[1] = sc[e0 / 16 + 1];
 }
 
 // Element j of 32-element block b (K-quants: sub-block b % 8 of super-block b / 8) of the row at
@@ -98,6 +120,17 @@ std::vector<float> Reference(DType type, const std::vector<uint8_t>& w, int64_t 
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
         const BlockQ8Act& xb = xq[static_cast<size_t>(i * nb + b)];
+        if (type == DType::kQ6_K) {  // two 16-element halves with int8 scales, summed in integers
+          int code[kQuantBlock];
+          int scales[2];
+          float d;
+          Q6KCodes(w.data() + r * row_bytes, b, code, scales, &d);
+          int32_t half_sums[2] = {0, 0};
+          for (int j = 0; j < kQuantBlock; ++j) half_sums[j / 16] += code[j] * xb.qs[j];
+          const int32_t sumi = scales[0] * half_sums[0] + scales[1] * half_sums[1];
+          acc = std::fma(static_cast<float>(sumi), d * xb.d, acc);
+          continue;
+        }
         int code[kQuantBlock];
         float scale, offset;
         BlockCodes(type, w.data() + r * row_bytes, b, code, &scale, &offset);
@@ -266,8 +299,7 @@ TEST(PackedWeightsTest, RejectsWhatItCannotPack) {
   const std::vector<uint8_t> k4 = RandomWeights(rng, DType::kQ4_K, 2, 256);
   EXPECT_EQ(PackedWeights::Pack(k4.data(), DType::kQ4_K, 2, 96).status().code(),
             absl::StatusCode::kInvalidArgument);
-  // Q6_K (16-element sub-block scales) and IQ4_NL have no packed format.
-  EXPECT_FALSE(PackedWeights::FormatFor(DType::kQ6_K).has_value());
+  // IQ4_NL has no packed format.
   EXPECT_FALSE(PackedWeights::FormatFor(DType::kIQ4_NL).has_value());
 }
 
@@ -282,6 +314,7 @@ TEST(PackedWeightsTest, SizesAndAlignment) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(packed->tile(1)) % 64, 0u);
   EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ8x16), 16 * 34);
   EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ5x16), 16 * 28);
+  EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ6x16), 16 * 40);
   const std::vector<uint8_t> w5 = RandomWeights(rng, DType::kQ5_0, 17, 64);
   absl::StatusOr<PackedWeights> packed5 = PackedWeights::Pack(w5.data(), DType::kQ5_0, 17, 64);
   ASSERT_TRUE(packed5.ok());
