@@ -23,7 +23,7 @@
 //           from Q5_0 (m = -16 d), Q5_1 (d, m), Q5_K and Q4_K (fifth bits 0); for the K-quants
 //           block b is sub-block b % 8 of super-block b / 8, d = d_sb * sc_j and m = -dmin * m_j,
 //           all exact in f32. 28 bytes per row and block against the file's 22 (Q5_0, Q5_1
-//           24) or 17.5 / 21.5 (Q4_K / Q5_K): the packed copy is larger than the file's bytes.
+//           24) or 18 / 22 (Q4_K / Q5_K): the packed copy is larger than the file's bytes.
 //   kQ6x16  640 bytes  qs[8][16][4]: as kQ8x16, int8 codes c = q - 32 (-32..31)
 //                      bias[16]:     int32 128 · (sc0 · Σ c[0..15] + sc1 · Σ c[16..31]) of each row
 //                      sc0[16], sc1[16]: int8 scales of each row's two 16-element halves
