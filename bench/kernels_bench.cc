@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -39,9 +40,13 @@ std::vector<uint8_t> RandomBlocks(DType type, int64_t n, int64_t k, std::mt19937
   for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
   const int64_t block_bytes = DTypeBlockBytes(type);
   const uint16_t scale = FloatToHalf(0.01f);
-  for (size_t off = 0; off < w.size(); off += block_bytes) {  // sane f16 scales (and Q4_1 mins)
-    __builtin_memcpy(&w[off], &scale, 2);
-    if (type == DType::kQ4_1) __builtin_memcpy(&w[off + 2], &scale, 2);
+  // Sane f16 scales (and Q4_1 / Q5_1 / K-quant mins); Q6_K keeps its d last.
+  const bool with_min = type == DType::kQ4_1 || type == DType::kQ5_1 || type == DType::kQ4_K ||
+                        type == DType::kQ5_K;
+  const int64_t d_offset = type == DType::kQ6_K ? block_bytes - 2 : 0;
+  for (size_t off = 0; off < w.size(); off += block_bytes) {
+    __builtin_memcpy(&w[off + d_offset], &scale, 2);
+    if (with_min) __builtin_memcpy(&w[off + 2], &scale, 2);
   }
   return w;
 }
@@ -209,14 +214,17 @@ void RegisterAll() {
   for (Isa isa : kAllIsas) {
     if (!IsaSupported(isa, HostCpuFeatures())) continue;
     const std::string isa_name(IsaName(isa));
-    for (DType type : {DType::kQ4_1, DType::kQ8_0}) {
+    // Q4_1 / Q8_0: the default model; Q5_0, Q4_K, Q6_K: what a Q4_K_M file of it holds.
+    for (DType type : {DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
       for (bool packed : {false, true}) {
         // The scalar packed kernels are a reference, not a fallback anyone runs for speed.
-        if (packed && !PackedKernelIsNative(*PackedWeights::FormatFor(type), isa)) {
-          continue;
-        }
+        const std::optional<PackedFormat> format = PackedWeights::FormatFor(type);
+        if (packed && (!format.has_value() || !PackedKernelIsNative(*format, isa))) continue;
         for (int64_t m : {1, 8, 128}) {
           for (const Shape& s : shapes) {
+            if (s.k % DTypeBlockElements(type) != 0) continue;
+            // The K-quants stand for ffn_down only (the other matrices of the file are Q5_0).
+            if (DTypeBlockElements(type) == kSuperBlock && s.n > 10000) continue;
             // Scalar prefill of the output layer takes seconds per call; leave it out.
             if (isa == Isa::kScalar && m > 1 && s.n > 10000) continue;
             const std::string name = std::string(packed ? "MatMulPacked/" : "MatMul/") +

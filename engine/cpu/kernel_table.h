@@ -60,6 +60,17 @@ template <bool kQ4>
 inline constexpr int kPackedGroups = kQ4 ? 4 : 8;
 template <bool kQ4>
 inline constexpr int64_t kPackedBlockBytes = kPackedGroups<kQ4> * 64 + (kQ4 ? 64 : 32);
+// kQ5x16 (packed_weights.h): 4 groups of nibbles as kQ4x16's, one 64-byte group of fifth bits,
+// then the rows' f32 scales and offsets.
+inline constexpr int64_t kPackedQ5FifthBits = 4 * 64;  // offset of the fifth bits in a block
+inline constexpr int64_t kPackedQ5Scales = 5 * 64;     // offset of d[16] (f32), then m[16]
+inline constexpr int64_t kPackedQ5BlockBytes = 7 * 64;
+// kQ6x16 (packed_weights.h): 8 groups of int8 codes as kQ8x16's, then the rows' int32 bias
+// corrections, int8 half-block scales and f16 scales.
+inline constexpr int64_t kPackedQ6Bias = 8 * 64;        // int32 bias[16]
+inline constexpr int64_t kPackedQ6Scales = 9 * 64;      // int8 sc0[16], int8 sc1[16]
+inline constexpr int64_t kPackedQ6D = 9 * 64 + 32;      // f16 d[16]
+inline constexpr int64_t kPackedQ6BlockBytes = 10 * 64;
 
 using PackedDotFn = void (*)(const uint8_t* tile, int64_t nb, const BlockQ8Act* x,
                              const int32_t* xsum, int64_t x_stride, int64_t m, float* y,
@@ -125,7 +136,7 @@ struct KernelTable {
   // Two-row kernels indexed by DType (kNumDTypes entries), or nullptr where the table has none;
   // an entry may be nullptr (then row_dot is used for every row).
   const RowDot2Fn* row_dot2;
-  // Kernels over packed tiles, indexed by PackedFormat (2 entries), or nullptr where the table
+  // Kernels over packed tiles, indexed by PackedFormat (4 entries), or nullptr where the table
   // has none of its own: MatMul then runs the scalar table's, and a caller that packs weights for
   // speed should not pack for this table (PackedKernelsAreNative).
   const PackedDotFn* packed_dot;

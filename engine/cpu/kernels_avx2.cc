@@ -52,10 +52,15 @@ inline __m256i Bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-template <bool kQ4, int R>
+// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16). kQ5x16 is kQ4x16 with each code's
+// fifth bit ORed in from its qh group and f32 scales; its pair sums (at most 2 * 31 * 127) add
+// up in 16 bits only 4 at a time, so each half of the block is widened on its own.
+template <int F, int R>
 void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
                     const int32_t* /*xsum*/, int64_t xs, float* y, int64_t ys, int64_t rows) {
-  constexpr int64_t kBlockBytes = kPackedBlockBytes<kQ4>;
+  constexpr bool kQ4 = F != 1;  // nibble codes with an offset
+  constexpr bool kFive = F == 2;
+  constexpr int64_t kBlockBytes = kFive ? kPackedQ5BlockBytes : kPackedBlockBytes<kQ4>;
   constexpr int kGroups = kPackedGroups<kQ4>;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
@@ -64,22 +69,39 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* base = tile + b * kBlockBytes;
     // (The second half reads the lines the first one brought in.)
-    if (R > 1 && half == 0) PrefetchPackedBlock<kQ4>(base);
+    if (R > 1 && half == 0) PrefetchPackedBlock<kBlockBytes>(base);
     const uint8_t* blk = base + 32 * half;  // this half's codes in each 64-byte group
-    const uint8_t* scales = base + kGroups * 64 + 16 * half;  // its 8 f16 d (then, Q4: m)
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
-    __m256 mw = _mm256_setzero_ps();
-    if constexpr (kQ4) {
-      mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
+    __m256 dw, mw = _mm256_setzero_ps();
+    if constexpr (kFive) {
+      dw = _mm256_load_ps(reinterpret_cast<const float*>(base + kPackedQ5Scales + 32 * half));
+      mw = _mm256_load_ps(reinterpret_cast<const float*>(base + kPackedQ5Scales + 64 + 32 * half));
+    } else {
+      const uint8_t* scales = base + kGroups * 64 + 16 * half;  // its 8 f16 d (then, Q4: m)
+      dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+      if constexpr (kQ4) {
+        mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
+      }
     }
     if constexpr (kQ4) {
       const __m256i low = _mm256_set1_epi8(0x0F);
       __m256i w[8];
+      __m256i h = _mm256_setzero_si256();
+      if constexpr (kFive) {
+        h = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ5FifthBits));
+      }
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * c));
         w[c] = _mm256_and_si256(v, low);
         w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        if constexpr (kFive) {
+          // Bit c (4 + c) of each qh byte to bit 4: 16-bit shifts by at most 4 move no bit of one
+          // byte onto bit 4 of the other.
+          const __m256i five = _mm256_set1_epi8(0x10);
+          w[c] = _mm256_or_si256(w[c], _mm256_and_si256(_mm256_slli_epi16(h, 4 - c), five));
+          w[c + 4] =
+              _mm256_or_si256(w[c + 4], _mm256_and_si256(_mm256_srli_epi16(h, c), five));
+        }
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
@@ -89,11 +111,22 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
         for (int c = 1; c < 4; ++c) {
           s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[c], Bcast4(xb.qs + 4 * c)));
         }
+        __m256i sum;
+        if constexpr (kFive) {
+          __m256i t16 = _mm256_maddubs_epi16(w[4], Bcast4(xb.qs + 16));
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[c + 4], Bcast4(xb.qs + 16 + 4 * c)));
+          for (int c = 1; c < 4; ++c) {
+            t16 = _mm256_add_epi16(t16, _mm256_maddubs_epi16(w[c + 4], Bcast4(xb.qs + 16 + 4 * c)));
+          }
+          sum = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), _mm256_madd_epi16(t16, ones));
+        } else {
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) {
+            s16 = _mm256_add_epi16(s16,
+                                   _mm256_maddubs_epi16(w[c + 4], Bcast4(xb.qs + 16 + 4 * c)));
+          }
+          sum = _mm256_madd_epi16(s16, ones);
         }
-        const __m256i sum = _mm256_madd_epi16(s16, ones);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(xb.d)),
                                  acc[r]);
         acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb.s), acc[r]);
@@ -128,24 +161,90 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
   }
 }
 
-template <bool kQ4>
+// kQ6x16: the signs of the codes move onto x, as kQ8x16's; each half's 4 pair sums (at most
+// 2 * 32 * 127 each) add up in 16 bits, and the halves are scaled by their int8 scales in
+// integers, as the row kernel does. (The tile's bias word is for AVX-512 only.)
+template <int R>
+void PackedHalfRowsQ6(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
+                      int64_t xs, float* y, int64_t ys, int64_t rows) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* base = tile + b * kPackedQ6BlockBytes;
+    if (R > 1 && half == 0) PrefetchPackedBlock<kPackedQ6BlockBytes>(base);
+    const uint8_t* blk = base + 32 * half;
+    const __m256i sc0 = _mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + kPackedQ6Scales + 8 * half)));
+    const __m256i sc1 = _mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + kPackedQ6Scales + 16 + 8 * half)));
+    const __m256 dw = _mm256_cvtph_ps(
+        _mm_load_si128(reinterpret_cast<const __m128i*>(base + kPackedQ6D + 16 * half)));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8Act& xb = x[r * xs + b];
+      __m256i s16[2];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        s16[h] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const int g = 4 * h + c;
+          const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * g));
+          s16[h] = _mm256_add_epi16(
+              s16[h], _mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
+                                           _mm256_sign_epi8(Bcast4(xb.qs + 4 * g), w)));
+        }
+      }
+      const __m256i sum =
+          _mm256_add_epi32(_mm256_mullo_epi32(_mm256_madd_epi16(s16[0], ones), sc0),
+                           _mm256_mullo_epi32(_mm256_madd_epi16(s16[1], ones), sc1));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(xb.d)),
+                               acc[r]);
+    }
+  }
+  const int64_t first = 8 * half;
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    if (rows >= first + 8) {
+      _mm256_storeu_ps(y + r * ys + first, acc[r]);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc[r]);
+      for (int64_t i = first; i < rows; ++i) y[r * ys + i] = tmp[i - first];
+    }
+  }
+}
+
+template <int F, int R>
+inline void HalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
+                     const int32_t* xsum, int64_t xs, float* y, int64_t ys, int64_t rows) {
+  if constexpr (F == 3) {
+    PackedHalfRowsQ6<R>(tile, nb, half, x, xs, y, ys, rows);
+  } else {
+    PackedHalfRows<F, R>(tile, nb, half, x, xsum, xs, y, ys, rows);
+  }
+}
+
+template <int F>
 void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* xsum,
                int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
   for (int half = 0; half < 2 && 8 * half < rows; ++half) {
     int64_t i = 0;
     for (; i + 4 <= m; i += 4) {
-      PackedHalfRows<kQ4, 4>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows);
+      HalfRows<F, 4>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows);
     }
     switch (m - i) {
-      case 3: PackedHalfRows<kQ4, 3>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
-      case 2: PackedHalfRows<kQ4, 2>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
-      case 1: PackedHalfRows<kQ4, 1>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
+      case 3: HalfRows<F, 3>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
+      case 2: HalfRows<F, 2>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
+      case 1: HalfRows<F, 1>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
       default: break;
     }
   }
 }
 
-const PackedDotFn kPackedDot[2] = {PackedDot<true>, PackedDot<false>};
+const PackedDotFn kPackedDot[4] = {PackedDot<0>, PackedDot<1>, PackedDot<2>, PackedDot<3>};
 
 // ---- attention, head_dim 64 ---------------------------------------------------------------------
 // The AVX-512 kernel's plan on 256-bit registers: scores for 8 positions at a time (8 partial

@@ -188,39 +188,57 @@ inline __m512i Bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-template <bool kQ4, int R>
+// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16). kQ5x16 is kQ4x16 with each code's
+// fifth bit ORed in from its qh group and f32 scales; codes stay unsigned (0..31).
+template <int F, int R>
 __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64_t nb,
                                                       const BlockQ8Act* x, const int32_t* xsum,
                                                       int64_t xs, float* y, int64_t ys,
                                                       int64_t rows) {
-  constexpr int64_t kBlockBytes = kPackedBlockBytes<kQ4>;
+  constexpr bool kQ4 = F != 1;  // nibble codes with an offset
+  constexpr bool kFive = F == 2;
+  constexpr int64_t kBlockBytes = kFive ? kPackedQ5BlockBytes : kPackedBlockBytes<kQ4>;
   constexpr int kGroups = kPackedGroups<kQ4>;
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = tile + b * kBlockBytes;
-    if constexpr (R > 1) PrefetchPackedBlock<kQ4>(blk);
+    if constexpr (R > 1) PrefetchPackedBlock<kBlockBytes>(blk);
     __m512i w[8];
     if constexpr (kQ4) {
       const __m512i low = _mm512_set1_epi8(0x0F);
+      __m512i h = _mm512_setzero_si512();
+      if constexpr (kFive) h = _mm512_load_si512(blk + kPackedQ5FifthBits);
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m512i v = _mm512_loadu_si512(blk + 64 * c);
         w[c] = _mm512_and_si512(v, low);
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        if constexpr (kFive) {
+          // Bit c (4 + c) of each qh byte to bit 4: 16-bit shifts by at most 4 move no bit of one
+          // byte onto bit 4 of the other.
+          const __m512i five = _mm512_set1_epi8(0x10);
+          w[c] = _mm512_or_si512(w[c], _mm512_and_si512(_mm512_slli_epi16(h, 4 - c), five));
+          w[c + 4] = _mm512_or_si512(w[c + 4], _mm512_and_si512(_mm512_srli_epi16(h, c), five));
+        }
       }
     } else {
       const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
 #pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) w[g] = _mm512_xor_si512(_mm512_loadu_si512(blk + 64 * g), bias);
     }
-    const __m512 dw =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64)));
-    __m512 mw = _mm512_setzero_ps();
-    if constexpr (kQ4) {
-      mw = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64 + 32)));
+    __m512 dw, mw = _mm512_setzero_ps();
+    if constexpr (kFive) {
+      dw = _mm512_load_ps(blk + kPackedQ5Scales);
+      mw = _mm512_load_ps(blk + kPackedQ5Scales + 64);
+    } else {
+      dw = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64)));
+      if constexpr (kQ4) {
+        mw = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64 + 32)));
+      }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -246,31 +264,92 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ys, keep, acc[r]);
 }
 
-template <bool kQ4>
+// kQ6x16: signed codes, so the activations are the unsigned operand, biased by 128 (x ^ 0x80);
+// the tile's bias word takes 128 · Σ c (times the half scales) off again. The two halves' sums
+// are scaled by their int8 scales in integers, as the row kernel does.
+inline __m512i Bcast4Biased(const int8_t* p) {
+  uint32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm512_set1_epi32(static_cast<int>(v ^ 0x80808080u));
+}
+
+template <int R>
+__attribute__((always_inline)) inline void PackedRowsQ6(const uint8_t* tile, int64_t nb,
+                                                        const BlockQ8Act* x, int64_t xs, float* y,
+                                                        int64_t ys, int64_t rows) {
+  __m512 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = tile + b * kPackedQ6BlockBytes;
+    if constexpr (R > 1) PrefetchPackedBlock<kPackedQ6BlockBytes>(blk);
+    __m512i w[8];
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) w[g] = _mm512_load_si512(blk + 64 * g);
+    const __m512i bias = _mm512_load_si512(blk + kPackedQ6Bias);
+    const __m512i sc0 = _mm512_cvtepi8_epi32(
+        _mm_load_si128(reinterpret_cast<const __m128i*>(blk + kPackedQ6Scales)));
+    const __m512i sc1 = _mm512_cvtepi8_epi32(
+        _mm_load_si128(reinterpret_cast<const __m128i*>(blk + kPackedQ6Scales + 16)));
+    const __m512 dw =
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ6D)));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8Act& xb = x[r * xs + b];
+      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Bcast4Biased(xb.qs), w[0]);
+      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Bcast4Biased(xb.qs + 16), w[4]);
+#pragma GCC unroll 3
+      for (int c = 1; c < 4; ++c) {
+        s0 = _mm512_dpbusd_epi32(s0, Bcast4Biased(xb.qs + 4 * c), w[c]);
+        s1 = _mm512_dpbusd_epi32(s1, Bcast4Biased(xb.qs + 16 + 4 * c), w[c + 4]);
+      }
+      const __m512i sum = _mm512_sub_epi32(
+          _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)), bias);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(xb.d)),
+                               acc[r]);
+    }
+  }
+  const __mmask16 keep = static_cast<__mmask16>(rows >= 16 ? 0xFFFF : (1u << rows) - 1);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ys, keep, acc[r]);
+}
+
+template <int F, int R>
+__attribute__((always_inline)) inline void Rows(const uint8_t* tile, int64_t nb,
+                                                const BlockQ8Act* x, const int32_t* xsum,
+                                                int64_t xs, float* y, int64_t ys, int64_t rows) {
+  if constexpr (F == 3) {
+    PackedRowsQ6<R>(tile, nb, x, xs, y, ys, rows);
+  } else {
+    PackedRows<F, R>(tile, nb, x, xsum, xs, y, ys, rows);
+  }
+}
+
+template <int F>
 void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* xsum,
                int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
   // xsum is only read (and only guaranteed to point anywhere) for Q8 tiles.
-  auto sums = [&](int64_t i) { return kQ4 ? nullptr : xsum + i * xs; };
+  auto sums = [&](int64_t i) { return F != 1 ? nullptr : xsum + i * xs; };
   int64_t i = 0;
   for (; i + 8 <= m; i += 8) {
-    PackedRows<kQ4, 8>(tile, nb, x + i * xs, sums(i), xs, y + i * ys, ys, rows);
+    Rows<F, 8>(tile, nb, x + i * xs, sums(i), xs, y + i * ys, ys, rows);
   }
   const BlockQ8Act* xi = x + i * xs;
   const int32_t* si = sums(i);
   float* yi = y + i * ys;
   switch (m - i) {
-    case 7: PackedRows<kQ4, 7>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 6: PackedRows<kQ4, 6>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 5: PackedRows<kQ4, 5>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 4: PackedRows<kQ4, 4>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 3: PackedRows<kQ4, 3>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 2: PackedRows<kQ4, 2>(tile, nb, xi, si, xs, yi, ys, rows); break;
-    case 1: PackedRows<kQ4, 1>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 7: Rows<F, 7>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 6: Rows<F, 6>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 5: Rows<F, 5>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 4: Rows<F, 4>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 3: Rows<F, 3>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 2: Rows<F, 2>(tile, nb, xi, si, xs, yi, ys, rows); break;
+    case 1: Rows<F, 1>(tile, nb, xi, si, xs, yi, ys, rows); break;
     default: break;
   }
 }
 
-const PackedDotFn kPackedDot[2] = {PackedDot<true>, PackedDot<false>};
+const PackedDotFn kPackedDot[4] = {PackedDot<0>, PackedDot<1>, PackedDot<2>, PackedDot<3>};
 
 // ---- attention, head_dim 64 ---------------------------------------------------------------------
 // Scores for 16 positions at a time: 16 partial-product vectors (4 FMAs each) are summed

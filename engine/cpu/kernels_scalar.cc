@@ -266,7 +266,61 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
   }
 }
 
-const PackedDotFn kPackedDot[2] = {PackedDot<true>, PackedDot<false>};
+void PackedDotQ5(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* /*xsum*/,
+                 int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = tile + b * kPackedQ5BlockBytes;
+        const BlockQ8Act& xb = x[i * xs + b];
+        int32_t sumi = 0;
+        for (int c = 0; c < 4; ++c) {
+          for (int j = 0; j < 4; ++j) {
+            const uint8_t q = blk[c * 64 + r * 4 + j];
+            const uint8_t h = blk[kPackedQ5FifthBits + r * 4 + j];
+            const int lo = (q & 0x0F) | (((h >> c) & 1) << 4);
+            const int hi = (q >> 4) | (((h >> (4 + c)) & 1) << 4);
+            sumi += lo * xb.qs[4 * c + j] + hi * xb.qs[16 + 4 * c + j];
+          }
+        }
+        float d, mw;
+        std::memcpy(&d, blk + kPackedQ5Scales + r * 4, 4);
+        std::memcpy(&mw, blk + kPackedQ5Scales + 64 + r * 4, 4);
+        acc = std::fma(static_cast<float>(sumi), d * xb.d, acc);
+        acc = std::fma(mw, xb.s, acc);
+      }
+      y[i * ys + r] = acc;
+    }
+  }
+}
+
+void PackedDotQ6(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* /*xsum*/,
+                 int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = tile + b * kPackedQ6BlockBytes;
+        const BlockQ8Act& xb = x[i * xs + b];
+        int32_t half_sums[2] = {0, 0};
+        for (int l = 0; l < kQuantBlock; ++l) {
+          const auto c = static_cast<int8_t>(blk[(l / 4) * 64 + r * 4 + l % 4]);
+          half_sums[l / 16] += c * xb.qs[l];
+        }
+        const auto sc0 = static_cast<int8_t>(blk[kPackedQ6Scales + r]);
+        const auto sc1 = static_cast<int8_t>(blk[kPackedQ6Scales + 16 + r]);
+        uint16_t d;
+        std::memcpy(&d, blk + kPackedQ6D + r * 2, 2);
+        const int32_t sumi = sc0 * half_sums[0] + sc1 * half_sums[1];
+        acc = std::fma(static_cast<float>(sumi), HalfToFloat(d) * xb.d, acc);
+      }
+      y[i * ys + r] = acc;
+    }
+  }
+}
+
+const PackedDotFn kPackedDot[4] = {PackedDot<true>, PackedDot<false>, PackedDotQ5, PackedDotQ6};
 
 float DotF32(const float* a, const float* b, int64_t n) {
   float acc = 0.0f;

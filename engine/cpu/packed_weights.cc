@@ -8,12 +8,125 @@
 
 namespace tandem::cpu {
 
-static_assert(kPackedBlockBytes<true> == 320 && kPackedBlockBytes<false> == 544,
+static_assert(kPackedBlockBytes<true> == 320 && kPackedBlockBytes<false> == 544 &&
+                  kPackedQ5BlockBytes == 448 && kPackedQ6BlockBytes == 640,
               "the layouts packed_weights.h documents");
 
 int64_t PackedBlockBytes(PackedFormat format) {
-  return format == PackedFormat::kQ4x16 ? kPackedBlockBytes<true> : kPackedBlockBytes<false>;
+  switch (format) {
+    case PackedFormat::kQ4x16:
+      return kPackedBlockBytes<true>;
+    case PackedFormat::kQ8x16:
+      return kPackedBlockBytes<false>;
+    case PackedFormat::kQ5x16:
+      return kPackedQ5BlockBytes;
+    case PackedFormat::kQ6x16:
+      return kPackedQ6BlockBytes;
+  }
+  return 0;
 }
+
+namespace {
+
+// 32 weights of a kQ5x16 source as x = d * code[j] + m: block b of the row at `row` (for the
+// K-quants, sub-block b % 8 of super-block b / 8). code[j] in 0..31; d and m exact in f32.
+void FiveBitBlock(DType type, const uint8_t* row, int64_t b, uint8_t code[kQuantBlock], float* d,
+                  float* m) {
+  auto half = [](const uint16_t& h) { return HalfToFloat(h); };
+  switch (type) {
+    case DType::kQ5_0:
+    case DType::kQ5_1: {
+      uint32_t qh;
+      const uint8_t* qs;
+      if (type == DType::kQ5_0) {
+        const BlockQ5_0& w = reinterpret_cast<const BlockQ5_0*>(row)[b];
+        std::memcpy(&qh, w.qh, 4);
+        qs = w.qs;
+        *d = half(w.d);
+        *m = -16.0f * *d;
+      } else {
+        const BlockQ5_1& w = reinterpret_cast<const BlockQ5_1*>(row)[b];
+        std::memcpy(&qh, w.qh, 4);
+        qs = w.qs;
+        *d = half(w.d);
+        *m = half(w.m);
+      }
+      for (int j = 0; j < kQuantBlock; ++j) {
+        const int low = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
+        code[j] = static_cast<uint8_t>(low | (((qh >> j) & 1) << 4));
+      }
+      return;
+    }
+    default: {  // Q4_K, Q5_K
+      const int sub = static_cast<int>(b % 8);
+      const uint8_t* scales;
+      const uint8_t* qs;
+      const uint8_t* qh = nullptr;
+      uint16_t d16, dmin16;
+      if (type == DType::kQ4_K) {
+        const BlockQ4_K& w = reinterpret_cast<const BlockQ4_K*>(row)[b / 8];
+        scales = w.scales;
+        qs = w.qs;
+        d16 = w.d;
+        dmin16 = w.dmin;
+      } else {
+        const BlockQ5_K& w = reinterpret_cast<const BlockQ5_K*>(row)[b / 8];
+        scales = w.scales;
+        qs = w.qs;
+        qh = w.qh;
+        d16 = w.d;
+        dmin16 = w.dmin;
+      }
+      int sc, mn;
+      KQuantScaleMin(scales, sub, &sc, &mn);
+      *d = half(d16) * static_cast<float>(sc);    // 11 x 6 significant bits: exact
+      *m = -half(dmin16) * static_cast<float>(mn);
+      for (int j = 0; j < kQuantBlock; ++j) {
+        int c = (qs[32 * (sub / 2) + j] >> (4 * (sub % 2))) & 0x0F;
+        if (qh != nullptr) c |= ((qh[j] >> sub) & 1) << 4;
+        code[j] = static_cast<uint8_t>(c);
+      }
+      return;
+    }
+  }
+}
+
+// Writes row r's part of one kQ5x16 block index at `out` (packed_weights.h).
+void PackFiveBitRow(const uint8_t code[kQuantBlock], float d, float m, int64_t r, uint8_t* out) {
+  for (int c = 0; c < 4; ++c) {
+    for (int j = 0; j < 4; ++j) {
+      const int lo = code[4 * c + j], hi = code[16 + 4 * c + j];
+      out[c * 64 + r * 4 + j] = static_cast<uint8_t>((lo & 0x0F) | ((hi & 0x0F) << 4));
+      out[kPackedQ5FifthBits + r * 4 + j] |=
+          static_cast<uint8_t>(((lo >> 4) << c) | ((hi >> 4) << (4 + c)));
+    }
+  }
+  std::memcpy(out + kPackedQ5Scales + r * 4, &d, 4);
+  std::memcpy(out + kPackedQ5Scales + 64 + r * 4, &m, 4);
+}
+
+// Writes row r's part of kQ6x16 block index b (elements 32 (b % 8) .. + 31 of super-block
+// b / 8 of the Q6_K row at `row`) at `out` (packed_weights.h).
+void PackQ6Row(const uint8_t* row, int64_t b, int64_t r, uint8_t* out) {
+  const BlockQ6_K& w = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
+  const int j = static_cast<int>(b % 8), h = j / 4, g = j % 4;
+  int32_t half_sums[2] = {0, 0};
+  for (int l = 0; l < kQuantBlock; ++l) {
+    const uint8_t low = w.ql[64 * h + 32 * (g & 1) + l];
+    const int q = (g < 2 ? low & 0x0F : low >> 4) | ((w.qh[32 * h + l] >> (2 * g)) & 3) << 4;
+    const int c = q - 32;
+    out[(l / 4) * 64 + r * 4 + l % 4] = static_cast<uint8_t>(static_cast<int8_t>(c));
+    half_sums[l / 16] += c;
+  }
+  const int8_t sc0 = w.scales[8 * h + 2 * g], sc1 = w.scales[8 * h + 2 * g + 1];
+  const int32_t bias = 128 * (sc0 * half_sums[0] + sc1 * half_sums[1]);  // |bias| < 2^24
+  std::memcpy(out + kPackedQ6Bias + r * 4, &bias, 4);
+  out[kPackedQ6Scales + r] = static_cast<uint8_t>(sc0);
+  out[kPackedQ6Scales + 16 + r] = static_cast<uint8_t>(sc1);
+  std::memcpy(out + kPackedQ6D + r * 2, &w.d, 2);
+}
+
+}  // namespace
 
 bool PackedKernelIsNative(PackedFormat format, Isa isa) {
   return PackedKernelsAreNative(KernelTableFor(isa), static_cast<int>(format));
@@ -26,6 +139,13 @@ std::optional<PackedFormat> PackedWeights::FormatFor(DType type) {
       return PackedFormat::kQ4x16;
     case DType::kQ8_0:
       return PackedFormat::kQ8x16;
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+      return PackedFormat::kQ5x16;
+    case DType::kQ6_K:
+      return PackedFormat::kQ6x16;
     default:
       return std::nullopt;
   }
@@ -38,10 +158,11 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(const void* w, DType type, int
     return absl::UnimplementedError(
         absl::StrCat("PackedWeights: no packed format for ", DTypeName(type)));
   }
-  if (n < 0 || k < 0 || k % kQuantBlock != 0) {
+  if (n < 0 || k < 0 || k % DTypeBlockElements(type) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("PackedWeights: N=", n, " K=", k,
                                                    " (K must be a non-negative multiple of ",
-                                                   kQuantBlock, ")"));
+                                                   DTypeBlockElements(type), " for ",
+                                                   DTypeName(type), ")"));
   }
   const int64_t packed_row = *DTypeStorageBytes(type, k);
   if (w_row_bytes == 0) w_row_bytes = packed_row;
@@ -70,6 +191,17 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(const void* w, DType type, int
       uint8_t* out = data.get() + (t * nb + b) * block_bytes;
       for (int64_t r = 0; r < kPackedRows && t * kPackedRows + r < n; ++r) {
         const int64_t row = t * kPackedRows + r;
+        if (*format == PackedFormat::kQ6x16) {
+          PackQ6Row(src + row * w_row_bytes, b, r, out);
+          continue;
+        }
+        if (*format == PackedFormat::kQ5x16) {
+          uint8_t code[kQuantBlock];
+          float d, m;
+          FiveBitBlock(type, src + row * w_row_bytes, b, code, &d, &m);
+          PackFiveBitRow(code, d, m, r, out);
+          continue;
+        }
         const uint8_t* blk = src + row * w_row_bytes + b * DTypeBlockBytes(type);
         uint16_t d, m = 0;
         const uint8_t* qs;

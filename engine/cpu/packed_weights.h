@@ -16,6 +16,21 @@
 //   kQ8x16  544 bytes  qs[8][16][4]: group g, row r, byte j = int8 code 4g + j of row r
 //                      d[16]:        f16 scale of each row
 //           from Q8_0
+//   kQ5x16  448 bytes  qs[4][16][4]: as kQ4x16, the low 4 bits of each 5-bit code
+//                      qh[16][4]:    row r, byte j: bit c = fifth bit of element 4c + j, bit 4 + c
+//                                    = fifth bit of element 16 + 4c + j (c = 0..3)
+//                      d[16], m[16]: f32 scale and offset of each row (x = d * code + m)
+//           from Q5_0 (m = -16 d), Q5_1 (d, m), Q5_K and Q4_K (fifth bits 0); for the K-quants
+//           block b is sub-block b % 8 of super-block b / 8, d = d_sb * sc_j and m = -dmin * m_j,
+//           all exact in f32. 28 bytes per row and block against the file's 22 (Q5_0, Q5_1
+//           24) or 18 / 22 (Q4_K / Q5_K): the packed copy is larger than the file's bytes.
+//   kQ6x16  640 bytes  qs[8][16][4]: as kQ8x16, int8 codes c = q - 32 (-32..31)
+//                      bias[16]:     int32 128 · (sc0 · Σ c[0..15] + sc1 · Σ c[16..31]) of each row
+//                      sc0[16], sc1[16]: int8 scales of each row's two 16-element halves
+//                      d[16]:        f16 scale of each row (its super-block's)
+//           from Q6_K (block b: elements 32 (b % 8) .. + 31 of super-block b / 8). 40 bytes per
+//           row and block against the file's 26.25. The bias lets AVX-512 take x + 128 as
+//           vpdpbusd's unsigned operand: Σ (x + 128) c = Σ x c + 128 Σ c, exact.
 //
 // Rows past N in the last tile are zero (scales included), and their outputs are not written.
 //
@@ -25,7 +40,10 @@
 //   acc = 0
 //   for b in 0 .. K/32 - 1:
 //     acc = fma(float(Σ_j q[n,b,j] · x_b.qs[j]), d[n,b] · x_b.d, acc)   // the integer sum is exact
-//     acc = fma(m[n,b], x_b.s, acc)                                      // kQ4x16 only
+//     acc = fma(m[n,b], x_b.s, acc)                             // kQ4x16 and kQ5x16 only
+//
+// except kQ6x16, whose integer sum is sc0 · Σ_{j<16} c_j x_j + sc1 · Σ_{j>=16} c_j x_j (exact),
+// then acc = fma(float(sum), d[n,b] · x_b.d, acc) as above.
 //   y[i, n] = acc
 //
 // so a result depends neither on the ISA nor on how many activation rows share the call.
@@ -43,11 +61,11 @@
 
 namespace tandem::cpu {
 
-enum class PackedFormat : uint8_t { kQ4x16, kQ8x16 };
-inline constexpr int kNumPackedFormats = 2;
+enum class PackedFormat : uint8_t { kQ4x16, kQ8x16, kQ5x16, kQ6x16 };
+inline constexpr int kNumPackedFormats = 4;
 inline constexpr int64_t kPackedRows = 16;  // weight rows per tile
 
-// Bytes of one block index of one tile (320 or 544).
+// Bytes of one block index of one tile (320, 544, 448 or 640).
 int64_t PackedBlockBytes(PackedFormat format);
 
 // Whether the kernel table for `isa` has its own kernel for `format`. Where it has not, MatMul
@@ -56,11 +74,13 @@ bool PackedKernelIsNative(PackedFormat format, Isa isa);
 
 class PackedWeights {
  public:
-  // The packed format for `type`, or std::nullopt for a type without one (F32, F16, BF16).
+  // The packed format for `type`, or std::nullopt for a type without one (F32, F16, BF16,
+  // IQ4_NL, Q8_K).
   static std::optional<PackedFormat> FormatFor(DType type);
 
   // Packs the [n, k] matrix at `w` (row r at w + r * w_row_bytes; 0: packed rows). INVALID_ARGUMENT
-  // for a negative size, K not a multiple of 32, a short w_row_bytes or a null `w`; UNIMPLEMENTED
+  // for a negative size, K not a multiple of the type's block (32; 256 for the K-quants), a short
+  // w_row_bytes or a null `w`; UNIMPLEMENTED
   // for a type without a packed format; OUT_OF_RANGE for a Q4_0 scale whose offset -8 d does not
   // fit in f16. RESOURCE_EXHAUSTED when the memory cannot be allocated.
   static absl::StatusOr<PackedWeights> Pack(const void* w, DType type, int64_t n, int64_t k,
@@ -72,7 +92,7 @@ class PackedWeights {
   int64_t num_tiles() const { return (n_ + kPackedRows - 1) / kPackedRows; }
   int64_t tile_bytes() const { return k_ / kQuantBlock * PackedBlockBytes(format_); }
   int64_t bytes() const { return num_tiles() * tile_bytes(); }
-  // Tile t: rows 16t .. 16t + 15. The data starts 64-byte aligned (kQ4x16 tiles all are).
+  // Tile t: rows 16t .. 16t + 15. The data starts 64-byte aligned (kQ4x16, kQ5x16 and kQ6x16 tiles all are).
   const uint8_t* tile(int64_t t) const { return data_.get() + t * tile_bytes(); }
 
  private:

@@ -18,7 +18,95 @@ namespace {
 using testing::RandomFloats;
 using testing::RandomWeights;
 
-constexpr DType kPackable[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0};
+constexpr DType kPackable[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_0,
+                               DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+// Row widths to test a type on: around the kernels' unrolling, whole super-blocks for K-quants.
+std::vector<int64_t> Widths(DType type) {
+  if (DTypeBlockElements(type) == kSuperBlock) return {256, 768};
+  return {32, 96, 576};
+}
+
+// Q6_K: elements 32 (b % 8) .. + 31 of super-block b / 8 as x = d * scales[j / 16] * code[j],
+// code in -32..31, read from the GGUF block (ql[128], qh[64], int8 scales[16], f16 d).
+void Q6KCodes(const uint8_t* row, int64_t b, int code[kQuantBlock], int scales[2], float* d) {
+  const uint8_t* blk = row + (b / 8) * DTypeBlockBytes(DType::kQ6_K);
+  const uint8_t* ql = blk;
+  const uint8_t* qh = blk + 128;
+  const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+  uint16_t d16;
+  std::memcpy(&d16, blk + 208, 2);
+  *d = HalfToFloat(d16);
+  // Element e = 128 h + 32 g + l of the super-block: low bits from ql[64 h + 32 (g & 1) + l]
+  // (low nibble for g < 2), high bits 2g..2g+1 of qh[32 h + l]; scale sc[e / 16].
+  const int e0 = 32 * static_cast<int>(b % 8), h = e0 / 128, g = (e0 % 128) / 32;
+  for (int l = 0; l < kQuantBlock; ++l) {
+    const uint8_t low = ql[64 * h + 32 * (g & 1) + l];
+    const int q = (g < 2 ? low & 0x0F : low >> 4) | (((qh[32 * h + l] >> (2 * g)) & 3) << 4);
+    code[l] = q - 32;
+  }
+  scales[0] = sc[e0 / 16];
+  scales[1] = sc[e0 / 16 + 1];
+}
+
+// Element j of 32-element block b (K-quants: sub-block b % 8 of super-block b / 8) of the row at
+// `row`, as x = scale * code + offset, read from the GGUF block as dtype.h documents it.
+void BlockCodes(DType type, const uint8_t* row, int64_t b, int code[kQuantBlock], float* scale,
+                float* offset) {
+  const int64_t block_bytes = DTypeBlockBytes(type);
+  uint16_t h[2];
+  switch (type) {
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1: {
+      const uint8_t* blk = row + b * block_bytes;
+      std::memcpy(h, blk, 4);
+      *scale = HalfToFloat(h[0]);
+      *offset = type == DType::kQ4_1 ? HalfToFloat(h[1])
+                : type == DType::kQ4_0 ? -8.0f * *scale : 0.0f;
+      for (int j = 0; j < kQuantBlock; ++j) {
+        if (type == DType::kQ8_0) {
+          code[j] = static_cast<int8_t>(blk[2 + j]);
+        } else {
+          const uint8_t* qs = blk + (type == DType::kQ4_1 ? 4 : 2);
+          code[j] = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
+        }
+      }
+      return;
+    }
+    case DType::kQ5_0:
+    case DType::kQ5_1: {
+      const uint8_t* blk = row + b * block_bytes;
+      std::memcpy(h, blk, 4);
+      const uint8_t* qh = blk + (type == DType::kQ5_1 ? 4 : 2);
+      const uint8_t* qs = qh + 4;
+      *scale = HalfToFloat(h[0]);
+      *offset = type == DType::kQ5_1 ? HalfToFloat(h[1]) : -16.0f * *scale;
+      for (int j = 0; j < kQuantBlock; ++j) {
+        const int low = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
+        code[j] = low | (((qh[j / 8] >> (j % 8)) & 1) << 4);
+      }
+      return;
+    }
+    default: {  // Q4_K, Q5_K: d, dmin, 12 scale bytes, (Q5_K: qh[32]), qs[128]
+      const uint8_t* blk = row + (b / 8) * block_bytes;
+      const int sub = static_cast<int>(b % 8);
+      std::memcpy(h, blk, 4);
+      const uint8_t* scales = blk + 4;
+      const uint8_t* qh = type == DType::kQ5_K ? blk + 16 : nullptr;
+      const uint8_t* qs = blk + (type == DType::kQ5_K ? 48 : 16);
+      int sc, mn;
+      KQuantScaleMin(scales, sub, &sc, &mn);
+      *scale = HalfToFloat(h[0]) * static_cast<float>(sc);
+      *offset = -HalfToFloat(h[1]) * static_cast<float>(mn);
+      for (int j = 0; j < kQuantBlock; ++j) {
+        code[j] = (qs[32 * (sub / 2) + j] >> (4 * (sub % 2))) & 0x0F;
+        if (qh != nullptr) code[j] |= ((qh[j] >> sub) & 1) << 4;
+      }
+      return;
+    }
+  }
+}
 
 // The arithmetic packed_weights.h documents, computed from the GGUF blocks as stored (not from
 // the packed tile): weight element j of block b as an integer code q and a scale and offset.
@@ -31,30 +119,24 @@ std::vector<float> Reference(DType type, const std::vector<uint8_t>& w, int64_t 
     for (int64_t r = 0; r < n; ++r) {
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = w.data() + r * row_bytes + b * DTypeBlockBytes(type);
         const BlockQ8Act& xb = xq[static_cast<size_t>(i * nb + b)];
-        uint16_t d16;
-        std::memcpy(&d16, blk, 2);
-        float offset = 0.0f;
+        if (type == DType::kQ6_K) {  // two 16-element halves with int8 scales, summed in integers
+          int code[kQuantBlock];
+          int scales[2];
+          float d;
+          Q6KCodes(w.data() + r * row_bytes, b, code, scales, &d);
+          int32_t half_sums[2] = {0, 0};
+          for (int j = 0; j < kQuantBlock; ++j) half_sums[j / 16] += code[j] * xb.qs[j];
+          const int32_t sumi = scales[0] * half_sums[0] + scales[1] * half_sums[1];
+          acc = std::fma(static_cast<float>(sumi), d * xb.d, acc);
+          continue;
+        }
+        int code[kQuantBlock];
+        float scale, offset;
+        BlockCodes(type, w.data() + r * row_bytes, b, code, &scale, &offset);
         int32_t sumi = 0;
-        for (int j = 0; j < kQuantBlock; ++j) {
-          int code;
-          if (type == DType::kQ8_0) {
-            code = static_cast<int8_t>(blk[2 + j]);
-          } else {
-            const uint8_t* qs = blk + (type == DType::kQ4_1 ? 4 : 2);
-            code = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
-          }
-          sumi += code * xb.qs[j];
-        }
-        if (type == DType::kQ4_1) {
-          uint16_t m16;
-          std::memcpy(&m16, blk + 2, 2);
-          offset = HalfToFloat(m16);
-        } else if (type == DType::kQ4_0) {
-          offset = -8.0f * HalfToFloat(d16);
-        }
-        acc = std::fma(static_cast<float>(sumi), HalfToFloat(d16) * xb.d, acc);
+        for (int j = 0; j < kQuantBlock; ++j) sumi += code[j] * xb.qs[j];
+        acc = std::fma(static_cast<float>(sumi), scale * xb.d, acc);
         if (type != DType::kQ8_0) acc = std::fma(offset, xb.s, acc);
       }
       y[static_cast<size_t>(i * n + r)] = acc;
@@ -76,7 +158,7 @@ std::vector<BlockQ8Act> Quantize(const std::vector<float>& x, int64_t m, int64_t
 TEST(PackedWeightsTest, EveryIsaComputesTheDocumentedArithmeticExactly) {
   std::mt19937 rng(77);
   for (DType type : kPackable) {
-    for (int64_t k : {32, 96, 576}) {
+    for (int64_t k : Widths(type)) {
       for (int64_t n : {1, 15, 16, 17, 40}) {
         const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
         absl::StatusOr<PackedWeights> packed = PackedWeights::Pack(w.data(), type, n, k);
@@ -112,8 +194,9 @@ TEST(PackedWeightsTest, EveryIsaComputesTheDocumentedArithmeticExactly) {
 // the same quantized activations and differ only in float rounding order.
 TEST(PackedWeightsTest, AgreesWithTheRowKernelsWithinRounding) {
   std::mt19937 rng(3);
-  const int64_t m = 5, n = 33, k = 32 * 9;
+  const int64_t m = 5, n = 33;
   for (DType type : kPackable) {
+    const int64_t k = DTypeBlockElements(type) == kSuperBlock ? 512 : 32 * 9;
     const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
     std::vector<float> deq(static_cast<size_t>(n * k));
     DequantizeReference(type, w.data(), deq.data(), n * k);
@@ -144,9 +227,10 @@ TEST(PackedWeightsTest, AgreesWithTheRowKernelsWithinRounding) {
 // A row's result does not depend on how many activation rows share the call, nor on threads.
 TEST(PackedWeightsTest, BatchAndThreadInvariant) {
   std::mt19937 rng(11);
-  const int64_t n = 48, k = 32 * 5, m = 19;
+  const int64_t n = 48, m = 19;
   ThreadPool pool({.num_threads = 3});
   for (DType type : kPackable) {
+    const int64_t k = DTypeBlockElements(type) == kSuperBlock ? 512 : 32 * 5;
     const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
     absl::StatusOr<PackedWeights> packed = PackedWeights::Pack(w.data(), type, n, k);
     ASSERT_TRUE(packed.ok());
@@ -210,6 +294,13 @@ TEST(PackedWeightsTest, RejectsWhatItCannotPack) {
   MatMulParams p{.x = x.data(), .x_stride = 64, .y = y.data(), .y_stride = 3, .m = 1, .n = 3,
                  .k = 64, .packed = &*packed};
   EXPECT_EQ(MatMul(p).code(), absl::StatusCode::kInvalidArgument);
+
+  // K-quant rows are whole 256-element super-blocks; 32-aligned is not enough.
+  const std::vector<uint8_t> k4 = RandomWeights(rng, DType::kQ4_K, 2, 256);
+  EXPECT_EQ(PackedWeights::Pack(k4.data(), DType::kQ4_K, 2, 96).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // IQ4_NL has no packed format.
+  EXPECT_FALSE(PackedWeights::FormatFor(DType::kIQ4_NL).has_value());
 }
 
 TEST(PackedWeightsTest, SizesAndAlignment) {
@@ -222,6 +313,14 @@ TEST(PackedWeightsTest, SizesAndAlignment) {
   EXPECT_EQ(packed->bytes(), 3 * 3 * 320);  // the same bytes per row as Q4_1: 320 / 16 = 20
   EXPECT_EQ(reinterpret_cast<uintptr_t>(packed->tile(1)) % 64, 0u);
   EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ8x16), 16 * 34);
+  EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ5x16), 16 * 28);
+  EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ6x16), 16 * 40);
+  const std::vector<uint8_t> w5 = RandomWeights(rng, DType::kQ5_0, 17, 64);
+  absl::StatusOr<PackedWeights> packed5 = PackedWeights::Pack(w5.data(), DType::kQ5_0, 17, 64);
+  ASSERT_TRUE(packed5.ok());
+  EXPECT_EQ(packed5->format(), PackedFormat::kQ5x16);
+  EXPECT_EQ(packed5->bytes(), 2 * 2 * 448);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(packed5->tile(1)) % 64, 0u);
 }
 
 }  // namespace
