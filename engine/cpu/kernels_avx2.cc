@@ -52,6 +52,23 @@ inline __m256i Bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// Rows 8 * half .. 8 * half + 7 of y (those below `rows`), for each of R activation rows: what
+// one half-tile's walk produced.
+template <int R>
+inline void StoreHalfRows(const __m256 (&acc)[R], int half, float* y, int64_t ys, int64_t rows) {
+  const int64_t first = 8 * half;
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    if (rows >= first + 8) {
+      _mm256_storeu_ps(y + r * ys + first, acc[r]);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc[r]);
+      for (int64_t i = first; i < rows; ++i) y[r * ys + i] = tmp[i - first];
+    }
+  }
+}
+
 // F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16). kQ5x16 is kQ4x16 with each code's
 // fifth bit ORed in from its qh group and f32 scales; its pair sums (at most 2 * 31 * 127) add
 // up in 16 bits only 4 at a time, so each half of the block is widened on its own.
@@ -148,17 +165,7 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
       }
     }
   }
-  const int64_t first = 8 * half;
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    if (rows >= first + 8) {
-      _mm256_storeu_ps(y + r * ys + first, acc[r]);
-    } else {
-      alignas(32) float tmp[8];
-      _mm256_store_ps(tmp, acc[r]);
-      for (int64_t i = first; i < rows; ++i) y[r * ys + i] = tmp[i - first];
-    }
-  }
+  StoreHalfRows<R>(acc, half, y, ys, rows);
 }
 
 // kQ6x16: the signs of the codes move onto x, as kQ8x16's; each half's 4 pair sums (at most
@@ -204,17 +211,7 @@ void PackedHalfRowsQ6(const uint8_t* tile, int64_t nb, int half, const BlockQ8Ac
                                acc[r]);
     }
   }
-  const int64_t first = 8 * half;
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    if (rows >= first + 8) {
-      _mm256_storeu_ps(y + r * ys + first, acc[r]);
-    } else {
-      alignas(32) float tmp[8];
-      _mm256_store_ps(tmp, acc[r]);
-      for (int64_t i = first; i < rows; ++i) y[r * ys + i] = tmp[i - first];
-    }
-  }
+  StoreHalfRows<R>(acc, half, y, ys, rows);
 }
 
 template <int F, int R>
