@@ -197,6 +197,7 @@ v1::ListModelsResponse SampleListModelsResponse() {
     model->set_vocab_size(49152);
     model->set_created_unix_s(1733140000);
     model->set_owned_by("tandem");
+    model->set_format("gguf");
   }
   return response;
 }

@@ -17,7 +17,11 @@ Two comparisons, teacher-forced over a prompt:
      with activations quantized per 256 elements (Q8_K), Tandem per 32 (engine/cpu/matmul.h), so
      llama.cpp is the noisier of the two here: measured on this model, llama.cpp's Q4_K_M logits
      are 0.31 from the F32 reference on average and Tandem's 0.22, and the two 0.33 from each
-     other. The mean bound is therefore MAX_MEAN_DIFF_SAME_FILE = 0.45; top-1 as above.
+     other. The mean bound is therefore MAX_MEAN_DIFF_SAME_FILE = 0.45; top-1 as above, except
+     that where the F32 weights' answer is known, a row on which Tandem gives that answer and
+     llama.cpp on the quantized file does not is llama.cpp's noise, not a disagreement of ours
+     (CI saw one such row of 37 in a Q5_K_M run, a near tie of the F32 weights' logits that
+     llama.cpp's noise decided one way and Tandem the other; Tandem 1.0 against the F32 weights).
 """
 import ctypes
 import sys
@@ -27,7 +31,7 @@ import pytest
 
 import gguf
 import llama_cpp
-from reference_common import DEFAULT_MODEL, compare, reference, tandem, tokenize
+from reference_common import DEFAULT_MODEL, NEAR_TIE, compare, margins, reference, tandem, tokenize
 
 MAX_MEAN_DIFF = 0.35
 MAX_MEAN_DIFF_SAME_FILE = 0.45
@@ -73,6 +77,17 @@ def write_dequantized_f32(src, dst):
     writer.close()
 
 
+def same_file_agreement(ours, ref_same, ref_exact):
+    """Top-1 agreement with llama.cpp on the same quantized file, rows below NEAR_TIE counting as
+    agreeing (as compare()), and so do the rows the F32 weights settle for Tandem: where Tandem
+    gives their answer, or where they are themselves a near tie (no answer is wrong there). What is
+    left against Tandem is a row where the weights decide and Tandem alone misses."""
+    ours_top = ours.argmax(-1)
+    agree = ((ours_top == ref_same.argmax(-1)) | (margins(ref_same) < NEAR_TIE) |
+             (ours_top == ref_exact.argmax(-1)) | (margins(ref_exact) < NEAR_TIE))
+    return agree.mean()
+
+
 @pytest.mark.parametrize("ftype_name", list(FTYPES))
 def test_llama_cpp_quantized_file_matches(ftype_name, tmp_path):
     ftype, expected_types = FTYPES[ftype_name]
@@ -86,6 +101,7 @@ def test_llama_cpp_quantized_file_matches(ftype_name, tmp_path):
     ours, _ = tandem(path, tokens, 0, tmp_path)
     ref_same, _ = reference(path, tokens, 0)
     summary = {}
+    ref_exact = None
     if ftype_name != "IQ4_NL":  # (one F32 comparison per K-quant mix keeps the test short)
         exact = tmp_path / "model.f32.gguf"
         write_dequantized_f32(path, exact)
@@ -96,6 +112,8 @@ def test_llama_cpp_quantized_file_matches(ftype_name, tmp_path):
         assert agreement >= MIN_AGREEMENT, summary
         assert mean_diff < MAX_MEAN_DIFF, summary
     agreement, max_diff, mean_diff = compare(ours, ref_same)
+    if ref_exact is not None:
+        agreement = same_file_agreement(ours, ref_same, ref_exact)
     summary["vs llama.cpp on the same file"] = (agreement, max_diff, mean_diff)
     print(ftype_name, summary, file=sys.stderr)
     assert agreement >= MIN_AGREEMENT, summary
