@@ -39,7 +39,6 @@ import re
 import shutil
 import signal
 import tempfile
-import time
 
 import grpc
 
@@ -161,9 +160,9 @@ class PodCluster:
             for pod in self.pods:
                 self._launch(pod)
             for pod in self.pods:
-                self.wait_probe(pod, "startupProbe", limit_s)
+                self.await_probe(pod, "startupProbe", limit_s)
             for pod in self.pods:
-                self.wait_probe(pod, "readinessProbe", limit_s)
+                self.await_probe(pod, "readinessProbe", limit_s)
         except BaseException:
             self.close()
             raise
@@ -274,7 +273,7 @@ class PodCluster:
     def _launch(self, pod):
         argv = self._security(pod) + ["--", shutil.which("env"), "-i", "-C", str(pod.workdir)]
         argv += [f"{k}={v}" for k, v in pod.env.items()] + pod.argv
-        pod.process = pod.host.run(argv, ready=None, wait=False)
+        pod.process = pod.host.run(argv, ready=netns_hosts.TANDEM_READY, wait=False)
 
     # -- probes ---------------------------------------------------------------------------------
 
@@ -320,23 +319,25 @@ class PodCluster:
                 return False
         raise AssertionError(f"{pod.name} {kind}: {spec}")
 
-    def wait_probe(self, pod, kind, limit_s=None):
-        """Runs the probe until it succeeds (more often than its periodSeconds: the test waits
-        on the event), failing when the process exits or when the kubelet would have given up
-        (initialDelaySeconds + periodSeconds x failureThreshold; at most `limit_s`)."""
+    # After which line of its log a pod's probe must pass at once: its server listens (its gRPC
+    # health answers SERVING from then on), and a router's GET /health answers 200 once a decode
+    # worker joined it.
+    READY_LINES = {"router": r" joined \(ROLE_DECODE"}
+
+    def await_probe(self, pod, kind, limit_s=None):
+        """Waits, on the pod's log, for the event after which its probe `kind` must pass: the
+        server listening, or for a router's readiness a decode worker joined. Fails when the
+        process exits first, or when the kubelet would have given up (initialDelaySeconds +
+        periodSeconds x failureThreshold; at most `limit_s`). Then runs the probe once, as the
+        kubelet would, and fails unless it passes."""
         spec = pod.container[kind]
         budget = (spec.get("initialDelaySeconds", 0) +
                   spec.get("periodSeconds", 10) * spec.get("failureThreshold", 3))
         budget = min(budget, limit_s) if limit_s else budget
-        end = time.monotonic() + budget
-        while time.monotonic() < end:
-            if not pod.alive():
-                raise AssertionError(f"{pod.name} exited (status {pod.process.proc.poll()}) "
-                                     f"before its {kind} passed:\n{pod.log(60)}")
-            if self.probe(pod, kind):
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"{pod.name}: {kind} did not pass in {budget:.0f} s:\n{pod.log(60)}")
+        pod.process.wait_ready(budget)
+        if kind == "readinessProbe" and pod.role in self.READY_LINES:
+            pod.process.wait_line(self.READY_LINES[pod.role], budget)
+        assert self.probe(pod, kind), f"{pod.name}: {kind} failed after its event:\n{pod.log(60)}"
 
     # -- lookups --------------------------------------------------------------------------------
 

@@ -220,7 +220,7 @@ def prometheus_config(workdir, groups):
 def prometheus(cluster, workdir):
     """A Prometheus server scraping the cluster: (client, targets file groups, decoys dropped)."""
     if not os.access(PROMETHEUS, os.X_OK):
-        pytest.skip("no prometheus server on this machine (Debian: apt-get install prometheus)")
+        pytest.fail("no prometheus server: scripts/setup.sh installs Debian's prometheus")
     groups = tandem_up_targets.targets_from_output(cluster[1])
     config, dropped = prometheus_config(workdir, groups)
     port = free_port()

@@ -30,7 +30,7 @@ NO_KUBERNETES_SD = "field kubernetes_sd_configs not found"
 @pytest.fixture(scope="module", autouse=True)
 def need_promtool():
     if not os.access(PROMTOOL, os.X_OK):
-        pytest.skip("no promtool on this machine (Debian: apt-get install prometheus)")
+        pytest.fail("no promtool: scripts/setup.sh installs Debian's prometheus")
 
 
 def promtool(*args, cwd=None):

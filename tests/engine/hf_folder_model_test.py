@@ -103,7 +103,7 @@ def write_hf_folder(directory, weights, dtype, shards, vocab):
 def models(tmp_path_factory):
     """{dtype: (HF folder, F32 GGUF of the same values)}."""
     if not DEFAULT_MODEL.exists():
-        pytest.skip(f"{DEFAULT_MODEL} missing; run scripts/setup.sh")
+        pytest.fail(f"{DEFAULT_MODEL} missing: scripts/setup.sh downloads it")
     root = tmp_path_factory.mktemp("hf_folder")
     vocab = read_gguf_vocab(DEFAULT_MODEL)
     metadata = tokenizer_metadata()

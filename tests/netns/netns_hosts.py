@@ -200,6 +200,8 @@ class HostProcess(ProcessControl):
         self.ready = False  # the ready line came
         self._ready_pattern = re.compile(ready) if ready else None
         self._ready = threading.Event()
+        self._lines = threading.Condition()  # notified at each line and at the end of output
+        self._ended = False
         self.proc = subprocess.Popen(["ip", "netns", "exec", host.netns, *self.argv],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, text=True, errors="replace",
@@ -208,7 +210,9 @@ class HostProcess(ProcessControl):
 
     def _pump(self):
         for line in self.proc.stdout:
-            self.log.append(line)
+            with self._lines:
+                self.log.append(line)
+                self._lines.notify_all()
             if self._ready_pattern is not None and not self._ready.is_set():
                 match = self._ready_pattern.search(line)
                 if match:
@@ -217,6 +221,29 @@ class HostProcess(ProcessControl):
                     self.ready = True
                     self._ready.set()
         self._ready.set()  # exited: wait_ready stops waiting
+        with self._lines:
+            self._ended = True
+            self._lines.notify_all()
+
+    def wait_line(self, pattern, timeout=180):
+        """The first match of `pattern` in the log, waiting for a line that has it (woken by each
+        line the process writes); raises with the log when the process exits or the time runs
+        out first."""
+        regex = re.compile(pattern)
+        match = None
+
+        def found():
+            nonlocal match
+            match = next((m for m in map(regex.search, self.log) if m), None)
+            return match is not None or self._ended
+
+        with self._lines:
+            self._lines.wait_for(found, timeout)
+        if match is None:
+            why = "exited" if self._ended else f"did not in {timeout:.0f} s"
+            raise AssertionError(f"{self.name} in {self.host.name} {why} before a line matching "
+                                 f"{pattern!r}:\n{''.join(self.log[-60:])}")
+        return match
 
     def wait_ready(self, timeout=180):
         """Waits for the ready line; raises with the log when the process exits or the time runs

@@ -205,7 +205,7 @@ def test_trained_sentencepiece_bpe(tmp_path, style):
 def test_default_model_exported(tmp_path):
     """The default model's vocabulary and merges, exported by `tokenizers` as tokenizer.json."""
     if not MODEL.exists():
-        pytest.skip(f"{MODEL} missing; run scripts/setup.sh")
+        pytest.fail(f"{MODEL} missing: scripts/setup.sh downloads it")
     vocab = read_gguf_vocab(MODEL)
     hf = hf_byte_level(vocab, "smollm")
     folder = tmp_path / "smollm2"

@@ -104,7 +104,7 @@ def contexts(with_tools):
 
 def model_template():
     if not MODEL.exists():
-        pytest.skip(f"{MODEL} is missing (scripts/setup.sh downloads it)")
+        pytest.fail(f"{MODEL} is missing: scripts/setup.sh downloads it")
     reader = gguf.GGUFReader(str(MODEL))
     return reader.fields["tokenizer.chat_template"].contents()
 
