@@ -24,6 +24,12 @@ pkg_check_modules(LIBEVENT IMPORTED_TARGET libevent_core libevent_extra libevent
 if(NOT LIBEVENT_FOUND)
   message(FATAL_ERROR "tandem: libevent was not found. Install the Debian package 'libevent-dev'.")
 endif()
+# utf8proc: Unicode NFC normalization, which Hugging Face tokenizers (Qwen2/Qwen3 tokenizer.json)
+# apply to text before splitting it; its tables track the Unicode version PyPI tokenizers uses.
+pkg_check_modules(UTF8PROC IMPORTED_TARGET libutf8proc)
+if(NOT UTF8PROC_FOUND)
+  message(FATAL_ERROR "tandem: utf8proc was not found. Install the Debian package 'libutf8proc-dev'.")
+endif()
 if(TANDEM_BUILD_TESTS)
   tandem_require_package(GTest libgtest-dev)
   tandem_require_package(benchmark libbenchmark-dev)

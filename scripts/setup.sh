@@ -41,7 +41,7 @@ APT_PACKAGES=(
   iproute2  # ip and tc: the multi-host tests make hosts of network namespaces (tests/netns)
   python3 python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev nlohmann-json3-dev libevent-dev
+  libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev nlohmann-json3-dev libevent-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus  # promtool checks /metrics output and the rules; the monitoring test runs the server
 )

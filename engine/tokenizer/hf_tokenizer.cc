@@ -85,6 +85,7 @@ struct SpmSettings {
   bool metaspace = false;  // a Metaspace pre-tokenizer or Prepend+Replace normalizers seen
   bool prepend = false;
   bool replace = false;
+  bool nfc = false;  // an NFC normalizer seen (applies to byte-level models as well)
 };
 
 absl::Status ReadNormalizer(const Reader& r, const json& norm, SpmSettings* spm) {
@@ -96,7 +97,10 @@ absl::Status ReadNormalizer(const Reader& r, const json& norm, SpmSettings* spm)
     for (const json& n : *it) RETURN_IF_ERROR(ReadNormalizer(r, n, spm));
     return absl::OkStatus();
   }
-  if (type == "NFC") return absl::OkStatus();  // accepted, not applied (see the header)
+  if (type == "NFC") {
+    spm->nfc = true;
+    return absl::OkStatus();
+  }
   if (type == "Prepend") {
     ASSIGN_OR_RETURN(std::string p, r.String(norm, "prepend"));
     if (p != kSpmSpace) return r.Unsupported(absl::StrCat("normalizer Prepend('", p, "')"));
@@ -393,6 +397,7 @@ absl::StatusOr<TokenizerData> TokenizerDataFromHfJson(absl::string_view tokenize
   if (spm.prepend != spm.replace) {
     return r.Unsupported("normalizer Prepend('▁') without Replace(' ', '▁') or the reverse");
   }
+  data.normalize_nfc = spm.nfc;
   const bool sentencepiece = spm.metaspace || spm.replace;
   if (sentencepiece) {
     if (!data.pre_tokenizer.empty()) return r.Unsupported("Metaspace mixed with ByteLevel");

@@ -8,7 +8,7 @@
 //                   ignore_merges; unk_token)
 //   byte-level:     pre_tokenizer ByteLevel (GPT-2 regex), or a Sequence of Split(regex of
 //                   GPT-2 / Llama 3 / Qwen2) or Digits(individual) followed by ByteLevel
-//                   without its regex; normalizer none or NFC (see below)
+//                   without its regex; normalizer none or NFC
 //   SentencePiece:  pre_tokenizer Metaspace (prepend_scheme always/first/never, split), or the
 //                   normalizers Prepend("▁") + Replace(" ", "▁") with no pre-tokenizer
 //   added_tokens:   special -> control tokens, others user-defined; lstrip / rstrip
@@ -17,8 +17,6 @@
 //   tokenizer_config.json: bos_token, eos_token (string or {content}), add_bos_token,
 //                   add_eos_token, chat_template (a string, or [{name, template}] -> "default");
 //                   chat_template.jinja beside it also counts
-// The NFC normalizer is accepted but not applied: text already in NFC (nearly all text) encodes
-// exactly as Hugging Face does; decomposed sequences may encode differently.
 #ifndef TANDEM_ENGINE_TOKENIZER_HF_TOKENIZER_H_
 #define TANDEM_ENGINE_TOKENIZER_HF_TOKENIZER_H_
 

@@ -1,7 +1,9 @@
 #include "engine/tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <queue>
 #include <string>
 #include <utility>
@@ -12,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/tokenizer/unicode.h"
+#include "utf8proc.h"
 
 namespace tandem {
 namespace {
@@ -244,6 +247,27 @@ absl::Status Tokenizer::Init() {
   return absl::OkStatus();
 }
 
+namespace {
+
+// `text` in Unicode NFC, or nullopt when it already is (ASCII, the common case, is checked without
+// a copy) or is not valid UTF-8 (then split as it is).
+std::optional<std::string> ToNfc(absl::string_view text) {
+  if (absl::c_all_of(text, [](char c) { return static_cast<uint8_t>(c) < 0x80; })) {
+    return std::nullopt;
+  }
+  utf8proc_uint8_t* mapped = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                          static_cast<utf8proc_ssize_t>(text.size()), &mapped,
+                                          static_cast<utf8proc_option_t>(UTF8PROC_STABLE |
+                                                                         UTF8PROC_COMPOSE));
+  if (n < 0) return std::nullopt;  // invalid UTF-8: nothing allocated
+  std::string out(reinterpret_cast<const char*>(mapped), static_cast<size_t>(n));
+  std::free(mapped);
+  return out;
+}
+
+}  // namespace
+
 std::vector<int32_t> Tokenizer::Encode(absl::string_view text,
                                        const EncodeOptions& options) const {
   std::vector<int32_t> out;
@@ -251,7 +275,9 @@ std::vector<int32_t> Tokenizer::Encode(absl::string_view text,
   const bool byte_level = data_.model == TokenizerModel::kByteLevelBpe;
   auto encode_fragment = [&](size_t begin, size_t end) {
     if (end <= begin) return;
-    const absl::string_view fragment = text.substr(begin, end - begin);
+    absl::string_view fragment = text.substr(begin, end - begin);
+    std::optional<std::string> normalized;
+    if (data_.normalize_nfc && (normalized = ToNfc(fragment))) fragment = *normalized;
     if (byte_level) {
       EncodeByteLevel(fragment, &out);
     } else if (data_.add_space_prefix && (begin == 0 || data_.space_prefix_every_fragment) &&

@@ -84,6 +84,10 @@ struct TokenizerData {
   // (Hugging Face added_tokens' lstrip / rstrip).
   std::vector<int32_t> lstrip_ids;
   std::vector<int32_t> rstrip_ids;
+  // Text between special tokens is put in Unicode NFC before it is split (a tokenizer.json NFC
+  // normalizer; GGUF files do not say, and llama.cpp does not normalize them). Text that is not
+  // valid UTF-8 is split as it is.
+  bool normalize_nfc = false;
 
   // The Jinja chat template text (tokenizer.chat_template); may be empty.
   std::string chat_template;

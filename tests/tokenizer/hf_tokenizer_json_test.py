@@ -54,6 +54,21 @@ TEST_CORPUS = TRAIN_TEXT + CORPUS + RANDOM_CORPUS[:200] + [
     "  leading spaces and <|im_end|>   around specials <|endoftext|>  ",
 ]
 
+# Text that Unicode NFC changes: decomposed letters (NFD of the multilingual lines), combining
+# marks out of canonical order, Hangul as conjoining jamo, singletons (Ohm, Angstrom, CJK
+# compatibility ideographs), marks after special tokens, and compatibility forms NFC keeps.
+NOT_NFC = [d for d in (unicodedata.normalize("NFD", t) for t in TRAIN_TEXT)
+           if unicodedata.normalize("NFC", d) != d] + [
+    "Vie\u0323\u0302t Nam: Tie\u0302\u0301ng Vie\u0323\u0302t co\u0301 da\u0302\u0301u",
+    "a\u0301\u0323 vs a\u0323\u0301, q\u0307\u0323, e\u0308\u0304\u0301",
+    "\u1100\u1161\u11a8 \u1112\u1161\u11ab\u1100\u1173\u11af",
+    "\u2126hm \u212b ngstr\u00f6m \uf900\uf901 \u2fa1d",
+    "<|im_start|>\u0301user\ne\u0301<|im_end|>\u0308",
+    "\u0915\u093c \u0928\u093c \u09a1\u09bc\u09c7\u09be \u0b47\u0b3e \u0dd9\u0dcf",
+    "\ufb01ne \u2460 \uff21\uff22 \u00bd stay: compatibility forms are NFKC's business",
+]
+assert all(unicodedata.normalize("NFC", t) != t for t in NOT_NFC[:-1])
+
 
 def run_tool(args, payload):
     assert TOOL.exists(), f"{TOOL} is missing; build the tokenize_tool target"
@@ -132,8 +147,9 @@ def test_trained_byte_level(tmp_path, variant):
     else:
         text, hf = train_byte_level(QWEN2_REGEX, normalizer=normalizers.NFC())
     texts = TEST_CORPUS
-    if variant == "qwen2-nfc":  # documented: the NFC normalizer is not applied
-        texts = [t for t in texts if unicodedata.normalize("NFC", t) == t]
+    if variant == "qwen2-nfc":  # text that NFC changes, and must be tokenized as Hugging Face does
+        texts = texts + NOT_NFC
+        assert sum(unicodedata.normalize("NFC", t) != t for t in texts) >= len(NOT_NFC)
     check_against(write_folder(tmp_path / "pairs", text), hf, texts)
     check_against(write_folder(tmp_path / "strings", string_merges(text)), hf, texts)
 
