@@ -170,7 +170,8 @@ setup_hf_venv() {
   if [ ! -x "$HF_VENV/bin/python" ]; then
     say "Python environment: creating $HF_VENV with /usr/bin/python3 and the system's packages"
     /usr/bin/python3 -m venv --system-site-packages "$HF_VENV" ||
-      die "could not create the virtual environment $HF_VENV" "install the Debian package python3-venv"
+      die "could not create the virtual environment $HF_VENV" \
+        "install the Debian package python3-venv"
   fi
   say "Python environment: installing scripts/requirements-transformers.txt into $HF_VENV"
   "$HF_VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$HF_REQUIREMENTS" ||

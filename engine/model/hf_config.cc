@@ -29,7 +29,7 @@ struct HfArchitecture {
   const char* hf_name;
   const char* arch;
   Bias bias;
-  bool qk_norm;        // model.layers.N.self_attn.{q,k}_norm.weight (Qwen3)
+  bool qk_norm;                // model.layers.N.self_attn.{q,k}_norm.weight (Qwen3)
   float default_rms_norm_eps;  // transformers' default for the family's config class
   Window window;
 };

@@ -1,5 +1,6 @@
-"""Runs inside .venv-hf (Debian's torch, PyPI's transformers; see scripts/requirements-transformers.txt)
-for transformers_reference_test.py, which cannot import torch itself (.venv has NumPy 2).
+"""Runs inside .venv-hf (Debian's torch, PyPI's transformers; see
+scripts/requirements-transformers.txt) for transformers_reference_test.py, which cannot import
+torch itself (.venv has NumPy 2).
 
     transformers_forward.py JOBS.json
 

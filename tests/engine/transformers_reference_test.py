@@ -1,6 +1,6 @@
 """Hugging Face folders written by PyPI `transformers` itself (its config classes and
-save_pretrained: config.json and safetensors, F32 / F16 / BF16, one sharded with an index), loaded by
-Tandem's logits_tool, against transformers' own forward pass on the same token ids.
+save_pretrained: config.json and safetensors, F32 / F16 / BF16, some sharded with an index),
+loaded by Tandem's logits_tool, against transformers' own forward pass on the same token ids.
 
 One small random-weight model per architecture Tandem serves from folders and transformers 4.49
 knows: Llama with Llama 3.1's rope_scaling (a short original context so that the scaling shows in
