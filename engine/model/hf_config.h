@@ -12,22 +12,26 @@
 namespace tandem {
 
 // Maps a config.json text. `architectures[0]` picks the family: LlamaForCausalLM and
-// MistralForCausalLM map to "llama", Qwen2ForCausalLM to "qwen2" (attention_bias always true);
-// others are UNIMPLEMENTED, naming them. Keys: vocab_size, hidden_size, intermediate_size,
-// num_hidden_layers, num_attention_heads, num_key_value_heads (default: heads), head_dim
-// (default: hidden / heads), max_position_embeddings, rms_norm_eps (default 1e-6),
-// rope_theta (default 10000), rope_scaling (null | {"rope_type"/"type": "linear", "factor"} |
-// {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+// MistralForCausalLM map to "llama", Qwen2ForCausalLM to "qwen2" (attention_bias always true),
+// Qwen3ForCausalLM to "qwen3" (qk_norm), Phi3ForCausalLM to "phi3" (no biases; fused qkv_proj and
+// gate_up_proj); others are UNIMPLEMENTED, naming them. Keys: vocab_size, hidden_size,
+// intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: heads),
+// head_dim (default: hidden / heads), max_position_embeddings, rms_norm_eps (default 1e-6; Phi-3
+// 1e-5), rope_theta (default 10000), rope_scaling (null | {"rope_type"/"type": "linear", "factor"}
+// | {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
 // "original_max_position_embeddings"}), tie_word_embeddings (default false), attention_bias
-// (Llama; default false). The result is validated. Errors name `source` (e.g. the file path)
-// and the key.
+// (Llama, Mistral, Qwen3; default false), sliding_window (Mistral, Phi-3: every layer; null or
+// absent: none; Qwen2/Qwen3 only with use_sliding_window, which is UNIMPLEMENTED as it windows
+// only some layers), partial_rotary_factor (UNIMPLEMENTED unless 1). The result is validated.
+// Errors name `source` (e.g. the file path) and the key.
 absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_text,
                                                         absl::string_view source);
 
 // Reads the file at `path` (e.g. "<model dir>/config.json") and maps it as above.
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& path);
 
-// {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}.
+// {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+//  "Phi3ForCausalLM"}.
 std::vector<std::string> SupportedHfArchitectures();
 
 }  // namespace tandem

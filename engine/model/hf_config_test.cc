@@ -63,6 +63,50 @@ TEST(HfConfigTest, MapsLlamaAndQwen2) {
   EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
 }
 
+// Qwen3-0.6B's config.json (the fields Tandem reads).
+json Qwen3Config() {
+  return json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "head_dim": 128,
+    "hidden_size": 1024, "intermediate_size": 3072, "max_position_embeddings": 40960,
+    "max_window_layers": 28, "num_attention_heads": 16, "num_hidden_layers": 28,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": null, "tie_word_embeddings": true, "use_sliding_window": false,
+    "vocab_size": 151936})");
+}
+
+// Phi-3-mini-4k-instruct's config.json (the fields Tandem reads; no rms_norm_eps, to see the
+// family's default).
+json Phi3Config() {
+  return json::parse(R"({
+    "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "intermediate_size": 8192,
+    "max_position_embeddings": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "original_max_position_embeddings": 4096, "rope_scaling": null,
+    "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false,
+    "vocab_size": 32064})");
+}
+
+TEST(HfConfigTest, MapsQwen3AndPhi3) {
+  absl::StatusOr<ModelConfig> c = ModelConfigFromHfConfigJson(Qwen3Config().dump(), "qwen3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "qwen3");
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->head_dim, 128);  // not hidden / heads = 64
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-6f);
+
+  c = ModelConfigFromHfConfigJson(Phi3Config().dump(), "phi3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "phi3");
+  EXPECT_TRUE(c->rope_neox);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->head_dim, 96);
+  EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-5f);  // Phi3Config's default
+  EXPECT_EQ(c->sliding_window, 2047);       // as transformers applies it
+}
+
 TEST(HfConfigTest, SlidingWindow) {
   json j = SmolLM2Config();
   j["architectures"] = {"MistralForCausalLM"};
@@ -82,6 +126,14 @@ TEST(HfConfigTest, SlidingWindow) {
   c = ModelConfigFromHfConfigJson(q.dump(), "qwen");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->sliding_window, 0);
+  q.erase("use_sliding_window");  // off by default, as in transformers' Qwen2Config
+  c = ModelConfigFromHfConfigJson(q.dump(), "qwen");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+  q["use_sliding_window"] = true;  // transformers windows only layers >= max_window_layers
+  c = ModelConfigFromHfConfigJson(q.dump(), "qwen");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << c.status();
+  EXPECT_THAT(c.status().message(), HasSubstr("'use_sliding_window'"));
 
   j["sliding_window"] = -1;
   c = ModelConfigFromHfConfigJson(j.dump(), "bad");
@@ -139,6 +191,17 @@ TEST(HfConfigTest, ErrorsNameTheSourceAndKey) {
        "'tie_word_embeddings'"},
       {"yarn", [](json* j) { (*j)["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; },
        C::kUnimplemented, "'yarn'"},
+      {"longrope",
+       [](json* j) {
+         (*j)["architectures"] = {"Phi3ForCausalLM"};
+         (*j)["rope_scaling"] = {{"type", "longrope"}, {"long_factor", {1.0}},
+                                 {"short_factor", {1.0}}};
+       },
+       C::kUnimplemented, "'longrope'"},
+      {"partial rotary", [](json* j) { (*j)["partial_rotary_factor"] = 0.75; },
+       C::kUnimplemented, "'partial_rotary_factor'"},
+      {"gemma", [](json* j) { (*j)["architectures"] = {"Gemma2ForCausalLM"}; },
+       C::kUnimplemented, "'Gemma2ForCausalLM'"},
       {"rope_scaling not object", [](json* j) { (*j)["rope_scaling"] = 2; }, C::kInvalidArgument,
        "'rope_scaling'"},
   };

@@ -1,4 +1,5 @@
-// Hugging Face model directories (config.json + *.safetensors) -> LoadedModel.
+// Hugging Face model directories (config.json + *.safetensors) -> LoadedModel. Phi-3's fused
+// self_attn.qkv_proj and mlp.gate_up_proj matrices become zero-copy views of their row ranges.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -100,6 +101,26 @@ class HfTensorMapper {
     return &view;
   }
 
+  // The rows [first, first + count) of the 2-D matrix `t` (a PyTorch [rows, cols] weight), in
+  // place: Phi-3's fused qkv_proj and gate_up_proj become the separate matrices the backend runs.
+  absl::StatusOr<const GgufTensor*> Rows(const GgufTensor* t, absl::string_view part,
+                                         int64_t first, int64_t count) {
+    const int64_t row_bytes = t->shape.size() == 2 ? t->shape[0] * DTypeBlockBytes(t->type) : 0;
+    if (row_bytes <= 0 || first < 0 || count <= 0 || first + count > t->shape[1] ||
+        row_bytes * t->shape[1] != t->bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir_, ": tensor '", t->name, "' cannot be split into row ranges"));
+    }
+    GgufTensor& view = s_->tensors.emplace_back();
+    view.name = absl::StrCat(t->name, "[", part, "]");
+    view.type = t->type;
+    view.shape = {t->shape[0], count};
+    view.data = static_cast<const char*>(t->data) + first * row_bytes;
+    view.bytes = count * row_bytes;
+    view.file_offset = t->file_offset + first * row_bytes;
+    return &view;
+  }
+
  private:
   std::string FileOf(const SafetensorsTensor* t) const {
     for (const auto& file : s_->files) {
@@ -131,9 +152,17 @@ absl::StatusOr<ModelWeights> MapHfWeights(const std::string& dir, const ModelCon
     LayerWeights& l = w.layers[static_cast<size_t>(i)];
     auto name = [i](absl::string_view part) { return absl::StrCat("model.layers.", i, ".", part); };
     ASSIGN_OR_RETURN(l.attn_norm, m.Require(name("input_layernorm.weight"), {h}));
-    ASSIGN_OR_RETURN(l.attn_q, m.Require(name("self_attn.q_proj.weight"), {h, dq}));
-    ASSIGN_OR_RETURN(l.attn_k, m.Require(name("self_attn.k_proj.weight"), {h, dkv}));
-    ASSIGN_OR_RETURN(l.attn_v, m.Require(name("self_attn.v_proj.weight"), {h, dkv}));
+    if (c.architecture == "phi3") {
+      ASSIGN_OR_RETURN(const GgufTensor* qkv,
+                       m.Require(name("self_attn.qkv_proj.weight"), {h, dq + 2 * dkv}));
+      ASSIGN_OR_RETURN(l.attn_q, m.Rows(qkv, "q", 0, dq));
+      ASSIGN_OR_RETURN(l.attn_k, m.Rows(qkv, "k", dq, dkv));
+      ASSIGN_OR_RETURN(l.attn_v, m.Rows(qkv, "v", dq + dkv, dkv));
+    } else {
+      ASSIGN_OR_RETURN(l.attn_q, m.Require(name("self_attn.q_proj.weight"), {h, dq}));
+      ASSIGN_OR_RETURN(l.attn_k, m.Require(name("self_attn.k_proj.weight"), {h, dkv}));
+      ASSIGN_OR_RETURN(l.attn_v, m.Require(name("self_attn.v_proj.weight"), {h, dkv}));
+    }
     ASSIGN_OR_RETURN(l.attn_output, m.Require(name("self_attn.o_proj.weight"), {dq, h}));
     if (m.Has(name("self_attn.o_proj.bias"))) {
       return absl::UnimplementedError(absl::StrCat(
@@ -146,17 +175,29 @@ absl::StatusOr<ModelWeights> MapHfWeights(const std::string& dir, const ModelCon
       ASSIGN_OR_RETURN(l.attn_v_bias, m.Require(name("self_attn.v_proj.bias"), {dkv}));
     } else {
       for (absl::string_view b : {"self_attn.q_proj.bias", "self_attn.k_proj.bias",
-                                  "self_attn.v_proj.bias"}) {
+                                  "self_attn.v_proj.bias", "self_attn.qkv_proj.bias"}) {
         if (m.Has(name(b))) {
           return absl::InvalidArgumentError(absl::StrCat(
               dir, ": tensor '", name(b), "' present, but config.json has no attention_bias"));
         }
       }
     }
+    if (c.qk_norm) {
+      ASSIGN_OR_RETURN(l.attn_q_norm, m.Require(name("self_attn.q_norm.weight"), {c.head_dim}));
+      ASSIGN_OR_RETURN(l.attn_k_norm, m.Require(name("self_attn.k_norm.weight"), {c.head_dim}));
+    }
     ASSIGN_OR_RETURN(l.ffn_norm, m.Require(name("post_attention_layernorm.weight"), {h}));
-    ASSIGN_OR_RETURN(l.ffn_gate, m.Require(name("mlp.gate_proj.weight"), {h, c.intermediate_size}));
-    ASSIGN_OR_RETURN(l.ffn_up, m.Require(name("mlp.up_proj.weight"), {h, c.intermediate_size}));
-    ASSIGN_OR_RETURN(l.ffn_down, m.Require(name("mlp.down_proj.weight"), {c.intermediate_size, h}));
+    const int64_t ffn = c.intermediate_size;
+    if (c.architecture == "phi3") {
+      ASSIGN_OR_RETURN(const GgufTensor* gate_up,
+                       m.Require(name("mlp.gate_up_proj.weight"), {h, 2 * ffn}));
+      ASSIGN_OR_RETURN(l.ffn_gate, m.Rows(gate_up, "gate", 0, ffn));
+      ASSIGN_OR_RETURN(l.ffn_up, m.Rows(gate_up, "up", ffn, ffn));
+    } else {
+      ASSIGN_OR_RETURN(l.ffn_gate, m.Require(name("mlp.gate_proj.weight"), {h, ffn}));
+      ASSIGN_OR_RETURN(l.ffn_up, m.Require(name("mlp.up_proj.weight"), {h, ffn}));
+    }
+    ASSIGN_OR_RETURN(l.ffn_down, m.Require(name("mlp.down_proj.weight"), {ffn, h}));
   }
   return w;
 }

@@ -61,12 +61,13 @@ void WriteSafetensors(const std::string& path,
   out << text << data;
 }
 
-std::string MakeDir(const std::string& name, bool tied = true) {
+std::string MakeDir(const std::string& name, bool tied = true,
+                    const std::string& architecture = "LlamaForCausalLM") {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/hf_model_loader_test_", name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const nlohmann::json config = {
-      {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", kV}, {"hidden_size", kH},
+      {"architectures", {architecture}}, {"vocab_size", kV}, {"hidden_size", kH},
       {"intermediate_size", kF}, {"num_hidden_layers", 1}, {"num_attention_heads", 2},
       {"num_key_value_heads", 1}, {"max_position_embeddings", 64},
       {"tie_word_embeddings", tied}};
@@ -103,6 +104,64 @@ TEST(HfModelLoaderTest, LoadsShardsAsGgmlOrderViews) {
       EXPECT_EQ(v, 5.0f) << t->name;
     }
   }
+}
+
+// Phi-3's fused matrices, in a shard whose data is unaligned (so they are copied first): Q, K and V
+// are row ranges of qkv_proj, gate and up of gate_up_proj.
+TEST(HfModelLoaderTest, SplitsPhi3FusedMatricesIntoRowViews) {
+  const std::string dir = MakeDir("phi3", /*tied=*/true, "Phi3ForCausalLM");
+  const std::string p = "model.layers.0.";
+  auto shapes = TinyLlamaShapes();
+  for (const char* part : {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                           "self_attn.v_proj.weight", "mlp.gate_proj.weight",
+                           "mlp.up_proj.weight"}) {
+    shapes.erase(p + part);
+  }
+  shapes[p + "self_attn.qkv_proj.weight"] = {kDq + 2 * kDkv, kH};
+  shapes[p + "mlp.gate_up_proj.weight"] = {2 * kF, kH};
+  WriteSafetensors(dir + "/model.safetensors", shapes, 1);
+  absl::StatusOr<LoadedModel> m = LoadHfModel(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config.architecture, "phi3");
+  const LayerWeights& l = m->weights.layers.at(0);
+  struct Part {
+    const GgufTensor* t;
+    int64_t rows, first_row;
+  };
+  for (const Part& part : {Part{l.attn_q, kDq, 0}, Part{l.attn_k, kDkv, kDq},
+                           Part{l.attn_v, kDkv, kDq + kDkv}, Part{l.ffn_gate, kF, 0},
+                           Part{l.ffn_up, kF, kF}}) {
+    EXPECT_EQ(part.t->shape, (std::vector<int64_t>{kH, part.rows})) << part.t->name;
+    EXPECT_EQ(part.t->bytes, part.rows * kH * 4) << part.t->name;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(part.t->data) % alignof(float), 0u) << part.t->name;
+    float first;
+    std::memcpy(&first, part.t->data, sizeof(first));
+    EXPECT_EQ(first, static_cast<float>(part.first_row * kH)) << part.t->name;
+  }
+
+  shapes[p + "mlp.gate_up_proj.weight"] = {kF, kH};  // gate only
+  WriteSafetensors(dir + "/model.safetensors", shapes, 8);
+  const absl::Status s = LoadHfModel(dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'model.layers.0.mlp.gate_up_proj.weight': expected shape "
+                                     "[32, 8], got [16, 8]"));
+}
+
+TEST(HfModelLoaderTest, Qwen3NeedsItsQKNorms) {
+  const std::string dir = MakeDir("qwen3", /*tied=*/true, "Qwen3ForCausalLM");
+  auto shapes = TinyLlamaShapes();
+  shapes["model.layers.0.self_attn.q_norm.weight"] = {kDq / 2};
+  WriteSafetensors(dir + "/model.safetensors", shapes, 8);
+  absl::Status s = LoadHfModel(dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'model.layers.0.self_attn.k_norm.weight'"));
+
+  shapes["model.layers.0.self_attn.k_norm.weight"] = {kDq / 2};
+  WriteSafetensors(dir + "/model.safetensors", shapes, 8);
+  absl::StatusOr<LoadedModel> m = LoadHfModel(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->config.qk_norm);
+  EXPECT_EQ(m->weights.layers.at(0).attn_k_norm->shape, (std::vector<int64_t>{kDq / 2}));
 }
 
 TEST(HfModelLoaderTest, ErrorsNameTheTensor) {

@@ -93,7 +93,9 @@ absl::StatusOr<LoadedModel> LoadGgufModel(std::unique_ptr<GgufFile> file);
 // names are Hugging Face's: model.embed_tokens.weight, model.norm.weight, lm_head.weight (absent or
 // ignored when tie_word_embeddings), model.layers.N.{input_layernorm, post_attention_layernorm}
 // .weight, model.layers.N.self_attn.{q,k,v,o}_proj.weight, model.layers.N.self_attn.{q,k,v}_proj
-// .bias (when attention_bias), model.layers.N.mlp.{gate,up,down}_proj.weight; others are ignored.
+// .bias (when attention_bias), model.layers.N.self_attn.{q,k}_norm.weight (when qk_norm: Qwen3),
+// model.layers.N.mlp.{gate,up,down}_proj.weight; for Phi-3 self_attn.qkv_proj.weight (the rows of
+// Q, K, V) and mlp.gate_up_proj.weight (gate, then up) instead, split into views; others ignored.
 // config.rope_neox is true. Errors: those of LoadHfConfig and SafetensorsFile::Open; NOT_FOUND for
 // a directory without .safetensors files or a missing tensor; INVALID_ARGUMENT for a tensor in two
 // files, a wrong shape (naming the tensor, expected and actual shapes in PyTorch order) or a bias

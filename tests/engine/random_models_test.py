@@ -4,8 +4,8 @@ RoPE scaling), "qwen2" (Q/K/V biases), "qwen3" (per-head Q/K RMSNorm before RoPE
 attn_qkv and gate/up matrices, split by Tandem into row ranges of the file), with and
 without grouped-query attention, with tied and untied embeddings, and a head_dim
 that is not hidden / heads; and the same shapes as Hugging Face directories (config.json and two
-.safetensors shards, F32 or BF16; "llama" and "qwen2" only) run by Tandem against llama.cpp on a
-GGUF of the same values.
+.safetensors shards, F32 or BF16; Phi-3's fused as Hugging Face stores them) run by Tandem against
+llama.cpp on a GGUF of the same values.
 
 Each model is generated here: random weights in Hugging Face's orientation and naming (a matrix is
 [out, in], Q/K rows in NeoX "rotate half" order), written as GGUF the way llama.cpp's converter
@@ -124,8 +124,10 @@ SHAPES = [
     Shape("phi3_gqa_tied", "phi3", hidden=128, heads=4, kv_heads=2, tied=True),
 ]
 
-# The architectures Tandem also loads as Hugging Face directories.
-HF_SHAPES = [s for s in SHAPES if s.arch in ("llama", "qwen2")]
+# The architectures Tandem also loads as Hugging Face directories (all of them).
+HF_SHAPES = SHAPES
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                    "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
 
 GGUF_TYPES = {
     "F32": gguf.GGMLQuantizationType.F32,
@@ -382,10 +384,14 @@ def write_safetensors(path, tensors, type_name, header_align):
 
 
 def write_hf_model(directory, shape, weights, type_name, vocab):
-    """config.json and two shards: the first with an 8-aligned header, the second unaligned."""
+    """config.json and two shards: the first with an 8-aligned header, the second unaligned.
+    Phi-3's matrices are fused as Hugging Face stores them; its GGUF `sliding_window` (which
+    llama.cpp ignores) is left out of config.json, where transformers would apply it."""
     directory.mkdir()
+    if shape.arch == "phi3":
+        weights = fuse_for_phi3(weights)
     config = {
-        "architectures": ["LlamaForCausalLM" if shape.arch == "llama" else "Qwen2ForCausalLM"],
+        "architectures": [HF_ARCHITECTURES[shape.arch]],
         "vocab_size": vocab, "hidden_size": shape.hidden, "intermediate_size": shape.ffn,
         "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
         "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
