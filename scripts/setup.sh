@@ -48,7 +48,8 @@ APT_PACKAGES=(
   iproute2  # ip and tc: the multi-host tests make hosts of network namespaces (tests/netns)
   python3 python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev nlohmann-json3-dev libevent-dev libutf8proc-dev
+  libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev nlohmann-json3-dev libevent-dev
+  libutf8proc-dev  # Unicode NFC for tokenizer.json normalizers
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus  # promtool checks /metrics output and the rules; the monitoring test runs the server
   # Hugging Face transformers' forward pass, the reference for HF folders
