@@ -15,6 +15,27 @@ void SiluMul(const SiluMulParams& p, const KernelContext& context) {
   }
 }
 
+void GeluTanhMul(const SiluMulParams& p) {
+  // sqrt(2 / pi)
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  constexpr float kCubic = 0.044715f;
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* gate = p.gate + r * p.gate_stride;
+    const float* up = p.up + r * p.up_stride;
+    float* out = p.out + r * p.out_stride;
+    for (int64_t i = 0; i < p.dim; ++i) {
+      const float x = gate[i];
+      const float gelu = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCubic * x * x)));
+      out[i] = gelu * up[i];
+    }
+  }
+}
+
+void SoftCap(float* x, int64_t n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inv);
+}
+
 void FloatsToHalves(const float* src, uint16_t* dst, int64_t n, const KernelContext& context) {
   KernelTableFor(context.isa.value_or(ActiveIsa())).f32_to_f16(src, dst, n);
 }

@@ -1,5 +1,5 @@
-// Small row-wise ops of the forward pass: SwiGLU's gate, softmax, addition, and the F16 KV cache's
-// conversion. All shapes are rows of contiguous elements. SiluMul and the conversion run the
+// Small row-wise ops of the forward pass: SwiGLU's and GeGLU's gates, softmax, soft-capping,
+// addition, and the F16 KV cache's conversion. All shapes are rows of contiguous elements. SiluMul and the conversion run the
 // kernel table's loops; the others are portable C++ that the compiler vectorizes.
 #ifndef TANDEM_ENGINE_CPU_ELEMENTWISE_H_
 #define TANDEM_ENGINE_CPU_ELEMENTWISE_H_
@@ -24,6 +24,14 @@ struct SiluMulParams {
 // gate = buf, up = buf + dim, both strides 2 * dim. On the calling thread (context.pool is not
 // used), with context.isa's kernel: within a few ulp of the scalar one.
 void SiluMul(const SiluMulParams& params, const KernelContext& context = {});
+
+// out = gelu(gate) * up (GeGLU, Gemma's FFN) with GELU's tanh approximation,
+// gelu(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))); the same shapes as SiluMul.
+// Portable C++ on the calling thread.
+void GeluTanhMul(const SiluMulParams& params);
+
+// In place: x[i] = cap * tanh(x[i] / cap) for i < n (Gemma 2's soft-capping). REQUIRES: cap > 0.
+void SoftCap(float* x, int64_t n, float cap);
 
 // In place, per row: x = exp(x - max) / Σ exp(x - max). x: [rows, cols], row stride `stride`.
 // A row of all -inf becomes all zeros.

@@ -57,6 +57,36 @@ TEST(SiluMulTest, EveryIsaMatchesDouble) {
   }
 }
 
+// GeGLU against the tanh-approximated GELU written out in double, on gates far into both tails.
+TEST(GeluTanhMulTest, MatchesDouble) {
+  std::mt19937 rng(7);
+  const int64_t rows = 3, dim = 45;
+  const std::vector<float> gate = testing::RandomFloats(rng, rows * dim, -12.0f, 12.0f);
+  const std::vector<float> up = testing::RandomFloats(rng, rows * dim, -3.0f, 3.0f);
+  std::vector<float> out(rows * dim);
+  GeluTanhMul({.gate = gate.data(), .up = up.data(), .out = out.data(), .gate_stride = dim,
+               .up_stride = dim, .out_stride = dim, .rows = rows, .dim = dim});
+  const double pi = std::acos(-1.0);
+  for (int64_t i = 0; i < rows * dim; ++i) {
+    const double x = gate[i];
+    const double gelu = 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / pi) * (x + 0.044715 * x * x * x)));
+    const double want = gelu * up[i];
+    EXPECT_NEAR(out[i], want, 1e-5 * (1.0 + std::fabs(want))) << "x " << x;
+  }
+}
+
+TEST(SoftCapTest, MatchesDoubleAndStaysWithinTheCap) {
+  std::mt19937 rng(9);
+  std::vector<float> x = testing::RandomFloats(rng, 101, -200.0f, 200.0f);
+  const std::vector<float> in = x;
+  SoftCap(x.data(), static_cast<int64_t>(x.size()), 30.0f);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = 30.0 * std::tanh(static_cast<double>(in[i]) / 30.0);
+    EXPECT_NEAR(x[i], want, 1e-5 * 30.0) << in[i];
+    EXPECT_LE(std::fabs(x[i]), 30.0f);
+  }
+}
+
 TEST(SoftmaxTest, MatchesDoubleAndHandlesMaskedRows) {
   std::mt19937 rng(4);
   const int64_t rows = 3, cols = 33, stride = 40;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cpu/elementwise.h"
 #include "engine/cpu/kernel_table.h"
 
 namespace tandem::cpu {
@@ -13,10 +14,11 @@ namespace {
 
 absl::Status Validate(const PagedAttentionParams& p) {
   if (p.num_tokens < 0 || p.head_dim <= 0 || p.block_size <= 0 || p.num_kv_heads <= 0 ||
-      p.num_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.window < 0) {
+      p.num_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.window < 0 ||
+      !(p.softcap >= 0.0f)) {
     return absl::InvalidArgumentError(
         "PagedAttention: need head_dim, block_size, num_kv_heads > 0, num_heads a multiple of "
-        "num_kv_heads and window >= 0");
+        "num_kv_heads, window >= 0 and softcap >= 0");
   }
   if (p.num_tokens > 0 &&
       (p.q == nullptr || p.out == nullptr || p.k_cache == nullptr || p.v_cache == nullptr ||
@@ -86,7 +88,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
 
   const bool f16 = p.kv_type == DType::kF16;
   if ((f16 ? kt.attend64_f16 != nullptr : kt.attend64 != nullptr) && d == 64 &&
-      group <= kAttendMaxHeads) {
+      group <= kAttendMaxHeads && p.softcap == 0.0f) {
     // One item per (run, KV head): a run is up to kAttendMaxRows tokens of one sequence at
     // consecutive positions (a prompt chunk's) where the table has the tile kernel, else one
     // token; its tokens' query heads share every key and value load. The tile kernel's rows all
@@ -194,8 +196,9 @@ absl::Status PagedAttention(const PagedAttentionParams& p, const KernelContext& 
         for (int64_t j = 0; j < count; ++j) {
           offsets[j] = CacheOffset(p, seq, start + j, g);
           scores[j] = kt.dot_f32(q, RowF32(p, kt, p.k_cache, offsets[j], row.data()), d) * scale;
-          chunk_max = std::max(chunk_max, scores[j]);
         }
+        if (p.softcap > 0.0f) SoftCap(scores, count, p.softcap);
+        for (int64_t j = 0; j < count; ++j) chunk_max = std::max(chunk_max, scores[j]);
         const float new_max = std::max(running_max, chunk_max);
         const float correction = std::exp(running_max - new_max);  // 0 on the first chunk
         if (correction != 1.0f) {
@@ -239,6 +242,7 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
           dot += static_cast<double>(q[i]) * ElementAt(p, p.k_cache, k + i);
         }
         s[pos] = dot * scale;
+        if (p.softcap > 0.0f) s[pos] = p.softcap * std::tanh(s[pos] / p.softcap);
         max = std::max(max, s[pos]);
       }
       double sum = 0.0;

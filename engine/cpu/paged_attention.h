@@ -56,13 +56,16 @@ struct PagedAttentionParams {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   float scale = 0.0f;  // applied to q·k; 0 means 1 / sqrt(head_dim)
+  // > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's
+  // attention logit soft-capping); such calls take the portable loop, not the head_dim-64 tiles.
+  float softcap = 0.0f;
   // > 0: sliding-window attention, each token sees its last `window` positions (itself
   // included); 0: every position up to its own.
   int64_t window = 0;
 };
 
 // INVALID_ARGUMENT for inconsistent sizes (non-positive head_dim / block_size, num_heads not a
-// multiple of num_kv_heads, null pointers with tokens present, a negative window) or a kv_type other than F32 / F16.
+// multiple of num_kv_heads, null pointers with tokens present, a negative window or softcap) or a kv_type other than F32 / F16.
 // Positions and block ids are the caller's contract (checked one layer up) and are not validated
 // per token.
 [[nodiscard]] absl::Status PagedAttention(const PagedAttentionParams& params,

@@ -224,6 +224,83 @@ TEST(PagedAttentionWindowTest, SeesOnlyTheWindow) {
   EXPECT_EQ(full, windowed);
 }
 
+// Gemma 2's soft-capped scores with a scale other than 1 / sqrt(head_dim), alone and with a
+// window, against a plain computation written here (scores cap * tanh(scale * q·k / cap) in
+// double, a full softmax, the weighted values), on every ISA; head_dim 64 would take the tile
+// kernels without the cap.
+TEST(PagedAttentionSoftcapTest, MatchesPlainSoftcappedSoftmax) {
+  const std::vector<int64_t> lens = {41, 64, 33};
+  std::vector<std::pair<int32_t, int32_t>> tokens;
+  for (int32_t pos = 0; pos < 41; ++pos) tokens.push_back({0, pos});
+  tokens.insert(tokens.end(), {{1, 63}, {2, 32}});
+  for (int64_t head_dim : {64, 32}) {
+    for (int64_t window : {0, 7}) {
+      for (float cap : {1.5f, 6.0f}) {
+        std::mt19937 rng(static_cast<uint32_t>(head_dim + window * 10 + cap * 100));
+        Batch batch = MakeBatch(16, 2, head_dim, rng, lens, tokens, 4.0f);
+        PagedAttentionParams p = batch.Params();
+        p.window = window;
+        p.scale = 0.3f;
+        p.softcap = cap;
+        const int64_t group = p.num_heads / p.num_kv_heads;
+        std::vector<float> want(batch.out.size(), 0.0f);
+        for (int64_t t = 0; t < p.num_tokens; ++t) {
+          const int64_t seq = p.token_seq[t], pos = p.token_pos[t];
+          const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+          for (int64_t h = 0; h < p.num_heads; ++h) {
+            const float* q = p.q + t * p.q_token_stride + h * head_dim;
+            auto offset = [&](int64_t j) {
+              const int64_t block = p.block_tables[seq * p.max_blocks_per_seq + j / 16];
+              return block * p.block_stride + (j % 16) * p.token_stride +
+                     (h / group) * p.kv_head_stride;
+            };
+            std::vector<double> w;
+            double max = -1e300, sum = 0.0;
+            for (int64_t j = lo; j <= pos; ++j) {
+              double dot = 0.0;
+              for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * batch.k_cache[offset(j) + i];
+              w.push_back(cap * std::tanh(0.3 * dot / cap));
+              max = std::max(max, w.back());
+            }
+            for (double& x : w) sum += (x = std::exp(x - max));
+            for (int64_t j = lo; j <= pos; ++j) {
+              for (int64_t i = 0; i < head_dim; ++i) {
+                want[t * p.out_token_stride + h * head_dim + i] +=
+                    static_cast<float>(w[j - lo] / sum * batch.v_cache[offset(j) + i]);
+              }
+            }
+          }
+        }
+        std::vector<float> uncapped(batch.out.size());
+        PagedAttentionParams no_cap = p;
+        no_cap.softcap = 0.0f;
+        no_cap.out = uncapped.data();
+        ASSERT_TRUE(PagedAttention(no_cap).ok());
+        float change = 0.0f;
+        for (size_t i = 0; i < want.size(); ++i) {
+          change = std::max(change, std::fabs(uncapped[i] - want[i]));
+        }
+        EXPECT_GT(change, 0.05f) << "the cap does not bite: the test would not see it";
+        for (Isa isa : kAllIsas) {
+          if (!IsaSupported(isa, HostCpuFeatures())) continue;
+          std::vector<float> got(batch.out.size());
+          p.out = got.data();
+          ASSERT_TRUE(PagedAttention(p, {.isa = isa}).ok());
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_NEAR(got[i], want[i], 2e-5f)
+                << IsaName(isa) << " head_dim " << head_dim << " window " << window << " cap "
+                << cap << " element " << i;
+          }
+        }
+      }
+    }
+  }
+  PagedAttentionParams bad;
+  bad.head_dim = bad.block_size = bad.num_heads = bad.num_kv_heads = 1;
+  bad.softcap = -1.0f;
+  EXPECT_EQ(PagedAttention(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // A prompt chunk's tokens go to the tile kernel (Attend64RowsFn) in runs of up to 8; each
 // token's output must be bit for bit what the step gives when that token is the only one (the
 // one-token kernel), for every group size, both cache types, chunks that start anywhere relative

@@ -29,6 +29,9 @@ const GgufArchitecture& LlamaArchitecture();  // arch_llama.cc
 const GgufArchitecture& Qwen2Architecture();  // arch_qwen2.cc
 const GgufArchitecture& Qwen3Architecture();  // arch_qwen3.cc
 const GgufArchitecture& Phi3Architecture();   // arch_phi3.cc
+const GgufArchitecture& GemmaArchitecture();   // arch_gemma.cc
+const GgufArchitecture& Gemma2Architecture();  // arch_gemma2.cc
+const GgufArchitecture& Gemma3Architecture();  // arch_gemma3.cc
 
 // Shared by the Llama-family architectures (llama_family.cc).
 struct LlamaFamilyTraits {
@@ -38,6 +41,16 @@ struct LlamaFamilyTraits {
   bool attention_bias;           // Q/K/V bias tensors are required
   bool qk_norm;                  // per-head Q/K norm tensors (attn_{q,k}_norm) are required
   bool rope_neox;                // ModelConfig::rope_neox for this architecture's files
+  // > 0: the layers are windowed in a pattern of this period, the last layer of each period
+  // attending fully (2: Gemma 2's alternation, from layer 0 windowed; 6: Gemma 3's five of six),
+  // unless `{arch}.attention.sliding_window_pattern` gives the period or a per-layer bool array;
+  // 0: every layer alike, and that key is refused.
+  int64_t sliding_window_period = 0;
+  // The window when `{arch}.attention.sliding_window` is absent (Gemma 2: 4096); 0: none.
+  int64_t default_sliding_window = 0;
+  // Post-attention and post-FFN RMSNorm tensors (post_attention_norm, post_ffw_norm) are required
+  // (ModelConfig::post_norms).
+  bool post_norms = false;
 };
 absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& file,
                                                       const LlamaFamilyTraits& traits);
@@ -45,6 +58,11 @@ absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& file,
 absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(
     const GgufFile& file, const ModelConfig& config,
     std::vector<std::shared_ptr<const void>>* owners);
+
+// What every Gemma generation changes in the Llama layer (arch_gemma.cc): embeddings scaled by
+// sqrt(hidden_size), a GELU-gated FFN, and the output tied to token_embd (llama.cpp multiplies by
+// token_embd even when a file has an output.weight).
+void ApplyGemmaCommon(ModelConfig* config);
 
 // The tensor `name` of `file`, or NOT_FOUND naming it and `shape` (ggml order), or
 // INVALID_ARGUMENT naming it, `shape` and its actual shape.

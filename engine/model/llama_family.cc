@@ -69,6 +69,50 @@ absl::Status ReadRopeScaling(const GgufFile& f, const LlamaFamilyTraits& t, Mode
                                                "llama3)"));
 }
 
+// ModelConfig::sliding_layers from the architecture's period or the file's
+// `{arch}.attention.sliding_window_pattern` (a period, or one bool per layer).
+absl::Status ReadSlidingLayers(const GgufFile& f, const LlamaFamilyTraits& t, ModelConfig* c) {
+  const std::string key = Key(t, "attention.sliding_window_pattern");
+  if (c->sliding_window <= 0) return absl::OkStatus();
+  if (t.sliding_window_period == 0) {
+    // Every layer windowed alike (Mistral).
+    if (f.Has(key)) {
+      return absl::UnimplementedError(absl::StrCat(
+          f.path(), ": metadata key '", key, "': per-layer sliding-window patterns are not "
+          "supported for ", t.arch));
+    }
+    return absl::OkStatus();
+  }
+  if (c->num_layers <= 0 || c->num_layers > (1 << 16)) {
+    return absl::InvalidArgumentError(absl::StrCat(f.path(), ": block_count ", c->num_layers,
+                                                   " is out of range"));
+  }
+  const size_t layers = static_cast<size_t>(c->num_layers);
+  const GgufValue* v = f.Find(key);
+  if (v != nullptr && v->type() == GgufValueType::kArray) {
+    if (v->element_type() != GgufValueType::kBool || v->size() != c->num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.path(), ": metadata key '", key, "': expected an array of ", c->num_layers,
+          " bools (one per layer) or a period"));
+    }
+    c->sliding_layers.resize(layers);
+    for (size_t l = 0; l < layers; ++l) {
+      c->sliding_layers[l] = v->element(static_cast<int64_t>(l)).AsBool().value_or(false);
+    }
+    return absl::OkStatus();
+  }
+  int64_t period = t.sliding_window_period;
+  if (v != nullptr) {
+    ASSIGN_OR_RETURN(period, OptionalSize(f, key, period));
+  }
+  c->sliding_layers.resize(layers);
+  // Period 0 windows every layer; else the last layer of each period attends fully.
+  for (size_t l = 0; l < layers; ++l) {
+    c->sliding_layers[l] = period == 0 || static_cast<int64_t>(l) % period < period - 1;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& f,
@@ -109,14 +153,10 @@ absl::StatusOr<ModelConfig> LlamaFamilyConfigFromGguf(const GgufFile& f,
         ": partial RoPE (head_dim ", c.head_dim, ") is not supported"));
   }
   RETURN_IF_ERROR(ReadRopeScaling(f, t, &c));
-  // Every layer windowed alike; per-layer patterns (`attention.sliding_window_pattern`, Gemma's
-  // alternation) are not supported.
-  ASSIGN_OR_RETURN(c.sliding_window, OptionalSize(f, Key(t, "attention.sliding_window"), 0));
-  if (c.sliding_window > 0 && f.Has(Key(t, "attention.sliding_window_pattern"))) {
-    return absl::UnimplementedError(absl::StrCat(
-        f.path(), ": metadata key '", Key(t, "attention.sliding_window_pattern"),
-        "': per-layer sliding-window patterns are not supported"));
-  }
+  ASSIGN_OR_RETURN(c.sliding_window, OptionalSize(f, Key(t, "attention.sliding_window"),
+                                                  t.default_sliding_window));
+  RETURN_IF_ERROR(ReadSlidingLayers(f, t, &c));
+  c.post_norms = t.post_norms;
 
   // Vocabulary: the tokenizer's token list, else `{arch}.vocab_size`, else the embedding rows.
   const GgufTensor* embd = f.FindTensor("token_embd.weight");
@@ -207,6 +247,10 @@ absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(
                            c.architecture, " has no Q/K norms"));
         }
       }
+    }
+    if (c.post_norms) {
+      ASSIGN_OR_RETURN(l.attn_post_norm, require(name("post_attention_norm.weight"), {h}));
+      ASSIGN_OR_RETURN(l.ffn_post_norm, require(name("post_ffw_norm.weight"), {h}));
     }
     ASSIGN_OR_RETURN(l.ffn_norm, require(name("ffn_norm.weight"), {h}));
     ASSIGN_OR_RETURN(l.ffn_gate, require(name("ffn_gate.weight"), {h, c.intermediate_size}));

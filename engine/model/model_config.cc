@@ -59,6 +59,26 @@ absl::Status ModelConfig::Validate() const {
   if (sliding_window < 0) {
     return Bad(*this, absl::StrCat("sliding_window must be >= 0, got ", sliding_window));
   }
+  if (!sliding_layers.empty() && static_cast<int64_t>(sliding_layers.size()) != num_layers) {
+    return Bad(*this, absl::StrCat("sliding_layers has ", sliding_layers.size(),
+                                   " entries for ", num_layers, " layers"));
+  }
+  const struct {
+    const char* name;
+    float value;
+  } nonnegative[] = {{"rope_theta_sliding", rope_theta_sliding},
+                     {"attention_scale", attention_scale},
+                     {"attn_logit_softcap", attn_logit_softcap},
+                     {"final_logit_softcap", final_logit_softcap}};
+  for (const auto& f : nonnegative) {
+    if (!std::isfinite(f.value) || f.value < 0.0f) {
+      return Bad(*this, absl::StrCat(f.name, " must be finite and >= 0, got ", f.value));
+    }
+  }
+  if (!PositiveFinite(embedding_scale)) {
+    return Bad(*this, absl::StrCat("embedding_scale must be positive and finite, got ",
+                                   embedding_scale));
+  }
   switch (rope_scaling.type) {
     case RopeScaling::Type::kNone:
       break;
@@ -100,6 +120,17 @@ std::string ModelConfig::DebugString() const {
                   " qkv_bias=", attention_bias ? "yes" : "no",
                   " qk_norm=", qk_norm ? "yes" : "no", " sliding_window=", sliding_window,
                   " rope_pairs=", rope_neox ? "neox" : "interleaved");
+  if (!sliding_layers.empty()) {
+    absl::StrAppend(&s, " sliding_layers=");
+    for (bool b : sliding_layers) absl::StrAppend(&s, b ? "S" : "G");
+  }
+  if (rope_theta_sliding > 0.0f) absl::StrAppend(&s, " rope_theta_sliding=", rope_theta_sliding);
+  if (embedding_scale != 1.0f) absl::StrAppend(&s, " embedding_scale=", embedding_scale);
+  if (ffn_activation == Activation::kGeluTanh) absl::StrAppend(&s, " ffn=geglu");
+  if (post_norms) absl::StrAppend(&s, " post_norms=yes");
+  if (attention_scale > 0.0f) absl::StrAppend(&s, " attention_scale=", attention_scale);
+  if (attn_logit_softcap > 0.0f) absl::StrAppend(&s, " attn_softcap=", attn_logit_softcap);
+  if (final_logit_softcap > 0.0f) absl::StrAppend(&s, " final_softcap=", final_logit_softcap);
   return s;
 }
 

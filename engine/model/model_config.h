@@ -1,10 +1,11 @@
 // The shape of a Llama-family transformer (Llama 2/3, SmolLM/SmolLM2, TinyLlama, Mistral, Qwen2,
-// Qwen3, Phi-3), as read from a model file, and its validation.
+// Qwen3, Phi-3, Gemma 1/2/3), as read from a model file, and its validation.
 #ifndef TANDEM_ENGINE_MODEL_MODEL_CONFIG_H_
 #define TANDEM_ENGINE_MODEL_MODEL_CONFIG_H_
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -28,7 +29,8 @@ absl::string_view RopeScalingTypeName(RopeScaling::Type type);
 
 // Hyper-parameters of a decoder-only Llama-family model. All sizes are element counts.
 struct ModelConfig {
-  // GGUF `general.architecture` spelling: "llama", "qwen2", "qwen3" or "phi3".
+  // GGUF `general.architecture` spelling: "llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2"
+  // or "gemma3".
   std::string architecture;
   int64_t vocab_size = 0;         // rows of the token embedding
   int64_t hidden_size = 0;        // d_model
@@ -51,6 +53,35 @@ struct ModelConfig {
   // > 0: sliding-window attention in every layer, each token attending to its last
   // `sliding_window` positions, itself included (Mistral 7B v0.1's 4096); 0: full causal attention.
   int64_t sliding_window = 0;
+  // With sliding_window > 0: which layers are windowed (num_layers entries; Gemma 2 alternates,
+  // Gemma 3 windows five layers of six); empty: every layer.
+  std::vector<bool> sliding_layers;
+  // Gemma 3: the RoPE base of the windowed layers (0: rope_theta). Those layers also leave out
+  // rope_scaling, which applies to the full-attention layers only.
+  float rope_theta_sliding = 0.0f;
+
+  // What Gemma changes in the Llama layer (the defaults are Llama's).
+  // The token embeddings are multiplied by this (Gemma: sqrt(hidden_size)).
+  float embedding_scale = 1.0f;
+  // The gated FFN's activation: SiLU (SwiGLU) or GELU with the tanh approximation (GeGLU, Gemma).
+  enum class Activation { kSilu, kGeluTanh };
+  Activation ffn_activation = Activation::kSilu;
+  // The attention output and the FFN output are each RMS-normalized (own weights) before their
+  // residual add (Gemma 2/3's post_attention_norm and post_ffw_norm).
+  bool post_norms = false;
+  // q·k is scaled by this before the softmax; 0: 1 / sqrt(head_dim).
+  float attention_scale = 0.0f;
+  // > 0: attention scores become cap * tanh(score / cap) (Gemma 2's attn_logit_softcapping).
+  float attn_logit_softcap = 0.0f;
+  // > 0: the logits become cap * tanh(logit / cap) (Gemma 2's final_logit_softcapping).
+  float final_logit_softcap = 0.0f;
+
+  // The sliding window of layer `l`: sliding_window when that layer is windowed, else 0.
+  int64_t LayerWindow(int64_t l) const {
+    if (sliding_window <= 0) return 0;
+    if (sliding_layers.empty()) return sliding_window;
+    return sliding_layers[static_cast<size_t>(l)] ? sliding_window : 0;
+  }
   // How RoPE pairs the dimensions of a head, which depends on how the file orders the Q/K rows:
   // true for NeoX / Hugging Face "rotate_half" pairs (i, i + head_dim / 2), false for adjacent
   // pairs (2i, 2i + 1). Set by the loader: GGUF "llama" files are interleaved (llama.cpp's
@@ -59,7 +90,8 @@ struct ModelConfig {
 
   // INVALID_ARGUMENT naming the first field that is out of range: every size positive, num_heads
   // dividing hidden_size, num_kv_heads dividing num_heads, head_dim even (RoPE rotates pairs),
-  // rms_norm_eps and rope_theta positive and finite, rope scaling parameters consistent.
+  // rms_norm_eps and rope_theta positive and finite, rope scaling parameters consistent,
+  // sliding_layers empty or one per layer, the Gemma scales and caps finite and non-negative.
   [[nodiscard]] absl::Status Validate() const;
 
   // One line, for logs: "llama layers=30 hidden=576 heads=9/3 head_dim=64 ffn=1536 vocab=49152 ...".

@@ -40,6 +40,7 @@ struct TinyModelSpec {
   bool tied = true;
   bool biases = false;
   bool qk_norms = false;  // blk.N.attn_{q,k}_norm.weight
+  bool post_norms = false;  // blk.N.post_attention_norm.weight, blk.N.post_ffw_norm.weight
   // Phi-3's layout: blk.N.attn_qkv.weight instead of attn_{q,k,v}, and blk.N.ffn_up.weight
   // holding gate and up (2 * ffn rows) instead of ffn_gate + ffn_up.
   bool fused_qkv = false;
@@ -109,6 +110,10 @@ std::string BuildTinyModel(const TinyModelSpec& s) {
     if (s.qk_norms) {
       add(p + "attn_q_norm.weight", DType::kF32, {hd});
       add(p + "attn_k_norm.weight", DType::kF32, {hd});
+    }
+    if (s.post_norms) {
+      add(p + "post_attention_norm.weight", DType::kF32, {s.hidden});
+      add(p + "post_ffw_norm.weight", DType::kF32, {s.hidden});
     }
     add(p + "ffn_norm.weight", DType::kF32, {s.hidden});
     if (s.fused_gate_up) {
@@ -345,16 +350,17 @@ TEST(ModelLoaderTest, Phi3LongRopeIsRefusedByName) {
 
 TEST(ModelLoaderTest, DispatchesOnGeneralArchitecture) {
   EXPECT_THAT(SupportedGgufArchitectures(),
-              ::testing::ElementsAre("llama", "qwen2", "qwen3", "phi3"));
+              ::testing::ElementsAre("llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2",
+                                     "gemma3"));
   // Architectures people download that Tandem does not run yet: refused at load, by name.
-  for (const char* arch : {"gemma", "gemma2", "gemma3", "phi2", "mistral3"}) {
+  for (const char* arch : {"gemma3n", "phi2", "mistral3"}) {
     SCOPED_TRACE(arch);
     TinyModelSpec spec;
     spec.arch = arch;
     absl::Status s = LoadTiny(spec).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
     EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("'", arch, "'")));
-    EXPECT_THAT(s.message(), HasSubstr("llama, qwen2, qwen3, phi3"));
+    EXPECT_THAT(s.message(), HasSubstr("llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3"));
     EXPECT_THAT(s.message(), HasSubstr(kName));
   }
   absl::Status s;
@@ -364,6 +370,118 @@ TEST(ModelLoaderTest, DispatchesOnGeneralArchitecture) {
   s = LoadTiny(no_arch).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_THAT(s.message(), HasSubstr("general.architecture"));
+}
+
+TEST(ModelLoaderTest, LoadsGemma) {
+  TinyModelSpec spec;
+  spec.arch = "gemma";
+  spec.tied = false;  // llama.cpp multiplies by token_embd all the same
+  absl::StatusOr<LoadedModel> m = LoadTiny(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& c = m->config;
+  EXPECT_FLOAT_EQ(c.embedding_scale, 8.0f);  // sqrt(64)
+  EXPECT_EQ(c.ffn_activation, ModelConfig::Activation::kGeluTanh);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(m->weights.output, m->weights.token_embd);
+  EXPECT_TRUE(c.rope_neox);
+  EXPECT_FALSE(c.post_norms);
+  EXPECT_EQ(c.attn_logit_softcap, 0.0f);
+  EXPECT_EQ(c.LayerWindow(0), 0);
+}
+
+TEST(ModelLoaderTest, LoadsGemma2WithItsDefaults) {
+  TinyModelSpec spec;
+  spec.arch = "gemma2";
+  spec.layers = 4;
+  spec.post_norms = true;
+  absl::StatusOr<LoadedModel> m = LoadTiny(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& c = m->config;
+  // llama.cpp's defaults when the keys are absent.
+  EXPECT_EQ(c.attn_logit_softcap, 50.0f);
+  EXPECT_EQ(c.final_logit_softcap, 30.0f);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_THAT(c.sliding_layers, ::testing::ElementsAre(true, false, true, false));
+  EXPECT_EQ(c.LayerWindow(0), 4096);
+  EXPECT_EQ(c.LayerWindow(1), 0);
+  EXPECT_FLOAT_EQ(c.attention_scale, 0.25f);  // 1 / sqrt(head_dim 16)
+  EXPECT_TRUE(c.post_norms);
+  ASSERT_NE(m->weights.layers[3].attn_post_norm, nullptr);
+  ASSERT_NE(m->weights.layers[3].ffn_post_norm, nullptr);
+
+  spec.kv_override["gemma2.attn_logit_softcapping"] = F32(20.0f);
+  spec.kv_override["gemma2.attention.sliding_window"] = U32(8);
+  spec.kv_override["gemma2.attention.sliding_window_pattern"] = U32(4);
+  m = LoadTiny(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config.attn_logit_softcap, 20.0f);
+  EXPECT_THAT(m->config.sliding_layers, ::testing::ElementsAre(true, true, true, false));
+  EXPECT_EQ(m->config.LayerWindow(2), 8);
+
+  // The post norms are required.
+  spec.kv_override.clear();
+  spec.skip_tensors = {"blk.2.post_ffw_norm.weight"};
+  absl::Status s = LoadTiny(spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'blk.2.post_ffw_norm.weight'"));
+}
+
+TEST(ModelLoaderTest, LoadsGemma3) {
+  TinyModelSpec spec;
+  spec.arch = "gemma3";
+  spec.layers = 7;
+  spec.post_norms = true;
+  spec.qk_norms = true;
+  absl::StatusOr<LoadedModel> m = LoadTiny(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  // No window key: every layer attends fully.
+  EXPECT_EQ(m->config.sliding_window, 0);
+  EXPECT_EQ(m->config.rope_theta_sliding, 0.0f);
+  EXPECT_EQ(m->config.attn_logit_softcap, 0.0f);
+  EXPECT_EQ(m->config.final_logit_softcap, 0.0f);
+  EXPECT_TRUE(m->config.qk_norm);
+
+  spec.kv_override["gemma3.attention.sliding_window"] = U32(512);
+  spec.kv_override["gemma3.final_logit_softcapping"] = F32(30.0f);
+  spec.kv_override["gemma3.rope.scaling.type"] = Str("linear");
+  spec.kv_override["gemma3.rope.scaling.factor"] = F32(8.0f);
+  m = LoadTiny(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& c = m->config;
+  EXPECT_THAT(c.sliding_layers,
+              ::testing::ElementsAre(true, true, true, true, true, false, true));
+  EXPECT_EQ(c.rope_theta_sliding, 10000.0f);  // llama.cpp's default for the windowed layers
+  EXPECT_EQ(c.final_logit_softcap, 30.0f);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLinear);
+
+  // One bool per layer.
+  std::vector<GgufTestValue> pattern;
+  for (int i = 0; i < 7; ++i) pattern.push_back(::tandem::testing::Bool(i % 3 == 0));
+  spec.kv_override["gemma3.attention.sliding_window_pattern"] =
+      ::tandem::testing::Arr(GgufValueType::kBool, pattern);
+  spec.kv_override["gemma3.rope.freq_base_swa"] = F32(20000.0f);
+  m = LoadTiny(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_THAT(m->config.sliding_layers,
+              ::testing::ElementsAre(true, false, false, true, false, false, true));
+  EXPECT_EQ(m->config.rope_theta_sliding, 20000.0f);
+
+  pattern.pop_back();
+  spec.kv_override["gemma3.attention.sliding_window_pattern"] =
+      ::tandem::testing::Arr(GgufValueType::kBool, pattern);
+  absl::Status s = LoadTiny(spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'gemma3.attention.sliding_window_pattern'"));
+
+  // The vision tower is refused by name.
+  TinyModelSpec vision;
+  vision.arch = "gemma3";
+  vision.post_norms = vision.qk_norms = true;
+  vision.extra_tensors["v.patch_embd.weight"] = {16};
+  s = LoadTiny(vision).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'v.patch_embd.weight'"));
+  EXPECT_THAT(s.message(), HasSubstr("vision"));
 }
 
 TEST(ModelLoaderTest, TensorErrorsNameTheTensorAndShapes) {

@@ -14,7 +14,8 @@ namespace {
 
 // The registry: one entry per architecture file.
 std::vector<const GgufArchitecture*> Architectures() {
-  return {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Phi3Architecture()};
+  return {&LlamaArchitecture(),  &Qwen2Architecture(),  &Qwen3Architecture(), &Phi3Architecture(),
+          &GemmaArchitecture(),  &Gemma2Architecture(), &Gemma3Architecture()};
 }
 
 absl::StatusOr<const GgufArchitecture*> FindArchitecture(const GgufFile& file) {

@@ -5,7 +5,8 @@
 //   const GgufTensor* wq = model.weights.layers[0].attn_q;  // ggml shape {hidden, heads*head_dim}
 //
 // For GGUF the architecture comes from `general.architecture`; one source file per architecture
-// (arch_llama.cc, arch_qwen2.cc, arch_qwen3.cc, arch_phi3.cc) maps its metadata and tensor names;
+// (arch_llama.cc, arch_qwen2.cc, arch_qwen3.cc, arch_phi3.cc, arch_gemma*.cc) maps its metadata
+// and tensor names;
 // Phi-3's fused attn_qkv and gate/up matrices become views of their row ranges (held in `owners`).
 // For Hugging Face directories it comes from config.json (hf_config.h) and hf_model_loader.cc maps
 // the tensor names.
@@ -53,6 +54,10 @@ struct LayerWeights {
   const GgufTensor* ffn_gate = nullptr;
   const GgufTensor* ffn_up = nullptr;
   const GgufTensor* ffn_down = nullptr;
+  // {H} each, set exactly when ModelConfig::post_norms (Gemma 2/3): RMSNorm of the attention
+  // output and of the FFN output before their residual adds.
+  const GgufTensor* attn_post_norm = nullptr;
+  const GgufTensor* ffn_post_norm = nullptr;
 };
 
 struct ModelWeights {
@@ -108,7 +113,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 // Only the config (no tensor mapping), e.g. for planning memory before loading weights.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file);
 
-// {"llama", "qwen2", "qwen3", "phi3"}.
+// {"llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3"}.
 std::vector<std::string> SupportedGgufArchitectures();
 
 }  // namespace tandem

@@ -36,6 +36,21 @@ absl::Status CheckSupport(const BackendSupport& support, const LoadedModel& mode
                                                  DTypeName(kv_type), " KV cache (it keeps ",
                                                  Names(support.kv_types), ")"));
   }
+  if (!support.gemma_layers) {
+    const char* missing = nullptr;
+    if (c.embedding_scale != 1.0f) missing = "scaled token embeddings";
+    if (c.ffn_activation != ModelConfig::Activation::kSilu) missing = "a GELU-gated FFN";
+    if (c.post_norms) missing = "post-attention/post-FFN norms";
+    if (c.attention_scale != 0.0f) missing = "an attention scale other than 1/sqrt(head_dim)";
+    if (c.attn_logit_softcap > 0.0f) missing = "attention logit soft-capping";
+    if (c.final_logit_softcap > 0.0f) missing = "final logit soft-capping";
+    if (!c.sliding_layers.empty()) missing = "per-layer sliding windows";
+    if (c.rope_theta_sliding > 0.0f) missing = "a RoPE base per layer";
+    if (missing != nullptr) {
+      return absl::UnimplementedError(absl::StrCat("the ", support.name, " backend cannot run ",
+                                                   c.architecture, ": it lacks ", missing));
+    }
+  }
   auto check = [&](const GgufTensor* t) -> absl::Status {
     if (t == nullptr || Contains(support.weight_types, t->type)) return absl::OkStatus();
     return absl::UnimplementedError(absl::StrCat("the ", support.name, " backend cannot multiply ",

@@ -37,10 +37,14 @@ struct BackendSupport {
   std::vector<DType> kv_types;      // of the KV pool
   std::vector<int64_t> head_dims;   // of attention; empty: any
   bool kv_on_device = false;        // the KV pool is in accelerator memory (not host-addressable)
+  // Runs Gemma's changes to the layer (ModelConfig: embedding_scale, the GELU-gated FFN, post
+  // norms, attention_scale, the soft-caps, per-layer windows and RoPE bases). A backend without
+  // them (the CUDA kernels have none yet) refuses Gemma models by name.
+  bool gemma_layers = false;
 };
 
 // UNIMPLEMENTED, naming the backend and what it lacks (a matrix's type, the head dimension, the
-// KV type), when `support` cannot run `model` with a KV pool of `kv_type`.
+// KV type, a Gemma feature), when `support` cannot run `model` with a KV pool of `kv_type`.
 absl::Status CheckSupport(const BackendSupport& support, const LoadedModel& model, DType kv_type);
 
 // A step flattened for the kernels: token t of the step belongs to sequence token_seq[t], at

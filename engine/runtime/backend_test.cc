@@ -52,6 +52,20 @@ TEST(CheckSupportTest, ABackendThatLacksWhatTheModelNeedsSaysWhat) {
   // The CPU backend refuses such a KV type at creation too.
   EXPECT_EQ(CpuBackend::Create(&model, {.kv_dtype = DType::kQ4_0}).status().code(),
             absl::StatusCode::kUnimplemented);
+
+  // A backend without Gemma's layer (the CUDA kernels have none) names what a Gemma model needs.
+  BackendSupport no_gemma = CpuBackend::Support();
+  no_gemma.name = "test";
+  no_gemma.gemma_layers = false;
+  EXPECT_TRUE(CheckSupport(no_gemma, model, DType::kF16).ok());
+  LoadedModel gemma;
+  gemma.config = model.config;
+  gemma.config.architecture = "gemma2";
+  gemma.config.attn_logit_softcap = 50.0f;
+  s = CheckSupport(no_gemma, gemma, DType::kF16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("the test backend cannot run gemma2"));
+  EXPECT_THAT(s.message(), HasSubstr("attention logit soft-capping"));
 }
 
 TEST(PlanStepTest, FlattensTheBatchForTheKernels) {

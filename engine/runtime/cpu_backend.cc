@@ -84,6 +84,11 @@ absl::Status CpuBackend::Init() {
   } else if (c.rope_scaling.type == RopeScaling::Type::kLinear) {
     for (float& f : inv_freq_) f /= c.rope_scaling.factor;
   }
+  if (c.rope_theta_sliding > 0.0f) {
+    // Gemma 3's windowed layers: their own base, and no scaling.
+    inv_freq_sliding_.resize(inv_freq_.size());
+    cpu::RopeInvFreq(c.rope_theta_sliding, c.head_dim, inv_freq_sliding_.data());
+  }
 
   output_norm_ = ToFloat(model_->weights.output_norm);
   layers_.resize(static_cast<size_t>(c.num_layers));
@@ -97,6 +102,10 @@ absl::Status CpuBackend::Init() {
     s.v_bias = ToFloat(w.attn_v_bias);
     s.q_norm = ToFloat(w.attn_q_norm);
     s.k_norm = ToFloat(w.attn_k_norm);
+    s.attn_post_norm = ToFloat(w.attn_post_norm);
+    s.ffn_post_norm = ToFloat(w.ffn_post_norm);
+    s.window = c.LayerWindow(l);
+    s.sliding_rope = !inv_freq_sliding_.empty() && s.window > 0;
   }
   if (options_.pack_weights) RETURN_IF_ERROR(PackWeights());
   return absl::OkStatus();
@@ -157,7 +166,8 @@ const BackendSupport& CpuBackend::Support() {
       .weight_types = {std::begin(kAllDTypes), std::end(kAllDTypes)},
       .kv_types = {DType::kF32, DType::kF16},
       .head_dims = {},
-      .kv_on_device = false};
+      .kv_on_device = false,
+      .gemma_layers = true};
   return *support;
 }
 
@@ -209,21 +219,27 @@ void CpuBackend::Norm(const float* in, const std::vector<float>& weight, float* 
                                   .eps = c.rms_norm_eps});
 }
 
-void CpuBackend::NormRows(const std::vector<float>& weight, bool add_proj, int64_t begin,
-                          int64_t end) {
+void CpuBackend::NormRows(const std::vector<float>& weight, bool add_proj,
+                          const std::vector<float>& proj_norm, int64_t begin, int64_t end) {
   const int64_t H = model_->config.hidden_size;
   float* x_rows = scratch_.x.data() + begin * H;
+  if (add_proj && !proj_norm.empty()) {
+    float* proj_rows = scratch_.proj.data() + begin * H;
+    Norm(proj_rows, proj_norm, proj_rows, end - begin);
+  }
   Norm(add_proj ? scratch_.proj.data() + begin * H : x_rows, weight,
        scratch_.h.data() + begin * H, end - begin, add_proj ? x_rows : nullptr);
 }
 
-void CpuBackend::Rope(std::vector<float>& y, int64_t heads) {
+void CpuBackend::Rope(std::vector<float>& y, int64_t heads, int64_t l) {
   const ModelConfig& c = model_->config;
-  cpu::Rope(cpu::RopeParams{.x = y.data(), .token_stride = heads * c.head_dim,
-                            .head_stride = c.head_dim, .num_tokens = plan_.num_tokens,
-                            .num_heads = heads, .head_dim = c.head_dim, .rotary_dim = c.head_dim,
-                            .positions = plan_.token_pos.data(), .inv_freq = inv_freq_.data(),
-                            .style = rope_style_, .cos_sin = scratch_.rope_cos_sin.data()});
+  const bool sliding = layers_[static_cast<size_t>(l)].sliding_rope;
+  cpu::Rope(cpu::RopeParams{
+      .x = y.data(), .token_stride = heads * c.head_dim, .head_stride = c.head_dim,
+      .num_tokens = plan_.num_tokens, .num_heads = heads, .head_dim = c.head_dim,
+      .rotary_dim = c.head_dim, .positions = plan_.token_pos.data(),
+      .inv_freq = sliding ? inv_freq_sliding_.data() : inv_freq_.data(), .style = rope_style_,
+      .cos_sin = sliding ? scratch_.rope_cos_sin_sliding.data() : scratch_.rope_cos_sin.data()});
 }
 
 void CpuBackend::HeadNorm(std::vector<float>& y, int64_t heads,
@@ -307,6 +323,9 @@ absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
         static_cast<const char*>(w.token_embd->data) + plan_.token_ids[t] * embd_row_bytes,
         x.data() + t * H, H);
   }
+  if (c.embedding_scale != 1.0f) {
+    for (float& e : x) e *= c.embedding_scale;
+  }
   Sized(sc.h, T * H);
   Sized(sc.q, T * Dq);
   Sized(sc.k, T * Dkv);
@@ -318,6 +337,10 @@ absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
   // The rotation angles depend only on the positions: once for Q and K of every layer.
   cpu::RopeCosSin(plan_.token_pos.data(), T, inv_freq_.data(), c.head_dim,
                   Sized(sc.rope_cos_sin, T * c.head_dim).data());
+  if (!inv_freq_sliding_.empty()) {
+    cpu::RopeCosSin(plan_.token_pos.data(), T, inv_freq_sliding_.data(), c.head_dim,
+                    Sized(sc.rope_cos_sin_sliding, T * c.head_dim).data());
+  }
   return absl::OkStatus();
 }
 
@@ -333,8 +356,11 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
 
   if (prefetch_kv_ && l == 0) CollectKvRows(l, *kv);
   const bool add_proj = proj_pending_;
+  // The pending product is the previous layer's FFN output.
+  const std::vector<float>& proj_norm =
+      l > 0 ? layers_[static_cast<size_t>(l - 1)].ffn_post_norm : sl.ffn_post_norm;
   auto attn_norm_rows = [&](int64_t begin, int64_t end) {
-    NormRows(sl.attn_norm, add_proj, begin, end);
+    NormRows(sl.attn_norm, add_proj, proj_norm, begin, end);
   };
   RETURN_IF_ERROR(LinearShared(
       sc.h.data(), T, {{lw.attn_q, sc.q.data()}, {lw.attn_k, sc.k.data()}, {lw.attn_v, sc.v.data()}},
@@ -347,8 +373,8 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
   AddBias(sc.v, sl.v_bias, T);
   HeadNorm(sc.q, c.num_heads, sl.q_norm);
   HeadNorm(sc.k, c.num_kv_heads, sl.k_norm);
-  Rope(sc.q, c.num_heads);
-  Rope(sc.k, c.num_kv_heads);
+  Rope(sc.q, c.num_heads, l);
+  Rope(sc.k, c.num_kv_heads, l);
   Emit(dump, "Qcur" + suffix, sc.q.data(), T, Dq);
   Emit(dump, "Kcur" + suffix, sc.k.data(), T, Dkv);
   Emit(dump, "Vcur" + suffix, sc.v.data(), T, Dkv);
@@ -394,7 +420,9 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
   ap.num_heads = c.num_heads;
   ap.num_kv_heads = c.num_kv_heads;
   ap.head_dim = c.head_dim;
-  ap.window = c.sliding_window;
+  ap.window = sl.window;
+  ap.scale = c.attention_scale;
+  ap.softcap = c.attn_logit_softcap;
   RETURN_IF_ERROR(
       cpu::PagedAttention(ap, cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}));
   Emit(dump, "kqv_out" + suffix, sc.attn.data(), T, Dq);
@@ -411,7 +439,7 @@ absl::Status CpuBackend::Mlp(int64_t l, const KvStorage& kv, const TensorDump& d
 
   RETURN_IF_ERROR(Linear(sc.attn.data(), T, *lw.attn_output, sc.proj.data()));
   auto ffn_norm_rows = [&](int64_t begin, int64_t end) {
-    NormRows(sl.ffn_norm, /*add_proj=*/true, begin, end);
+    NormRows(sl.ffn_norm, /*add_proj=*/true, sl.attn_post_norm, begin, end);
   };
   RETURN_IF_ERROR(LinearShared(sc.h.data(), T,
                                {{lw.ffn_gate, sc.gate.data()}, {lw.ffn_up, sc.up.data()}},
@@ -419,15 +447,20 @@ absl::Status CpuBackend::Mlp(int64_t l, const KvStorage& kv, const TensorDump& d
   Emit(dump, "ffn_inp" + suffix, sc.x.data(), T, H);
   Emit(dump, "ffn_norm" + suffix, sc.h.data(), T, H);
   const cpu::KernelContext serial{.pool = nullptr, .isa = options_.isa};
-  auto silu_rows = [&](int64_t begin, int64_t end) {
-    cpu::SiluMul(cpu::SiluMulParams{.gate = sc.gate.data() + begin * F,
+  const bool gelu = c.ffn_activation == ModelConfig::Activation::kGeluTanh;
+  auto act_rows = [&](int64_t begin, int64_t end) {
+    const cpu::SiluMulParams params{.gate = sc.gate.data() + begin * F,
                                     .up = sc.up.data() + begin * F,
                                     .out = sc.gate.data() + begin * F, .gate_stride = F,
                                     .up_stride = F, .out_stride = F, .rows = end - begin,
-                                    .dim = F},
-                 serial);
+                                    .dim = F};
+    if (gelu) {
+      cpu::GeluTanhMul(params);
+    } else {
+      cpu::SiluMul(params, serial);
+    }
   };
-  cpu::MatMulExtras down_extras{.prepare_rows = silu_rows};
+  cpu::MatMulExtras down_extras{.prepare_rows = act_rows};
   if (prefetch_kv_ && l + 1 < c.num_layers) {
     CollectKvRows(l + 1, kv);
     const size_t half = sc.kv_rows.size() / 2;
@@ -452,6 +485,8 @@ absl::Status CpuBackend::Finish(StepOutput* out, const TensorDump& dump) {
   Scratch& sc = scratch_;
   // The last layer's residual add (the others ran in the next layer's first product).
   if (proj_pending_) {
+    const std::vector<float>& post = layers_.back().ffn_post_norm;
+    if (!post.empty()) Norm(sc.proj.data(), post, sc.proj.data(), T);
     cpu::Add(sc.x.data(), sc.proj.data(), sc.x.data(), T * H);
     Emit(dump, absl::StrCat("l_out-", c.num_layers - 1), sc.x.data(), T, H);
     proj_pending_ = false;
@@ -471,6 +506,9 @@ absl::Status CpuBackend::Finish(StepOutput* out, const TensorDump& dump) {
   Norm(last.data(), output_norm_, last.data(), R);
   Emit(dump, "result_norm", last.data(), R, H);
   RETURN_IF_ERROR(Linear(last.data(), R, *model_->weights.output, out->logits.data()));
+  if (c.final_logit_softcap > 0.0f) {
+    cpu::SoftCap(out->logits.data(), R * c.vocab_size, c.final_logit_softcap);
+  }
   Emit(dump, "result_output", out->logits.data(), R, c.vocab_size);
   return absl::OkStatus();
 }

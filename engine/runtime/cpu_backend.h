@@ -1,5 +1,6 @@
 // The CPU backend (backend.h): the Llama-family forward pass -- RMSNorm, RoPE, grouped-query
-// attention over paged KV blocks, SwiGLU MLP -- with the kernels of engine/cpu, a layer at a time.
+// attention over paged KV blocks, SwiGLU MLP, and Gemma's variants (GeGLU, post norms,
+// soft-capping, per-layer windows) -- with the kernels of engine/cpu, a layer at a time.
 //
 //   ASSIGN_OR_RETURN(LoadedModel model, LoadGgufModel(path));
 //   ASSIGN_OR_RETURN(auto backend, CpuBackend::Create(&model, {.num_threads = 4}));
@@ -77,6 +78,10 @@ class CpuBackend final : public Backend {
   struct SmallLayer {
     std::vector<float> attn_norm, ffn_norm, q_bias, k_bias, v_bias;
     std::vector<float> q_norm, k_norm;  // [head_dim] when ModelConfig::qk_norm, else empty
+    // [hidden] when ModelConfig::post_norms (Gemma 2/3), else empty.
+    std::vector<float> attn_post_norm, ffn_post_norm;
+    int64_t window = 0;         // ModelConfig::LayerWindow
+    bool sliding_rope = false;  // RoPE with inv_freq_sliding_ (ModelConfig::rope_theta_sliding)
   };
   CpuBackend(const LoadedModel* model, const Options& options);
   absl::Status Init();
@@ -91,10 +96,12 @@ class CpuBackend final : public Backend {
   void Norm(const float* in, const std::vector<float>& weight, float* out, int64_t rows,
             float* residual = nullptr) const;
   // Rows [begin, end) of h = norm(x), after x += proj when `add_proj` (the residual add of the
-  // product before).
-  void NormRows(const std::vector<float>& weight, bool add_proj, int64_t begin, int64_t end);
-  // RoPE on `y` ([T, heads, head_dim]) at the step's positions.
-  void Rope(std::vector<float>& y, int64_t heads);
+  // product before), proj first normalized with `proj_norm` unless it is empty (Gemma's post
+  // norms).
+  void NormRows(const std::vector<float>& weight, bool add_proj, const std::vector<float>& proj_norm,
+                int64_t begin, int64_t end);
+  // RoPE on `y` ([T, heads, head_dim]) at the step's positions, with layer `l`'s frequencies.
+  void Rope(std::vector<float>& y, int64_t heads, int64_t l);
   // Per-head RMSNorm of `y` ([T, heads, head_dim]) in place, with `weight` ([head_dim]); nothing
   // when `weight` is empty.
   void HeadNorm(std::vector<float>& y, int64_t heads, const std::vector<float>& weight) const;
@@ -114,6 +121,8 @@ class CpuBackend final : public Backend {
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::RopeStyle rope_style_ = cpu::RopeStyle::kInterleaved;
   std::vector<float> inv_freq_;  // [head_dim / 2]
+  // [head_dim / 2] for the windowed layers when ModelConfig::rope_theta_sliding is set, else empty.
+  std::vector<float> inv_freq_sliding_;
   std::vector<float> output_norm_;
   std::vector<SmallLayer> layers_;
   std::unordered_map<const GgufTensor*, cpu::PackedWeights> packed_;
@@ -122,6 +131,7 @@ class CpuBackend final : public Backend {
   StepPlan plan_;
   struct Scratch {
     std::vector<float> x, h, q, k, v, attn, gate, up, proj, rope_cos_sin, last;
+    std::vector<float> rope_cos_sin_sliding;  // with inv_freq_sliding_, when it is set
     std::vector<cpu::MemoryRange> kv_rows;  // what the next layer's attention reads
   };
   Scratch scratch_;

@@ -1,7 +1,7 @@
 // Test tool: runs Tandem's CPU forward pass on a token sequence and writes what a reference
 // implementation is compared against.
 //
-//   logits_tool MODEL TOKENS OUT [GREEDY_STEPS] [BLOCK_SIZE] [KV_DTYPE]
+//   logits_tool MODEL TOKENS OUT [GREEDY_STEPS] [BLOCK_SIZE] [KV_DTYPE] [CHUNK]
 //
 // MODEL is a GGUF file or a Hugging Face model directory (config.json and *.safetensors).
 // KV_DTYPE is the cache's element type, f16 (the engine's default) or f32.
@@ -9,9 +9,12 @@
 // TOKENS is a comma-separated list of token ids. Writes OUT as float32 [len(TOKENS), vocab]: the
 // logits after every position (teacher forcing: the tokens are fed one step each, through the
 // paged KV cache) and prints one line of JSON, {"vocab": V, "greedy": [ids...]}, with
-// GREEDY_STEPS greedy tokens continuing TOKENS.
+// GREEDY_STEPS greedy tokens continuing TOKENS. With CHUNK > 1 the tokens are fed CHUNK per step
+// (a prefill in chunks); only each chunk's last row of OUT holds logits, the others are NaN.
 #include <cstdio>
+#include <algorithm>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -41,6 +44,10 @@ absl::Status Run(int argc, char** argv) {
   if (argc > 5 && !absl::SimpleAtoi(argv[5], &block_size)) return absl::InvalidArgumentError("BLOCK");
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens");
   ASSIGN_OR_RETURN(const DType kv_dtype, ParseKvDType(argc > 6 ? argv[6] : "f16"));
+  int chunk = 1;
+  if (argc > 7 && (!absl::SimpleAtoi(argv[7], &chunk) || chunk < 1)) {
+    return absl::InvalidArgumentError("CHUNK");
+  }
 
   ASSIGN_OR_RETURN(LoadedModel model, LoadModel(argv[1]));
   ASSIGN_OR_RETURN(auto forward,
@@ -52,16 +59,18 @@ absl::Status Run(int argc, char** argv) {
   const int64_t vocab = model.config.vocab_size;
 
   std::ofstream out(argv[3], std::ios::binary);
-  std::vector<float> all(tokens.size() * static_cast<size_t>(vocab));
+  std::vector<float> all(tokens.size() * static_cast<size_t>(vocab),
+                         std::numeric_limits<float>::quiet_NaN());
   StepOutput step_out;
-  for (size_t i = 0; i < tokens.size(); ++i) {
+  for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(chunk)) {
+    const size_t n = std::min(tokens.size() - i, static_cast<size_t>(chunk));
     StepBatch batch;
-    batch.sequences.push_back(StepSequence{.tokens = absl::MakeConstSpan(tokens).subspan(i, 1),
+    batch.sequences.push_back(StepSequence{.tokens = absl::MakeConstSpan(tokens).subspan(i, n),
                                            .start_position = static_cast<int64_t>(i),
                                            .block_table = blocks});
     RETURN_IF_ERROR(forward->Step(batch, kv.get(), &step_out));
     std::copy(step_out.logits.begin(), step_out.logits.end(),
-              all.begin() + static_cast<int64_t>(i) * vocab);
+              all.begin() + static_cast<int64_t>(i + n - 1) * vocab);
   }
   out.write(reinterpret_cast<const char*>(all.data()),
             static_cast<std::streamsize>(all.size() * sizeof(float)));
