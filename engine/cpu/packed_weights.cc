@@ -151,8 +151,15 @@ std::optional<PackedFormat> PackedWeights::FormatFor(DType type) {
   }
 }
 
-absl::StatusOr<PackedWeights> PackedWeights::Pack(const void* w, DType type, int64_t n, int64_t k,
-                                                  int64_t w_row_bytes) {
+int64_t PackedWeights::PackedBytes(DType type, int64_t n, int64_t k) {
+  const std::optional<PackedFormat> format = FormatFor(type);
+  if (!format.has_value() || n <= 0 || k <= 0) return 0;
+  return (n + kPackedRows - 1) / kPackedRows * (k / kQuantBlock) * PackedBlockBytes(*format);
+}
+
+absl::StatusOr<PackedWeights> PackedWeights::Pack(
+    const void* w, DType type, int64_t n, int64_t k, int64_t w_row_bytes,
+    const std::function<void(int64_t rows)>& rows_packed) {
   const std::optional<PackedFormat> format = FormatFor(type);
   if (!format.has_value()) {
     return absl::UnimplementedError(
@@ -185,8 +192,11 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(const void* w, DType type, int
   }
   std::memset(data.get(), 0, alloc == 0 ? 64 : alloc);
 
+  // Tile t reads source rows 16t .. 16t + 15 only: every this many tiles, the rows before are done.
+  constexpr int64_t kTilesPerReport = 64;
   const auto* src = static_cast<const uint8_t*>(w);
   for (int64_t t = 0; t < num_tiles; ++t) {
+    if (rows_packed && t > 0 && t % kTilesPerReport == 0) rows_packed(t * kPackedRows);
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* out = data.get() + (t * nb + b) * block_bytes;
       for (int64_t r = 0; r < kPackedRows && t * kPackedRows + r < n; ++r) {
@@ -231,6 +241,7 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(const void* w, DType type, int
       }
     }
   }
+  if (rows_packed) rows_packed(n);
   return PackedWeights(*format, n, k, std::move(data));
 }
 

@@ -52,6 +52,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -83,8 +84,16 @@ class PackedWeights {
   // w_row_bytes or a null `w`; UNIMPLEMENTED
   // for a type without a packed format; OUT_OF_RANGE for a Q4_0 scale whose offset -8 d does not
   // fit in f16. RESOURCE_EXHAUSTED when the memory cannot be allocated.
-  static absl::StatusOr<PackedWeights> Pack(const void* w, DType type, int64_t n, int64_t k,
-                                            int64_t w_row_bytes = 0);
+  //
+  // `rows_packed`, when set, is called as packing goes, with the number of leading source rows
+  // that will not be read again (ascending; the last call has n), so that a caller can release
+  // their memory before the rest is packed: the source and the copy never both stay whole.
+  static absl::StatusOr<PackedWeights> Pack(
+      const void* w, DType type, int64_t n, int64_t k, int64_t w_row_bytes = 0,
+      const std::function<void(int64_t rows)>& rows_packed = nullptr);
+
+  // Bytes Pack allocates for an [n, k] matrix of `type` (0 for a type without a packed format).
+  static int64_t PackedBytes(DType type, int64_t n, int64_t k);
 
   PackedFormat format() const { return format_; }
   int64_t n() const { return n_; }

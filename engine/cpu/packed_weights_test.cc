@@ -1,5 +1,6 @@
 #include "engine/cpu/packed_weights.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -321,6 +322,38 @@ TEST(PackedWeightsTest, SizesAndAlignment) {
   EXPECT_EQ(packed5->format(), PackedFormat::kQ5x16);
   EXPECT_EQ(packed5->bytes(), 2 * 2 * 448);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(packed5->tile(1)) % 64, 0u);
+  EXPECT_EQ(PackedWeights::PackedBytes(DType::kQ4_1, 33, 96), packed->bytes());
+  EXPECT_EQ(PackedWeights::PackedBytes(DType::kQ5_0, 17, 64), packed5->bytes());
+  EXPECT_EQ(PackedWeights::PackedBytes(DType::kIQ4_NL, 16, 64), 0);
+}
+
+// The rows Pack reports as done are never read again: overwriting them with other weights as
+// soon as they are reported leaves the packed copy byte for byte what packing the untouched
+// matrix gives. The reports ascend and the last is n. (Enough tiles that reports come mid-way.)
+TEST(PackedWeightsTest, ReportedRowsAreNotReadAgain) {
+  std::mt19937 rng(31);
+  for (DType type : kPackable) {
+    const int64_t k = Widths(type)[0], n = 16 * 200 + 5;
+    const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
+    const std::vector<uint8_t> other = RandomWeights(rng, type, n, k);
+    absl::StatusOr<PackedWeights> want = PackedWeights::Pack(w.data(), type, n, k);
+    ASSERT_TRUE(want.ok()) << want.status();
+    std::vector<uint8_t> clobbered = w;
+    const int64_t row_bytes = static_cast<int64_t>(w.size()) / n;
+    std::vector<int64_t> reports;
+    absl::StatusOr<PackedWeights> got = PackedWeights::Pack(
+        clobbered.data(), type, n, k, 0, [&](int64_t rows) {
+          reports.push_back(rows);
+          std::memcpy(clobbered.data(), other.data(), static_cast<size_t>(rows * row_bytes));
+        });
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_GT(reports.size(), 2u) << DTypeName(type);
+    EXPECT_TRUE(std::is_sorted(reports.begin(), reports.end()));
+    EXPECT_EQ(reports.back(), n);
+    ASSERT_EQ(got->bytes(), want->bytes());
+    EXPECT_EQ(std::memcmp(got->tile(0), want->tile(0), static_cast<size_t>(want->bytes())), 0)
+        << DTypeName(type);
+  }
 }
 
 }  // namespace

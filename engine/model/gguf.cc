@@ -522,8 +522,8 @@ const GgufTensor* GgufFile::FindTensor(absl::string_view name) const {
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
-void GgufFile::DropPages(const GgufTensor& tensor) const {
-  bytes_.DropPages(tensor.data, tensor.bytes);
+void GgufFile::DropPages(const GgufTensor& tensor, int64_t bytes) const {
+  bytes_.DropPages(tensor.data, bytes < 0 ? tensor.bytes : std::min(bytes, tensor.bytes));
 }
 
 namespace {

@@ -181,8 +181,9 @@ class GgufFile {
   const GgufTensor* FindTensor(absl::string_view name) const;
   // In file order.
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
-  // MappedFile::DropPages over a tensor's bytes, once its user keeps a copy of its own.
-  void DropPages(const GgufTensor& tensor) const;
+  // MappedFile::DropPages over a tensor's bytes (its first `bytes`, when given), once its user
+  // keeps a copy of its own.
+  void DropPages(const GgufTensor& tensor, int64_t bytes = -1) const;
 
  private:
   friend class GgufParser;

@@ -118,15 +118,31 @@ absl::Status CpuBackend::PackWeights() {
     matrices.insert(matrices.end(), {lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.ffn_gate,
                                      lw.ffn_up, lw.ffn_down});
   }
+  // The output matrix last: it multiplies only the rows that want logits, so it is the first to
+  // leave to the row kernels when the excess allowance runs out.
   matrices.push_back(model_->weights.output);
+  int64_t excess_left = options_.max_packed_excess_bytes;
   for (const GgufTensor* t : matrices) {
     if (t == nullptr || t->shape.size() != 2 || packed_.contains(t)) continue;
     const std::optional<cpu::PackedFormat> format = cpu::PackedWeights::FormatFor(t->type);
     if (!format.has_value() || !cpu::PackedKernelIsNative(*format, isa)) {
       continue;
     }
-    absl::StatusOr<cpu::PackedWeights> packed =
-        cpu::PackedWeights::Pack(t->data, t->type, t->shape[1], t->shape[0]);
+    const int64_t excess =
+        cpu::PackedWeights::PackedBytes(t->type, t->shape[1], t->shape[0]) - t->bytes;
+    if (excess > 0) {
+      if (excess > excess_left) continue;
+      excess_left -= excess;
+    }
+    // The source rows' pages go as soon as they are packed, not after the whole matrix: at
+    // 128256 x 2048 an embedding matrix's file pages and its packed copy would otherwise both be
+    // resident at the end of its packing, the peak of the process.
+    const int64_t row_bytes = *DTypeStorageBytes(t->type, t->shape[0]);
+    auto drop_rows = [&](int64_t rows) {
+      if (model_->file != nullptr) model_->file->DropPages(*t, rows * row_bytes);
+    };
+    absl::StatusOr<cpu::PackedWeights> packed = cpu::PackedWeights::Pack(
+        t->data, t->type, t->shape[1], t->shape[0], /*w_row_bytes=*/0, drop_rows);
     // A matrix that cannot be packed (a Q4_0 scale past f16's range), or whose copy cannot be
     // allocated, runs on the row kernels from the mapped file.
     if (packed.status().code() == absl::StatusCode::kOutOfRange ||
@@ -137,10 +153,10 @@ absl::Status CpuBackend::PackWeights() {
       return absl::Status(packed.status().code(),
                           absl::StrCat(t->name, ": ", packed.status().message()));
     }
+    // The packed copy replaces the file's bytes in memory (dropped above as it was made); an
+    // embedding matrix tied to the output reads a few rows a step, which come back from the page
+    // cache.
     packed_.emplace(t, *std::move(packed));
-    // The packed copy replaces the file's bytes in memory; an embedding matrix tied to the
-    // output reads a few rows a step, which come back from the page cache.
-    if (model_->file != nullptr) model_->file->DropPages(*t);
   }
   return absl::OkStatus();
 }
@@ -317,11 +333,20 @@ absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
   // Embeddings: row id of token_embd ({H, V}) dequantized.
   std::vector<float>& x = Sized(sc.x, T * H);
   const int64_t embd_row_bytes = *DTypeStorageBytes(w.token_embd->type, H);
+  // An embedding matrix that is also the (packed) output matrix has its packed copy resident
+  // already; its file pages, which a row read brings back many at a time (fault-around and large
+  // page-cache folios map up to a megabyte per read), would come to hold a second copy of the
+  // matrix over a long run. They are let go every kEmbedRowsPerDrop rows.
+  constexpr int64_t kEmbedRowsPerDrop = 16;
+  const bool drop = model_->file != nullptr && PackedFor(w.token_embd) != nullptr;
   for (int64_t t = 0; t < T; ++t) {
     DequantizeReference(
         w.token_embd->type,
         static_cast<const char*>(w.token_embd->data) + plan_.token_ids[t] * embd_row_bytes,
         x.data() + t * H, H);
+    if (drop && ((t + 1) % kEmbedRowsPerDrop == 0 || t + 1 == T)) {
+      model_->file->DropPages(*w.token_embd);
+    }
   }
   if (c.embedding_scale != 1.0f) {
     for (float& e : x) e *= c.embedding_scale;
