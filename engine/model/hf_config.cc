@@ -23,7 +23,11 @@ enum class Bias { kNever, kAlways, kFromConfig };
 enum class Window {
   kSlidingWindow,     // `sliding_window` (null: none), every layer (Mistral; Phi-3)
   kUseSlidingWindow,  // only with `use_sliding_window: true` (default false); refused (Qwen2/3)
+  kGemma,             // on some layers (ReadGemma)
 };
+
+// Which Gemma generation a family is (kNone: not Gemma).
+enum class Gemma { kNone, k1, k2, k3 };
 
 struct HfArchitecture {
   const char* hf_name;
@@ -32,6 +36,8 @@ struct HfArchitecture {
   bool qk_norm;                // model.layers.N.self_attn.{q,k}_norm.weight (Qwen3)
   float default_rms_norm_eps;  // transformers' default for the family's config class
   Window window;
+  Gemma gemma = Gemma::kNone;
+  float default_rope_theta = 10000.0f;  // transformers' default for the family's config class
 };
 constexpr HfArchitecture kArchitectures[] = {
     {"LlamaForCausalLM", "llama", Bias::kFromConfig, false, 1e-6f, Window::kSlidingWindow},
@@ -39,7 +45,13 @@ constexpr HfArchitecture kArchitectures[] = {
     {"Qwen2ForCausalLM", "qwen2", Bias::kAlways, false, 1e-6f, Window::kUseSlidingWindow},
     {"Qwen3ForCausalLM", "qwen3", Bias::kFromConfig, true, 1e-6f, Window::kUseSlidingWindow},
     {"Phi3ForCausalLM", "phi3", Bias::kNever, false, 1e-5f, Window::kSlidingWindow},
+    {"GemmaForCausalLM", "gemma", Bias::kFromConfig, false, 1e-6f, Window::kGemma, Gemma::k1},
+    {"Gemma2ForCausalLM", "gemma2", Bias::kFromConfig, false, 1e-6f, Window::kGemma, Gemma::k2},
+    {"Gemma3ForCausalLM", "gemma3", Bias::kFromConfig, true, 1e-6f, Window::kGemma, Gemma::k3,
+     1000000.0f},
 };
+// Gemma's head size when config.json does not state it (transformers' Gemma config classes).
+constexpr int64_t kGemmaDefaultHeadDim = 256;
 
 class ConfigReader {
  public:
@@ -47,6 +59,9 @@ class ConfigReader {
 
   absl::Status Error(absl::string_view key, absl::string_view what) const {
     return absl::InvalidArgumentError(absl::StrCat(source_, ": config.json key '", key, "': ", what));
+  }
+  absl::Status Unimplemented(absl::string_view key, absl::string_view what) const {
+    return absl::UnimplementedError(absl::StrCat(source_, ": config.json key '", key, "': ", what));
   }
 
   // A required (or defaulted, when `fallback` is set) non-negative integer.
@@ -128,6 +143,94 @@ absl::Status ReadRopeScaling(const ConfigReader& r, const json& j, ModelConfig* 
                                                "' is not supported (supported: linear, llama3)"));
 }
 
+// A soft-cap key: absent -> `fallback` (the config class's default), null -> 0 (none).
+absl::StatusOr<float> SoftCap(const ConfigReader& r, const json& j, const char* key,
+                              float fallback) {
+  const auto it = j.find(key);
+  if (it == j.end()) return fallback;
+  if (it->is_null()) return 0.0f;
+  ASSIGN_OR_RETURN(const float cap, r.Float(j, key));
+  if (!(cap > 0.0f) || !std::isfinite(cap)) return r.Error(key, "must be positive or null");
+  return cap;
+}
+
+// What Gemma changes (the config keys of transformers' Gemma, Gemma2 and Gemma3Text configs).
+// The +1 of Gemma's RMSNorm weights is the loader's (hf_model_loader.cc).
+absl::Status ReadGemma(const ConfigReader& r, const json& j, Gemma gemma, ModelConfig* c) {
+  c->embedding_scale = std::sqrt(static_cast<float>(c->hidden_size));
+  // Gemma 1's modeling code reads hidden_act; its released configs say "gelu" there and
+  // "gelu_pytorch_tanh" in hidden_activation, which is what the model was trained with (and what
+  // llama.cpp runs). Gemma 2/3 read hidden_activation.
+  const char* act_key = "hidden_activation";
+  if (gemma == Gemma::k1 && (!j.contains(act_key) || j[act_key].is_null())) act_key = "hidden_act";
+  std::string act = "gelu_pytorch_tanh";
+  if (j.contains(act_key) && !j[act_key].is_null()) {
+    ASSIGN_OR_RETURN(act, r.String(j, act_key));
+  }
+  if (act != "gelu_pytorch_tanh" && act != "gelu_tanh") {
+    return r.Unimplemented(act_key, absl::StrCat("activation '", act, "' is not supported for "
+                                                 "Gemma (supported: gelu_pytorch_tanh)"));
+  }
+  c->ffn_activation = ModelConfig::Activation::kGeluTanh;
+  if (gemma == Gemma::k1) return absl::OkStatus();
+
+  c->post_norms = true;
+  ASSIGN_OR_RETURN(const float scalar, r.Float(j, "query_pre_attn_scalar", 256.0f));
+  if (!(scalar > 0.0f) || !std::isfinite(scalar)) {
+    return r.Error("query_pre_attn_scalar", "must be positive");
+  }
+  c->attention_scale = 1.0f / std::sqrt(scalar);
+  const float default_cap = gemma == Gemma::k2 ? 50.0f : 0.0f;
+  ASSIGN_OR_RETURN(c->attn_logit_softcap, SoftCap(r, j, "attn_logit_softcapping", default_cap));
+  ASSIGN_OR_RETURN(c->final_logit_softcap,
+                   SoftCap(r, j, "final_logit_softcapping", gemma == Gemma::k2 ? 30.0f : 0.0f));
+
+  // The window: every other layer from layer 0 (Gemma 2), five layers of six (Gemma 3's
+  // sliding_window_pattern), or one "sliding_attention" / "full_attention" per layer
+  // (layer_types, newer configs of both).
+  const auto w = j.find("sliding_window");
+  if (w != j.end() && w->is_null()) {
+    if (gemma == Gemma::k3) {
+      // Gemma 3's "sliding" layers would still take the local RoPE base.
+      return r.Unimplemented("sliding_window", "Gemma 3 without a window is not supported");
+    }
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(c->sliding_window, r.Int(j, "sliding_window", 4096));
+  if (c->sliding_window <= 0) return r.Error("sliding_window", "must be positive or null");
+  const size_t layers = static_cast<size_t>(c->num_layers);
+  c->sliding_layers.assign(layers, false);
+  const auto types = j.find("layer_types");
+  if (types != j.end() && !types->is_null()) {
+    if (!types->is_array() || types->size() != layers) {
+      return r.Error("layer_types", "expected one entry per layer");
+    }
+    for (size_t l = 0; l < layers; ++l) {
+      const json& t = (*types)[l];
+      if (t == "sliding_attention") {
+        c->sliding_layers[l] = true;
+      } else if (t != "full_attention") {
+        return r.Error("layer_types", absl::StrCat("unknown layer type ", t.dump()));
+      }
+    }
+  } else {
+    int64_t period = 2;
+    if (gemma == Gemma::k3) {
+      ASSIGN_OR_RETURN(period, r.Int(j, "sliding_window_pattern", 6));
+      if (period <= 0) return r.Error("sliding_window_pattern", "must be positive");
+    }
+    // The last layer of each period attends fully.
+    for (size_t l = 0; l < layers; ++l) {
+      c->sliding_layers[l] = static_cast<int64_t>(l) % period < period - 1;
+    }
+  }
+  if (gemma == Gemma::k3) {
+    // The windowed layers' base; the rope_scaling (linear on 4B and up) is the global layers'.
+    ASSIGN_OR_RETURN(c->rope_theta_sliding, r.Float(j, "rope_local_base_freq", 10000.0f));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<std::string> SupportedHfArchitectures() {
@@ -153,6 +256,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_t
   for (const HfArchitecture& a : kArchitectures) {
     if (hf_name == a.hf_name) arch = &a;
   }
+  if (arch == nullptr && (hf_name == "Gemma3ForConditionalGeneration" ||
+                          j.contains("vision_config"))) {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": architecture '", hf_name, "': vision models are not supported; the text-only "
+        "Gemma3ForCausalLM is"));
+  }
   if (arch == nullptr) {
     return absl::UnimplementedError(absl::StrCat(
         source, ": architecture '", hf_name, "' is not supported; supported: ",
@@ -168,11 +277,14 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_t
   ASSIGN_OR_RETURN(c.num_heads, r.Int(j, "num_attention_heads"));
   ASSIGN_OR_RETURN(c.num_kv_heads, r.Int(j, "num_key_value_heads", c.num_heads));
   if (c.num_heads <= 0) return r.Error("num_attention_heads", "must be positive");
-  ASSIGN_OR_RETURN(c.head_dim, r.Int(j, "head_dim", c.hidden_size / c.num_heads));
+  const bool gemma = arch->gemma != Gemma::kNone;
+  ASSIGN_OR_RETURN(c.head_dim, r.Int(j, "head_dim", gemma ? kGemmaDefaultHeadDim
+                                                          : c.hidden_size / c.num_heads));
   ASSIGN_OR_RETURN(c.max_context, r.Int(j, "max_position_embeddings"));
   ASSIGN_OR_RETURN(c.rms_norm_eps, r.Float(j, "rms_norm_eps", arch->default_rms_norm_eps));
-  ASSIGN_OR_RETURN(c.rope_theta, r.Float(j, "rope_theta", 10000.0f));
-  ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool(j, "tie_word_embeddings", false));
+  ASSIGN_OR_RETURN(c.rope_theta, r.Float(j, "rope_theta", arch->default_rope_theta));
+  // Gemma's config classes tie by default; the others do not.
+  ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool(j, "tie_word_embeddings", gemma));
   switch (arch->bias) {
     case Bias::kNever:
       c.attention_bias = false;
@@ -193,6 +305,11 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_t
         rotary_fraction, ") is not supported"));
   }
   RETURN_IF_ERROR(Annotate(ReadRopeScaling(r, j, &c), source));
+  if (gemma) {
+    RETURN_IF_ERROR(ReadGemma(r, j, arch->gemma, &c));
+    RETURN_IF_ERROR(Annotate(c.Validate(), source));
+    return c;
+  }
   const auto w = j.find("sliding_window");
   bool use_window = w != j.end() && !w->is_null();
   if (arch->window == Window::kUseSlidingWindow) {

@@ -14,7 +14,9 @@ namespace tandem {
 // Maps a config.json text. `architectures[0]` picks the family: LlamaForCausalLM and
 // MistralForCausalLM map to "llama", Qwen2ForCausalLM to "qwen2" (attention_bias always true),
 // Qwen3ForCausalLM to "qwen3" (qk_norm), Phi3ForCausalLM to "phi3" (no biases; fused qkv_proj and
-// gate_up_proj); others are UNIMPLEMENTED, naming them. Keys: vocab_size, hidden_size,
+// gate_up_proj), GemmaForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM to "gemma" / "gemma2" /
+// "gemma3" (below); others are UNIMPLEMENTED, naming them (Gemma3ForConditionalGeneration and any
+// config with a vision_config as a vision model). Keys: vocab_size, hidden_size,
 // intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: heads),
 // head_dim (default: hidden / heads), max_position_embeddings, rms_norm_eps (default 1e-6; Phi-3
 // 1e-5), rope_theta (default 10000), rope_scaling (null | {"rope_type"/"type": "linear", "factor"}
@@ -22,7 +24,16 @@ namespace tandem {
 // "original_max_position_embeddings"}), tie_word_embeddings (default false), attention_bias
 // (Llama, Mistral, Qwen3; default false), sliding_window (Mistral, Phi-3: every layer; null or
 // absent: none; Qwen2/Qwen3 only with use_sliding_window, which is UNIMPLEMENTED as it windows
-// only some layers), partial_rotary_factor (UNIMPLEMENTED unless 1). The result is validated.
+// only some layers), partial_rotary_factor (UNIMPLEMENTED unless 1). Gemma, with the defaults of
+// transformers' Gemma config classes: head_dim 256, tie_word_embeddings true, embeddings scaled by
+// sqrt(hidden_size), the GELU (tanh) of hidden_activation (Gemma 1: else hidden_act; anything
+// but gelu_pytorch_tanh is UNIMPLEMENTED); Gemma 2/3 also post norms, q·k scaled by
+// 1 / sqrt(query_pre_attn_scalar) (256), attn_logit_softcapping and final_logit_softcapping
+// (Gemma 2: 50 and 30, Gemma 3: none; null: none), sliding_window (4096; Gemma 2: null for none)
+// on the layers layer_types names "sliding_attention", else every other layer from 0 (Gemma 2) or
+// all but the last of each sliding_window_pattern (6) layers (Gemma 3), whose RoPE base is
+// rope_local_base_freq (10000; rope_theta defaults to 1e6 and rope_scaling is the full-attention
+// layers'). The result is validated.
 // Errors name `source` (e.g. the file path) and the key.
 absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_text,
                                                         absl::string_view source);
@@ -31,7 +42,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_t
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& path);
 
 // {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-//  "Phi3ForCausalLM"}.
+//  "Phi3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"}.
 std::vector<std::string> SupportedHfArchitectures();
 
 }  // namespace tandem

@@ -1,9 +1,11 @@
 #include "engine/model/hf_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -167,8 +169,8 @@ TEST(HfConfigTest, ErrorsNameTheSourceAndKey) {
     std::string substring;
   };
   const Case cases[] = {
-      {"unknown architecture", [](json* j) { (*j)["architectures"] = {"GemmaForCausalLM"}; },
-       C::kUnimplemented, "'GemmaForCausalLM'"},
+      {"unknown architecture", [](json* j) { (*j)["architectures"] = {"FalconForCausalLM"}; },
+       C::kUnimplemented, "'FalconForCausalLM'"},
       {"no architectures", [](json* j) { j->erase("architectures"); }, C::kInvalidArgument,
        "'architectures'"},
       {"missing hidden_size", [](json* j) { j->erase("hidden_size"); }, C::kNotFound,
@@ -200,8 +202,6 @@ TEST(HfConfigTest, ErrorsNameTheSourceAndKey) {
        C::kUnimplemented, "'longrope'"},
       {"partial rotary", [](json* j) { (*j)["partial_rotary_factor"] = 0.75; },
        C::kUnimplemented, "'partial_rotary_factor'"},
-      {"gemma", [](json* j) { (*j)["architectures"] = {"Gemma2ForCausalLM"}; },
-       C::kUnimplemented, "'Gemma2ForCausalLM'"},
       {"rope_scaling not object", [](json* j) { (*j)["rope_scaling"] = 2; }, C::kInvalidArgument,
        "'rope_scaling'"},
   };
@@ -217,6 +217,232 @@ TEST(HfConfigTest, ErrorsNameTheSourceAndKey) {
   absl::Status s = ModelConfigFromHfConfigJson("{not json", "x.json").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("x.json"));
+}
+
+// gemma-2b's config.json (the fields Tandem reads): hidden_act "gelu" as released, and the
+// hidden_activation added later that says what the model runs.
+json Gemma1Config() {
+  return json::parse(R"({
+    "architectures": ["GemmaForCausalLM"], "head_dim": 256, "hidden_act": "gelu",
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2048, "intermediate_size": 16384,
+    "max_position_embeddings": 8192, "num_attention_heads": 8, "num_hidden_layers": 18,
+    "num_key_value_heads": 1, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 10000.0,
+    "vocab_size": 256000})");
+}
+
+// gemma-2-27b-it's config.json: query_pre_attn_scalar 144 = hidden / heads, not head_dim.
+json Gemma2Config() {
+  return json::parse(R"({
+    "architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0, "head_dim": 128, "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 4608, "intermediate_size": 36864, "max_position_embeddings": 8192,
+    "num_attention_heads": 32, "num_hidden_layers": 46, "num_key_value_heads": 16,
+    "query_pre_attn_scalar": 144, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "sliding_window": 4096, "vocab_size": 256000})");
+}
+
+// gemma-3-1b-it's config.json.
+json Gemma3Config() {
+  return json::parse(R"({
+    "architectures": ["Gemma3ForCausalLM"], "attn_logit_softcapping": null,
+    "final_logit_softcapping": null, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 1152, "intermediate_size": 6912, "max_position_embeddings": 32768,
+    "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26,
+    "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": 512, "sliding_window_pattern": 6, "vocab_size": 262144})");
+}
+
+std::vector<bool> Windowed(const ModelConfig& c) {
+  std::vector<bool> out;
+  for (int64_t l = 0; l < c.num_layers; ++l) out.push_back(c.LayerWindow(l) > 0);
+  return out;
+}
+
+TEST(HfConfigTest, MapsGemma1) {
+  absl::StatusOr<ModelConfig> c = ModelConfigFromHfConfigJson(Gemma1Config().dump(), "gemma");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "gemma");
+  EXPECT_TRUE(c->rope_neox);
+  EXPECT_TRUE(c->tie_word_embeddings);  // GemmaConfig's default
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_EQ(c->num_kv_heads, 1);
+  EXPECT_FLOAT_EQ(c->embedding_scale, std::sqrt(2048.0f));
+  EXPECT_EQ(c->ffn_activation, ModelConfig::Activation::kGeluTanh);
+  EXPECT_FALSE(c->post_norms);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->attention_scale, 0.0f);  // 1 / sqrt(head_dim)
+  EXPECT_EQ(c->attn_logit_softcap, 0.0f);
+  EXPECT_EQ(c->final_logit_softcap, 0.0f);
+  EXPECT_EQ(c->sliding_window, 0);
+
+  json j = Gemma1Config();
+  j.erase("head_dim");  // transformers' default, not hidden / heads
+  j.erase("hidden_activation");
+  j["hidden_act"] = "gelu_pytorch_tanh";
+  c = ModelConfigFromHfConfigJson(j.dump(), "gemma");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 256);
+  // Without hidden_activation, transformers runs hidden_act: the exact GELU is not implemented.
+  j["hidden_act"] = "gelu";
+  c = ModelConfigFromHfConfigJson(j.dump(), "gemma");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << c.status();
+  EXPECT_THAT(c.status().message(), HasSubstr("'hidden_act'"));
+}
+
+TEST(HfConfigTest, MapsGemma2) {
+  absl::StatusOr<ModelConfig> c = ModelConfigFromHfConfigJson(Gemma2Config().dump(), "gemma2");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "gemma2");
+  EXPECT_TRUE(c->post_norms);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FLOAT_EQ(c->embedding_scale, std::sqrt(4608.0f));
+  EXPECT_FLOAT_EQ(c->attention_scale, 1.0f / 12.0f);  // 1 / sqrt(144)
+  EXPECT_EQ(c->attn_logit_softcap, 50.0f);
+  EXPECT_EQ(c->final_logit_softcap, 30.0f);
+  EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_EQ(c->rope_theta_sliding, 0.0f);
+  std::vector<bool> even(46);
+  for (size_t l = 0; l < even.size(); ++l) even[l] = l % 2 == 0;
+  EXPECT_EQ(Windowed(*c), even);
+
+  // transformers' Gemma2Config defaults, and null switching a cap or the window off.
+  json j = Gemma2Config();
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping",
+                          "query_pre_attn_scalar", "sliding_window"}) {
+    j.erase(key);
+  }
+  c = ModelConfigFromHfConfigJson(j.dump(), "gemma2");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->attn_logit_softcap, 50.0f);
+  EXPECT_EQ(c->final_logit_softcap, 30.0f);
+  EXPECT_FLOAT_EQ(c->attention_scale, 1.0f / 16.0f);
+  EXPECT_EQ(c->sliding_window, 4096);
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = nullptr;
+  j["sliding_window"] = nullptr;
+  c = ModelConfigFromHfConfigJson(j.dump(), "gemma2");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->attn_logit_softcap, 0.0f);
+  EXPECT_EQ(c->final_logit_softcap, 0.0f);
+  EXPECT_EQ(c->sliding_window, 0);
+
+  // Newer configs list each layer's kind.
+  j = Gemma2Config();
+  j["num_hidden_layers"] = 3;
+  j["layer_types"] = {"full_attention", "sliding_attention", "full_attention"};
+  c = ModelConfigFromHfConfigJson(j.dump(), "gemma2");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Windowed(*c), (std::vector<bool>{false, true, false}));
+}
+
+TEST(HfConfigTest, MapsGemma3) {
+  absl::StatusOr<ModelConfig> c = ModelConfigFromHfConfigJson(Gemma3Config().dump(), "gemma3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "gemma3");
+  EXPECT_TRUE(c->post_norms);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FLOAT_EQ(c->attention_scale, 1.0f / 16.0f);
+  EXPECT_EQ(c->attn_logit_softcap, 0.0f);
+  EXPECT_EQ(c->final_logit_softcap, 0.0f);
+  EXPECT_EQ(c->sliding_window, 512);
+  EXPECT_EQ(c->rope_theta, 1e6f);
+  EXPECT_EQ(c->rope_theta_sliding, 1e4f);
+  for (int64_t l = 0; l < 26; ++l) EXPECT_EQ(c->LayerWindow(l) > 0, l % 6 != 5) << l;
+
+  // Gemma 3 4B's text part: linear RoPE scaling (the full-attention layers'), other pattern.
+  json j = Gemma3Config();
+  j["rope_scaling"] = {{"factor", 8.0}, {"rope_type", "linear"}};
+  j["sliding_window_pattern"] = 3;
+  j["num_hidden_layers"] = 4;
+  j["rope_local_base_freq"] = 20000.0;
+  j.erase("rope_theta");  // Gemma3TextConfig's default
+  c = ModelConfigFromHfConfigJson(j.dump(), "gemma3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c->rope_scaling.factor, 8.0f);
+  EXPECT_EQ(c->rope_theta, 1e6f);
+  EXPECT_EQ(c->rope_theta_sliding, 2e4f);
+  EXPECT_EQ(Windowed(*c), (std::vector<bool>{true, true, false, true}));
+
+  j = Gemma3Config();
+  j["final_logit_softcapping"] = 30.0;
+  j["num_hidden_layers"] = 2;
+  j["layer_types"] = {"sliding_attention", "full_attention"};
+  c = ModelConfigFromHfConfigJson(j.dump(), "gemma3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->final_logit_softcap, 30.0f);
+  EXPECT_EQ(Windowed(*c), (std::vector<bool>{true, false}));
+}
+
+TEST(HfConfigTest, GemmaErrors) {
+  using C = absl::StatusCode;
+  struct Case {
+    std::string name;
+    json config;
+    C code;
+    std::string substring;
+  };
+  auto edit = [](json j, const std::function<void(json*)>& f) {
+    f(&j);
+    return j;
+  };
+  const Case cases[] = {
+      {"vision model by name",
+       edit(Gemma3Config(), [](json* j) {
+         (*j)["architectures"] = {"Gemma3ForConditionalGeneration"};
+       }),
+       C::kUnimplemented, "vision"},
+      {"vision config",
+       edit(Gemma3Config(), [](json* j) {
+         (*j)["architectures"] = {"SomethingForConditionalGeneration"};
+         (*j)["vision_config"] = json::object();
+       }),
+       C::kUnimplemented, "vision"},
+      {"missing hidden_size", edit(Gemma3Config(), [](json* j) { j->erase("hidden_size"); }),
+       C::kNotFound, "'hidden_size'"},
+      {"missing vocab", edit(Gemma2Config(), [](json* j) { j->erase("vocab_size"); }),
+       C::kNotFound, "'vocab_size'"},
+      {"exact gelu",
+       edit(Gemma2Config(), [](json* j) { (*j)["hidden_activation"] = "gelu"; }),
+       C::kUnimplemented, "'hidden_activation'"},
+      {"activation not a string",
+       edit(Gemma3Config(), [](json* j) { (*j)["hidden_activation"] = 1; }),
+       C::kInvalidArgument, "'hidden_activation'"},
+      {"negative cap",
+       edit(Gemma2Config(), [](json* j) { (*j)["attn_logit_softcapping"] = -1.0; }),
+       C::kInvalidArgument, "'attn_logit_softcapping'"},
+      {"cap string",
+       edit(Gemma2Config(), [](json* j) { (*j)["final_logit_softcapping"] = "30"; }),
+       C::kInvalidArgument, "'final_logit_softcapping'"},
+      {"zero scalar", edit(Gemma2Config(), [](json* j) { (*j)["query_pre_attn_scalar"] = 0; }),
+       C::kInvalidArgument, "'query_pre_attn_scalar'"},
+      {"layer_types length",
+       edit(Gemma3Config(), [](json* j) { (*j)["layer_types"] = {"full_attention"}; }),
+       C::kInvalidArgument, "'layer_types'"},
+      {"layer_types unknown",
+       edit(Gemma2Config(), [](json* j) {
+         (*j)["num_hidden_layers"] = 1;
+         (*j)["layer_types"] = {"chunked_attention"};
+       }),
+       C::kInvalidArgument, "chunked_attention"},
+      {"zero pattern", edit(Gemma3Config(), [](json* j) { (*j)["sliding_window_pattern"] = 0; }),
+       C::kInvalidArgument, "'sliding_window_pattern'"},
+      {"zero window", edit(Gemma2Config(), [](json* j) { (*j)["sliding_window"] = 0; }),
+       C::kInvalidArgument, "'sliding_window'"},
+      {"gemma3 without window",
+       edit(Gemma3Config(), [](json* j) { (*j)["sliding_window"] = nullptr; }),
+       C::kUnimplemented, "'sliding_window'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::Status s = ModelConfigFromHfConfigJson(c.config.dump(), "dir/config.json").status();
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_THAT(s.message(), HasSubstr("dir/config.json")) << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.substring)) << s;
+  }
 }
 
 TEST(HfConfigTest, LoadsAFile) {

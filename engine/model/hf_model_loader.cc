@@ -1,5 +1,8 @@
 // Hugging Face model directories (config.json + *.safetensors) -> LoadedModel. Phi-3's fused
 // self_attn.qkv_proj and mlp.gate_up_proj matrices become zero-copy views of their row ranges.
+// Gemma's RMSNorm multiplies by (1 + w) where the others multiply by w: its norm vectors (a few
+// thousand elements each) are copied as float32 with the 1 added, as llama.cpp's converter
+// writes them; every matrix stays mapped in place.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -12,9 +15,11 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "engine/core/dtype.h"
 #include "engine/model/hf_config.h"
 #include "engine/model/model_loader.h"
 #include "engine/model/safetensors.h"
@@ -27,6 +32,7 @@ struct HfModelStorage {
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::deque<GgufTensor> tensors;              // deque: push_back keeps addresses stable
   std::vector<std::vector<uint8_t>> copies;    // data of tensors that were not aligned
+  std::deque<std::vector<float>> plus_one;     // Gemma's norm vectors, 1 + w
 };
 
 std::string PyTorchShape(std::vector<int64_t> ggml_shape) {
@@ -101,6 +107,39 @@ class HfTensorMapper {
     return &view;
   }
 
+  // The norm vector `name` ({n}): as stored, or for Gemma (`plus_one`) a float32 copy of 1 + w.
+  absl::StatusOr<const GgufTensor*> Norm(const std::string& name, int64_t n, bool plus_one) {
+    ASSIGN_OR_RETURN(const GgufTensor* t, Require(name, {n}));
+    if (!plus_one) return t;
+    std::vector<float>& values = s_->plus_one.emplace_back(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      float w = 0.0f;
+      switch (t->type) {
+        case DType::kF32:
+          std::memcpy(&w, static_cast<const char*>(t->data) + 4 * i, 4);
+          break;
+        case DType::kF16:
+        case DType::kBF16: {
+          uint16_t bits = 0;
+          std::memcpy(&bits, static_cast<const char*>(t->data) + 2 * i, 2);
+          w = t->type == DType::kF16 ? HalfToFloat(bits) : BFloat16ToFloat(bits);
+          break;
+        }
+        default:
+          return absl::InvalidArgumentError(absl::StrCat(
+              dir_, ": tensor '", name, "': expected F32, F16 or BF16 norm weights"));
+      }
+      values[static_cast<size_t>(i)] = 1.0f + w;
+    }
+    GgufTensor& view = s_->tensors.emplace_back(*t);
+    view.name = absl::StrCat(name, "[1+w]");
+    view.type = DType::kF32;
+    view.data = values.data();
+    view.bytes = 4 * n;
+    view.file_offset = 0;
+    return &view;
+  }
+
   // The rows [first, first + count) of the 2-D matrix `t` (a PyTorch [rows, cols] weight), in
   // place: Phi-3's fused qkv_proj and gate_up_proj become the separate matrices the backend runs.
   absl::StatusOr<const GgufTensor*> Rows(const GgufTensor* t, absl::string_view part,
@@ -139,9 +178,10 @@ absl::StatusOr<ModelWeights> MapHfWeights(const std::string& dir, const ModelCon
   const int64_t h = c.hidden_size;
   const int64_t dq = c.num_heads * c.head_dim;
   const int64_t dkv = c.num_kv_heads * c.head_dim;
+  const bool gemma = absl::StartsWith(c.architecture, "gemma");
   ModelWeights w;
   ASSIGN_OR_RETURN(w.token_embd, m.Require("model.embed_tokens.weight", {h, c.vocab_size}));
-  ASSIGN_OR_RETURN(w.output_norm, m.Require("model.norm.weight", {h}));
+  ASSIGN_OR_RETURN(w.output_norm, m.Norm("model.norm.weight", h, gemma));
   if (c.tie_word_embeddings) {
     w.output = w.token_embd;
   } else {
@@ -151,7 +191,7 @@ absl::StatusOr<ModelWeights> MapHfWeights(const std::string& dir, const ModelCon
   for (int64_t i = 0; i < c.num_layers; ++i) {
     LayerWeights& l = w.layers[static_cast<size_t>(i)];
     auto name = [i](absl::string_view part) { return absl::StrCat("model.layers.", i, ".", part); };
-    ASSIGN_OR_RETURN(l.attn_norm, m.Require(name("input_layernorm.weight"), {h}));
+    ASSIGN_OR_RETURN(l.attn_norm, m.Norm(name("input_layernorm.weight"), h, gemma));
     if (c.architecture == "phi3") {
       ASSIGN_OR_RETURN(const GgufTensor* qkv,
                        m.Require(name("self_attn.qkv_proj.weight"), {h, dq + 2 * dkv}));
@@ -183,10 +223,19 @@ absl::StatusOr<ModelWeights> MapHfWeights(const std::string& dir, const ModelCon
       }
     }
     if (c.qk_norm) {
-      ASSIGN_OR_RETURN(l.attn_q_norm, m.Require(name("self_attn.q_norm.weight"), {c.head_dim}));
-      ASSIGN_OR_RETURN(l.attn_k_norm, m.Require(name("self_attn.k_norm.weight"), {c.head_dim}));
+      ASSIGN_OR_RETURN(l.attn_q_norm, m.Norm(name("self_attn.q_norm.weight"), c.head_dim, gemma));
+      ASSIGN_OR_RETURN(l.attn_k_norm, m.Norm(name("self_attn.k_norm.weight"), c.head_dim, gemma));
     }
-    ASSIGN_OR_RETURN(l.ffn_norm, m.Require(name("post_attention_layernorm.weight"), {h}));
+    if (c.post_norms) {
+      // Gemma 2/3's sandwich: post_attention_layernorm normalizes the attention output, and the
+      // FFN has its own pre and post norms.
+      ASSIGN_OR_RETURN(l.attn_post_norm, m.Norm(name("post_attention_layernorm.weight"), h, gemma));
+      ASSIGN_OR_RETURN(l.ffn_norm, m.Norm(name("pre_feedforward_layernorm.weight"), h, gemma));
+      ASSIGN_OR_RETURN(l.ffn_post_norm,
+                       m.Norm(name("post_feedforward_layernorm.weight"), h, gemma));
+    } else {
+      ASSIGN_OR_RETURN(l.ffn_norm, m.Norm(name("post_attention_layernorm.weight"), h, gemma));
+    }
     const int64_t ffn = c.intermediate_size;
     if (c.architecture == "phi3") {
       ASSIGN_OR_RETURN(const GgufTensor* gate_up,

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -162,6 +163,87 @@ TEST(HfModelLoaderTest, Qwen3NeedsItsQKNorms) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_TRUE(m->config.qk_norm);
   EXPECT_EQ(m->weights.layers.at(0).attn_k_norm->shape, (std::vector<int64_t>{kDq / 2}));
+}
+
+// A tiny Gemma 2 or 3 folder: Gemma's head_dim stated (its default is 256), the sandwich norms.
+std::map<std::string, std::vector<int64_t>> TinyGemmaShapes(const std::string& dir,
+                                                            const std::string& architecture) {
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  config["architectures"] = {architecture};
+  config["head_dim"] = kDq / 2;
+  std::ofstream(dir + "/config.json") << config.dump();
+  auto shapes = TinyLlamaShapes();
+  const std::string p = "model.layers.0.";
+  shapes[p + "pre_feedforward_layernorm.weight"] = {kH};
+  shapes[p + "post_feedforward_layernorm.weight"] = {kH};
+  if (architecture == "Gemma3ForCausalLM") {
+    shapes[p + "self_attn.q_norm.weight"] = {kDq / 2};
+    shapes[p + "self_attn.k_norm.weight"] = {kDq / 2};
+  }
+  return shapes;
+}
+
+// Element i of what a norm view holds, as float.
+float At(const GgufTensor* t, int64_t i) {
+  EXPECT_EQ(t->type, DType::kF32);
+  float v = 0.0f;
+  std::memcpy(&v, static_cast<const char*>(t->data) + 4 * i, sizeof(v));
+  return v;
+}
+
+TEST(HfModelLoaderTest, GemmaNormsAreOnePlusTheirWeights) {
+  const std::string dir = MakeDir("gemma3");
+  auto shapes = TinyGemmaShapes(dir, "Gemma3ForCausalLM");
+  WriteSafetensors(dir + "/model.safetensors", shapes, 1);  // unaligned data
+  absl::StatusOr<LoadedModel> m = LoadHfModel(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config.architecture, "gemma3");
+  const LayerWeights& l = m->weights.layers.at(0);
+  const std::string p = "model.layers.0.";
+  // Gemma 2/3's post_attention_layernorm is the attention output's norm, not the FFN's.
+  const std::pair<const GgufTensor*, std::string> norms[] = {
+      {m->weights.output_norm, "model.norm.weight"},
+      {l.attn_norm, p + "input_layernorm.weight"},
+      {l.attn_post_norm, p + "post_attention_layernorm.weight"},
+      {l.ffn_norm, p + "pre_feedforward_layernorm.weight"},
+      {l.ffn_post_norm, p + "post_feedforward_layernorm.weight"},
+      {l.attn_q_norm, p + "self_attn.q_norm.weight"},
+      {l.attn_k_norm, p + "self_attn.k_norm.weight"}};
+  for (const auto& [t, name] : norms) {
+    SCOPED_TRACE(name);
+    ASSERT_NE(t, nullptr);
+    EXPECT_THAT(t->name, HasSubstr(name));
+    const int64_t n = static_cast<int64_t>(shapes.at(name)[0]);
+    EXPECT_EQ(t->shape, (std::vector<int64_t>{n}));
+    EXPECT_EQ(t->bytes, 4 * n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(At(t, i), 1.0f + static_cast<float>(i));
+  }
+  // The matrices stay views of the file; the output is the embedding (tied by default).
+  EXPECT_EQ(m->weights.output, m->weights.token_embd);
+  EXPECT_EQ(l.attn_q->name, p + "self_attn.q_proj.weight");
+}
+
+TEST(HfModelLoaderTest, GemmaFoldersNeedTheirNorms) {
+  const std::string dir = MakeDir("gemma2");
+  auto shapes = TinyGemmaShapes(dir, "Gemma2ForCausalLM");
+  shapes.erase("model.layers.0.post_feedforward_layernorm.weight");
+  WriteSafetensors(dir + "/model.safetensors", shapes, 8);
+  absl::Status s = LoadHfModel(dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'model.layers.0.post_feedforward_layernorm.weight'"));
+
+  // Gemma 1 has the Llama layout: post_attention_layernorm is the FFN's norm.
+  const std::string dir1 = MakeDir("gemma1", /*tied=*/true, "GemmaForCausalLM");
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(dir1 + "/config.json"));
+  config["head_dim"] = kDq / 2;
+  std::ofstream(dir1 + "/config.json") << config.dump();
+  WriteSafetensors(dir1 + "/model.safetensors", TinyLlamaShapes(), 8);
+  absl::StatusOr<LoadedModel> m = LoadHfModel(dir1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const LayerWeights& l = m->weights.layers.at(0);
+  EXPECT_THAT(l.ffn_norm->name, HasSubstr("post_attention_layernorm"));
+  EXPECT_EQ(At(l.ffn_norm, 3), 4.0f);
+  EXPECT_EQ(l.attn_post_norm, nullptr);
 }
 
 TEST(HfModelLoaderTest, ErrorsNameTheTensor) {
