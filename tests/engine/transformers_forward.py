@@ -27,13 +27,16 @@ CLASSES = {
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
     "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
 }
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 def forward(model, tokens):
+    # No cache: Gemma 2's default (HybridCache) needs torch >= 2; one batch does not use it.
     with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0].float().numpy()
+        return model(torch.tensor([tokens]), use_cache=False).logits[0].float().numpy()
 
 
 def main():

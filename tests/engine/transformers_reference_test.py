@@ -5,12 +5,16 @@ loaded by Tandem's logits_tool, against transformers' own forward pass on the sa
 One small random-weight model per architecture Tandem serves from folders and transformers 4.49
 knows: Llama with Llama 3.1's rope_scaling (a short original context so that the scaling shows in
 64 positions), Mistral with a sliding window of 16 that the 64 tokens cross, Qwen2 (Q/K/V biases),
-Phi-3 (fused qkv_proj and gate_up_proj, and the sliding window transformers applies to it). Qwen3
-(Qwen3ForCausalLM) needs transformers >= 4.51, which does not run on Debian's torch 1.13 (see
-scripts/requirements-transformers.txt): its folders are checked against llama.cpp on a GGUF of the
-same values in random_models_test.py instead.
+Phi-3 (fused qkv_proj and gate_up_proj, and the sliding window transformers applies to it), Gemma
+(head_dim != hidden / heads, multi-query) and Gemma 2 (a window of 8 on every other layer,
+query_pre_attn_scalar != head_dim, attention and final soft-caps that bite). Qwen3
+(Qwen3ForCausalLM) and Gemma 3 need transformers >= 4.50/4.51, which does not run on Debian's
+torch 1.13 (see scripts/requirements-transformers.txt): their folders are checked against
+llama.cpp on a GGUF of the same values in random_models_test.py / gemma_models_test.py instead.
 
-The weights are random_models_test.py's (well-spread logits, attention far from uniform). The
+The weights are random_models_test.py's (well-spread logits, attention far from uniform), and
+gemma_models_test.py's for Gemma (stored as Hugging Face does: norm weights w where the model
+multiplies by 1 + w). The
 tokens are fed to Tandem one step at a time through the paged KV cache (F32 elements) and to
 transformers in one batch (eager attention, torch 1.13.1, two threads). Tolerances:
   - Tandem against transformers' float32 forward of the values the folder holds (F32, and the
@@ -33,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gemma_models_test as gemma
 from random_models_test import Shape, check_logits, fuse_for_phi3, random_weights
 from reference_common import SOURCE, compare, tandem
 
@@ -71,11 +76,52 @@ CASES = [
          Shape("phi3", "phi3", hidden=192, heads=2, kv_heads=2, tied=False, head_dim=96,
                sliding_window=16),
          (("F32", None), ("BF16", "300KB")), {"pad_token_id": 0}),
+    Case("gemma_mqa", "gemma", next(s for s in gemma.SHAPES if s.name == "gemma_mqa"),
+         (("F32", None), ("BF16", None)), {"hidden_act": "gelu_pytorch_tanh"}),
+    # Scores scaled by 1 / sqrt(48), not 1 / sqrt(head_dim = 32).
+    Case("gemma2_window8_capped", "gemma2", next(s for s in gemma.SHAPES if s.name == "gemma2_gqa"),
+         (("F32", None), ("BF16", "200KB")),
+         {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 48}),
 ]
+
+
+def gemma_hf_weights(shape, vocab, seed):
+    """gemma_models_test.py's weights under Hugging Face's names, the norms as stored there (w,
+    where the GGUF holds 1 + w)."""
+    layer_names = {
+        "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+        "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "post_attention_layernorm" if shape.arch == "gemma" else
+                    "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm", "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    top = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+    out = {}
+    for name, w in gemma.random_weights(shape, vocab, seed).items():
+        base = name.removesuffix(".weight")
+        if base in top:
+            hf = top[base]
+        else:
+            _, layer, part = base.split(".", 2)
+            hf = f"model.layers.{layer}.{layer_names[part]}"
+        out[hf + ".weight"] = w - 1.0 if "norm" in base else w
+    return out
 
 
 def config_kwargs(case):
     s = case.shape
+    if case.arch.startswith("gemma"):
+        kwargs = dict(vocab_size=VOCAB, hidden_size=s.hidden, intermediate_size=s.ffn,
+                      num_hidden_layers=s.layers, num_attention_heads=s.heads,
+                      num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
+                      max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=s.rope_theta,
+                      tie_word_embeddings=not s.untied, **case.extra)
+        if case.arch == "gemma2":
+            kwargs.update(sliding_window=s.window, attn_logit_softcapping=s.attn_softcap,
+                          final_logit_softcapping=s.final_softcap)
+        return kwargs
     kwargs = dict(vocab_size=VOCAB, hidden_size=s.hidden, intermediate_size=s.ffn,
                   num_hidden_layers=s.layers, num_attention_heads=s.heads,
                   num_key_value_heads=s.kv_heads, max_position_embeddings=2048,
@@ -101,7 +147,10 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("transformers")
     jobs, out = [], {}
     for index, case in enumerate(CASES):
-        weights = random_weights(case.shape, VOCAB, seed=310 + index)
+        if case.arch.startswith("gemma"):
+            weights = gemma_hf_weights(case.shape, VOCAB, seed=310 + index)
+        else:
+            weights = random_weights(case.shape, VOCAB, seed=310 + index)
         if case.arch == "phi3":
             weights = fuse_for_phi3(weights)
         npz = root / f"{case.name}.npz"
