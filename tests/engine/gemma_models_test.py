@@ -26,13 +26,22 @@ Each feature shows: with Tandem given a file without it (llama.cpp keeping it), 
 by max |dlogit| 37 / mean 5.0 / top-1 66% (gemma2_gqa, no attention cap), 50 / 1.0 (no final
 cap), 42 / 5.8 / 69% (no window); gemma3_gqa: 46 / 5.8 / 53% (the global base on windowed layers),
 21 / 2.2 / 70% (no linear RoPE scaling), 77 / 9.0 / 38% (no window).
+
+Hugging Face folders of the same values (GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM;
+config.json stating what the GGUF metadata states, norm weights stored as w for Gemma's 1 + w;
+F32, and BF16 against a GGUF of the same rounded values) against llama.cpp on the GGUF, decode
+path, F32 tolerances: measured max |dlogit| 9.5e-3..3.6e-2, every top-1 equal. The folder test
+sees Gemma 3's settings: with rope_local_base_freq 1e6 in gemma3_gqa's config.json, max |dlogit|
+32 / mean 3.1; without its rope_scaling, 16 / 1.9.
 """
+import json
 from dataclasses import dataclass
 
 import gguf
 import numpy as np
 import pytest
 
+from random_models_test import bf16_round, write_safetensors
 from reference_common import DEFAULT_MODEL, GGML_TYPE_F32, compare, reference, tandem
 
 NUM_TOKENS = 64
@@ -235,3 +244,99 @@ def test_random_gemma_gguf_matches_llama_cpp(shape, type_name, tokenizer_metadat
     chunked, _ = tandem(path, tokens, 0, tmp_path, kv_dtype="f32", chunk=CHUNK)
     print(f"{shape.name} {type_name} {check(chunked, ref, type_name, f'prefill by {CHUNK}')}")
     assert our_greedy == ref_greedy
+
+
+# Hugging Face folders of the same models (Gemma3ForCausalLM has no transformers here that runs it;
+# Gemma 1/2 folders are also checked against transformers in transformers_reference_test.py).
+HF_ARCHITECTURES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                    "gemma3": "Gemma3ForCausalLM"}
+HF_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def hf_layer_names(arch):
+    return {
+        "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+        "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+        "post_attention_norm": "post_attention_layernorm",
+        # Gemma 1 is laid out as Llama; Gemma 2/3 have a norm before and after the FFN.
+        "ffn_norm": "post_attention_layernorm" if arch == "gemma" else "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm", "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def hf_weights(shape, weights):
+    """GGUF-named weights -> Hugging Face names, the norms as Hugging Face stores them: w, where
+    the model multiplies by 1 + w (the GGUF holds 1 + w)."""
+    names = hf_layer_names(shape.arch)
+    out = {}
+    for name, w in weights.items():
+        base = name.removesuffix(".weight")
+        if base in HF_TOP:
+            hf = HF_TOP[base]
+        else:
+            _, layer, part = base.split(".", 2)
+            hf = f"model.layers.{layer}.{names[part]}"
+        out[hf + ".weight"] = w - np.float32(1.0) if "norm" in base else w
+    return out
+
+
+def gguf_weights(shape, hf):
+    """The inverse of hf_weights: norms 1 + w in float32, as Tandem's loader computes them."""
+    back = {v: k for k, v in hf_layer_names(shape.arch).items()}
+    out = {}
+    for name, w in hf.items():
+        base = name.removesuffix(".weight")
+        top = next((k for k, v in HF_TOP.items() if v == base), None)
+        if top is None:
+            _, _, layer, part = base.split(".", 3)
+            if part == "post_attention_layernorm":
+                top = f"blk.{layer}.{'ffn_norm' if shape.arch == 'gemma' else 'post_attention_norm'}"
+            else:
+                top = f"blk.{layer}.{back[part]}"
+        out[top + ".weight"] = np.float32(1.0) + w if "norm" in base else w
+    return out
+
+
+def hf_config(shape, vocab):
+    """config.json saying what write_gguf's metadata says (and what llama.cpp assumes: q·k scaled
+    by 1 / sqrt(head_dim), Gemma 3's five windowed layers of six with a base of 10000)."""
+    c = {"architectures": [HF_ARCHITECTURES[shape.arch]], "vocab_size": vocab,
+         "hidden_size": shape.hidden, "intermediate_size": shape.ffn,
+         "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+         "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
+         "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": shape.rope_theta,
+         "tie_word_embeddings": not shape.untied, "hidden_activation": "gelu_pytorch_tanh"}
+    if shape.arch != "gemma":
+        c.update(query_pre_attn_scalar=shape.head_dim, sliding_window=shape.window,
+                 attn_logit_softcapping=shape.attn_softcap,
+                 final_logit_softcapping=shape.final_softcap)
+    if shape.arch == "gemma3":
+        c.update(sliding_window_pattern=6, rope_local_base_freq=shape.rope_theta_swa or 10000.0,
+                 model_type="gemma3_text")
+        if shape.linear_rope is not None:
+            c["rope_scaling"] = {"rope_type": "linear", "factor": shape.linear_rope}
+    return c
+
+
+@pytest.mark.parametrize("type_name", ["F32", "BF16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)
+def test_hf_folder_matches_llama_cpp_on_gguf_of_same_values(shape, type_name, tokenizer_metadata,
+                                                            tmp_path):
+    """A Hugging Face folder (F32, or BF16 with the GGUF holding the same rounded values) against
+    llama.cpp on the GGUF: the F32 tolerances, as both compute in float32."""
+    vocab = vocab_size(tokenizer_metadata)
+    seed = SHAPES.index(shape)
+    hf = hf_weights(shape, random_weights(shape, vocab, seed))
+    if type_name == "BF16":
+        hf = {n: (bf16_round(w).astype(np.uint32) << 16).view(np.float32) for n, w in hf.items()}
+    folder = tmp_path / f"{shape.name}-{type_name}"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(hf_config(shape, vocab)))
+    write_safetensors(folder / "model.safetensors", hf, type_name, header_align=8)
+    path = tmp_path / f"{shape.name}.gguf"
+    write_gguf(path, shape, gguf_weights(shape, hf), "F32", tokenizer_metadata)
+    tokens = np.random.default_rng(200 + seed).integers(0, vocab, NUM_TOKENS).tolist()
+    ref, _ = reference(path, tokens, 0, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
+    ours, _ = tandem(folder, tokens, 0, tmp_path, kv_dtype="f32")
+    print(f"\n{shape.name} {type_name} folder {check(ours, ref, 'F32', 'decode')}")

@@ -85,31 +85,6 @@ CASES = [
 ]
 
 
-def gemma_hf_weights(shape, vocab, seed):
-    """gemma_models_test.py's weights under Hugging Face's names, the norms as stored there (w,
-    where the GGUF holds 1 + w)."""
-    layer_names = {
-        "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-        "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-        "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-        "post_attention_norm": "post_attention_layernorm",
-        "ffn_norm": "post_attention_layernorm" if shape.arch == "gemma" else
-                    "pre_feedforward_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm", "ffn_gate": "mlp.gate_proj",
-        "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-    top = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-    out = {}
-    for name, w in gemma.random_weights(shape, vocab, seed).items():
-        base = name.removesuffix(".weight")
-        if base in top:
-            hf = top[base]
-        else:
-            _, layer, part = base.split(".", 2)
-            hf = f"model.layers.{layer}.{layer_names[part]}"
-        out[hf + ".weight"] = w - 1.0 if "norm" in base else w
-    return out
-
-
 def config_kwargs(case):
     s = case.shape
     if case.arch.startswith("gemma"):
@@ -148,7 +123,7 @@ def folders(tmp_path_factory):
     jobs, out = [], {}
     for index, case in enumerate(CASES):
         if case.arch.startswith("gemma"):
-            weights = gemma_hf_weights(case.shape, VOCAB, seed=310 + index)
+            weights = gemma.hf_weights(case.shape, gemma.random_weights(case.shape, VOCAB, 310 + index))
         else:
             weights = random_weights(case.shape, VOCAB, seed=310 + index)
         if case.arch == "phi3":
