@@ -394,17 +394,19 @@ absl::StatusOr<TokenizerData> TokenizerDataFromHfJson(absl::string_view tokenize
   data.add_space_prefix = false;
   RETURN_IF_ERROR(ReadNormalizer(r, root.value("normalizer", json()), &spm));
   RETURN_IF_ERROR(ReadPreTokenizer(r, root.value("pre_tokenizer", json()), &data, &spm));
-  if (spm.prepend != spm.replace) {
-    return r.Unsupported("normalizer Prepend('▁') without Replace(' ', '▁') or the reverse");
+  if (spm.prepend && !spm.replace) {
+    return r.Unsupported("normalizer Prepend('▁') without Replace(' ', '▁')");
   }
   data.normalize_nfc = spm.nfc;
   const bool sentencepiece = spm.metaspace || spm.replace;
   if (sentencepiece) {
     if (!data.pre_tokenizer.empty()) return r.Unsupported("Metaspace mixed with ByteLevel");
     data.model = TokenizerModel::kSentencePieceBpe;
-    if (!spm.metaspace) {  // Prepend + Replace normalizers: every fragment, whole text one word
-      data.add_space_prefix = true;
-      data.space_prefix_every_fragment = true;
+    if (!spm.metaspace) {
+      // Replace normalizer, whole text one word; Prepend too (Llama 2 exports): a dummy prefix
+      // on every fragment; Replace alone (Gemma): none.
+      data.add_space_prefix = spm.prepend;
+      data.space_prefix_every_fragment = spm.prepend;
       data.split_at_spaces = false;
     }
   } else {

@@ -10,7 +10,8 @@
 //                   GPT-2 / Llama 3 / Qwen2) or Digits(individual) followed by ByteLevel
 //                   without its regex; normalizer none or NFC
 //   SentencePiece:  pre_tokenizer Metaspace (prepend_scheme always/first/never, split), or the
-//                   normalizers Prepend("▁") + Replace(" ", "▁") with no pre-tokenizer
+//                   normalizers Replace(" ", "▁") (Gemma: no dummy prefix) or Prepend("▁") +
+//                   Replace(" ", "▁") (Llama 2 exports) with no pre-tokenizer
 //   added_tokens:   special -> control tokens, others user-defined; lstrip / rstrip
 //   post_processor: TemplateProcessing (a leading special token = BOS, a trailing one = EOS),
 //                   ByteLevel, or a Sequence of them

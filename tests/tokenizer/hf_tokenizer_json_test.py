@@ -218,6 +218,47 @@ def test_trained_sentencepiece_bpe(tmp_path, style):
                     "chat_template": "{{ bos_token }}D"}
 
 
+def gemma_tokenizer_json():
+    """Laid out as Gemma's tokenizer.json: <pad> <eos> <bos> <unk>, the 256 byte tokens, then a
+    BPE with byte fallback learned with no pre-tokenizer (pieces may span words) over the
+    normalizer Replace(" " -> "▁") alone: no dummy prefix, and a decoder without Strip."""
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    tk = tokenizers.Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tk.normalizer = normalizers.Replace(" ", "▁")
+    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=specials, show_progress=False,
+                                  max_token_length=16)
+    tk.train_from_iterator(TRAIN_CORPUS, trainer)
+    j = json.loads(tk.to_str())
+    learned = sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1])
+    tokens = specials + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [t for t, _ in learned if t not in tokens]
+    j["model"]["vocab"] = {t: i for i, t in enumerate(tokens)}
+    j["added_tokens"] = [
+        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True} for i, t in enumerate(specials)]
+    j["pre_tokenizer"] = None
+    j["decoder"] = json.loads(decoders.Sequence([
+        decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]).__getstate__())
+    j["post_processor"] = json.loads(processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", 2)]).__getstate__())
+    return json.dumps(j, ensure_ascii=False)
+
+
+def test_trained_gemma_style(tmp_path):
+    text = gemma_tokenizer_json()
+    hf = tokenizers.Tokenizer.from_str(text)
+    # Pieces that span words, and characters the training never saw (byte fallback).
+    assert any("▁" in t[1:] for t in hf.get_vocab())
+    texts = TEST_CORPUS + ["  two leading spaces", "trailing  ", "<bos>x<eos>", "☃ snow ❄"]
+    config = {"bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": True}
+    folder = write_folder(tmp_path / "gemma", text, config)
+    check_against(folder, hf, texts)
+    assert any(t.startswith("<0x") for t in hf.encode("☃ snow ❄").tokens)
+    rc, info, err = run_tool([f"--hf={folder}", "--hf-info"], [])
+    assert rc == 0, err
+    assert (info["bos"], info["eos"], info["add_bos"]) == (2, 1, True)
+
+
 def test_default_model_exported(tmp_path):
     """The default model's vocabulary and merges, exported by `tokenizers` as tokenizer.json."""
     if not MODEL.exists():
