@@ -6,20 +6,20 @@ namespace tandem::cpu {
 
 namespace {
 
-inline void CosSin(int32_t position, float inv_freq, float* cs) {
+inline void CosSin(int32_t position, float inv_freq, float scale, float* cs) {
   const double theta = static_cast<double>(position) * static_cast<double>(inv_freq);
-  cs[0] = static_cast<float>(std::cos(theta));
-  cs[1] = static_cast<float>(std::sin(theta));
+  cs[0] = static_cast<float>(std::cos(theta)) * scale;
+  cs[1] = static_cast<float>(std::sin(theta)) * scale;
 }
 
 }  // namespace
 
 void RopeCosSin(const int32_t* positions, int64_t num_tokens, const float* inv_freq,
-                int64_t rotary_dim, float* cos_sin) {
+                int64_t rotary_dim, float* cos_sin, float scale) {
   const int64_t half = rotary_dim / 2;
   for (int64_t t = 0; t < num_tokens; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      CosSin(positions[t], inv_freq[i], cos_sin + (t * half + i) * 2);
+      CosSin(positions[t], inv_freq[i], scale, cos_sin + (t * half + i) * 2);
     }
   }
 }
@@ -36,7 +36,7 @@ void Rope(const RopeParams& p) {
       if (p.cos_sin != nullptr) {
         cs = p.cos_sin + (t * half + i) * 2;
       } else {
-        CosSin(p.positions[t], p.inv_freq[i], own);
+        CosSin(p.positions[t], p.inv_freq[i], p.scale, own);
       }
       const float c = cs[0], s = cs[1];
       for (int64_t h = 0; h < p.num_heads; ++h) {

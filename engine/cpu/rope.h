@@ -30,18 +30,23 @@ struct RopeParams {
   // computes them for the same positions and frequencies. A forward pass computes them once for
   // its Q and K of every layer; without them Rope computes its own (the same values).
   const float* cos_sin = nullptr;
+  // Multiplies cos θ and sin θ (LongRoPE's attention factor): a rotation that also scales by it.
+  // Used only when Rope computes its own angles; RopeCosSin takes the same scale.
+  float scale = 1.0f;
 };
 
 // Rotates each pair (a, b) of every head to (a cos θ - b sin θ, a sin θ + b cos θ). Angles are
 // computed in double, so large positions keep their precision.
 void Rope(const RopeParams& params);
 
-// (cos θ, sin θ) for θ = positions[t] * inv_freq[i], into cos_sin[(t * rotary_dim / 2 + i) * 2].
+// (cos θ, sin θ) * scale for θ = positions[t] * inv_freq[i], into
+// cos_sin[(t * rotary_dim / 2 + i) * 2].
 void RopeCosSin(const int32_t* positions, int64_t num_tokens, const float* inv_freq,
-                int64_t rotary_dim, float* cos_sin);
+                int64_t rotary_dim, float* cos_sin, float scale = 1.0f);
 
 // The standard frequencies: inv_freq[i] = theta^(-2i / rotary_dim) for i < rotary_dim / 2.
-// Scaled variants (Llama 3's, NTK) are computed by the caller into the same array.
+// Scaled variants (Llama 3's, NTK, LongRoPE's per-pair divisors) are computed by the caller into
+// the same array.
 void RopeInvFreq(double theta, int64_t rotary_dim, float* inv_freq);
 
 }  // namespace tandem::cpu

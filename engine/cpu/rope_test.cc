@@ -117,5 +117,45 @@ TEST(RopeTest, NeoxIsInterleavedOnPermutedDims) {
   }
 }
 
+// LongRoPE: each pair's frequency divided by its own factor (folded into inv_freq by the caller)
+// and cos/sin scaled by the attention factor, against the formula in double, both with Rope's own
+// angles and with RopeCosSin's.
+TEST(RopeTest, PerPairDivisorsAndScaleMatchTheFormula) {
+  std::mt19937 rng(7);
+  const int64_t head_dim = 32, half = head_dim / 2, num_tokens = 4, num_heads = 2;
+  const double base = 10000.0;
+  const float scale = 1.19f;
+  std::vector<float> factors(half);
+  std::uniform_real_distribution<float> spread(1.0f, 40.0f);
+  for (float& f : factors) f = spread(rng);
+  std::vector<float> inv_freq(half);
+  RopeInvFreq(base, head_dim, inv_freq.data());
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] /= factors[i];
+  const std::vector<int32_t> positions = {0, 3, 33, 200};
+  std::vector<float> cos_sin(num_tokens * head_dim);
+  RopeCosSin(positions.data(), num_tokens, inv_freq.data(), head_dim, cos_sin.data(), scale);
+  const std::vector<float> x = testing::RandomFloats(rng, num_tokens * num_heads * head_dim);
+  for (bool precomputed : {false, true}) {
+    std::vector<float> y = x;
+    Rope({.x = y.data(), .token_stride = num_heads * head_dim, .head_stride = head_dim,
+          .num_tokens = num_tokens, .num_heads = num_heads, .head_dim = head_dim,
+          .rotary_dim = head_dim, .positions = positions.data(), .inv_freq = inv_freq.data(),
+          .style = RopeStyle::kNeox, .cos_sin = precomputed ? cos_sin.data() : nullptr,
+          .scale = scale});
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const int64_t o = (t * num_heads + h) * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const double th = positions[t] /
+                            (factors[i] * std::pow(base, 2.0 * static_cast<double>(i) / head_dim));
+          const double a = x[o + i], b = x[o + i + half];
+          EXPECT_NEAR(y[o + i], scale * (a * std::cos(th) - b * std::sin(th)), 3e-5);
+          EXPECT_NEAR(y[o + i + half], scale * (a * std::sin(th) + b * std::cos(th)), 3e-5);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::cpu

@@ -1,6 +1,5 @@
-// GGUF architecture "phi3": Phi-3 mini-4k and medium-4k (Phi-3.5 and the 128k models carry
-// LongRoPE, refused below). The Llama layout with NeoX RoPE pairs, no biases, and two fused
-// matrices, as llama.cpp's converter writes them:
+// GGUF architecture "phi3": Phi-3 mini/medium (4k and 128k) and Phi-3.5-mini. The Llama layout
+// with NeoX RoPE pairs, no biases, and two fused matrices, as llama.cpp's converter writes them:
 //   blk.N.attn_qkv.weight {H, Dq + 2 Dkv}: the rows of Q, then K, then V (llama.cpp also takes
 //                                          separate attn_q/attn_k/attn_v, and so do we);
 //   blk.N.ffn_up.weight   {H, 2 F}:        the rows of the gate (through SiLU), then of up.
@@ -9,8 +8,12 @@
 //
 // `phi3.attention.sliding_window` (Phi-3-mini-4k's 2047) is read and ignored, as llama.cpp does
 // ("Phi SWA is currently disabled"): every layer attends causally over the whole context.
-// LongRoPE (Phi-3-*-128k: `rope_factors_long.weight` / `rope_factors_short.weight`, chosen by
-// context length, with an attention scale) and partial RoPE (Phi-4-mini) are refused by name.
+// LongRoPE (the 128k models and Phi-3.5): `rope_factors_long.weight` and
+// `rope_factors_short.weight` ({head_dim / 2} divisors of the pairs' frequencies), with
+// `phi3.rope.scaling.attn_factor` (on cos/sin; default 1) and
+// `phi3.rope.scaling.original_context_length` (default: the context length). Both lists or
+// neither. Which list applies is ModelConfig::UsesLongRopeFactors(). Partial RoPE (Phi-4-mini)
+// is refused by name.
 #include <deque>
 #include <memory>
 #include <string>
@@ -32,16 +35,55 @@ constexpr LlamaFamilyTraits kPhi3Traits{
     .rope_neox = true,
 };
 
-absl::StatusOr<ModelConfig> Phi3Config(const GgufFile& file) {
-  for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
-    if (file.FindTensor(name) != nullptr) {
-      return absl::UnimplementedError(absl::StrCat(
-          file.path(), ": tensor '", name,
-          "': Phi-3 LongRoPE (the 128k-context models' per-frequency factors) is not supported"));
-    }
+// A LongRoPE factor list: a 1-D float tensor of `expected` entries.
+absl::StatusOr<std::vector<float>> RopeFactors(const GgufFile& file, const GgufTensor& t,
+                                               int64_t expected) {
+  if (t.shape.size() != 1 || t.shape[0] != expected ||
+      (t.type != DType::kF32 && t.type != DType::kF16 && t.type != DType::kBF16)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path(), ": tensor '", t.name, "' (", DTypeName(t.type), ", ", t.elements(),
+        " elements) must be F32/F16/BF16 with head_dim / 2 = ", expected, " elements"));
   }
+  std::vector<float> out(static_cast<size_t>(expected));
+  DequantizeReference(t.type, t.data, out.data(), expected);
+  return out;
+}
+
+absl::StatusOr<ModelConfig> Phi3Config(const GgufFile& file) {
   ASSIGN_OR_RETURN(ModelConfig c, LlamaFamilyConfigFromGguf(file, kPhi3Traits));
   c.sliding_window = 0;  // llama.cpp ignores phi3's window; see the file comment
+  const GgufTensor* long_factors = file.FindTensor("rope_factors_long.weight");
+  const GgufTensor* short_factors = file.FindTensor("rope_factors_short.weight");
+  if ((long_factors == nullptr) != (short_factors == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path(), ": tensor '",
+        long_factors == nullptr ? "rope_factors_long.weight" : "rope_factors_short.weight",
+        "' missing: LongRoPE needs both rope_factors_long.weight and rope_factors_short.weight"));
+  }
+  if (long_factors == nullptr) return c;
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path(), ": LongRoPE needs an even head_dim, got ", c.head_dim));
+  }
+  c.rope_scaling = RopeScaling{};
+  c.rope_scaling.type = RopeScaling::Type::kLongRope;
+  ASSIGN_OR_RETURN(c.rope_scaling.long_factors,
+                   RopeFactors(file, *long_factors, c.head_dim / 2));
+  ASSIGN_OR_RETURN(c.rope_scaling.short_factors,
+                   RopeFactors(file, *short_factors, c.head_dim / 2));
+  const std::string attn_key = "phi3.rope.scaling.attn_factor";
+  if (file.Has(attn_key)) {
+    ASSIGN_OR_RETURN(c.rope_scaling.attn_factor, file.GetFloat32(attn_key));
+  }
+  const std::string original_key = "phi3.rope.scaling.original_context_length";
+  c.rope_scaling.original_max_position = c.max_context;
+  if (file.Has(original_key)) {
+    ASSIGN_OR_RETURN(const uint32_t original, file.GetUint32(original_key));
+    c.rope_scaling.original_max_position = original;
+  }
+  if (const absl::Status valid = c.Validate(); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", valid.message()));
+  }
   return c;
 }
 

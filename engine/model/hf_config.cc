@@ -94,6 +94,23 @@ class ConfigReader {
     return static_cast<float>(it->get<double>());
   }
 
+  // A required non-empty array of numbers.
+  absl::StatusOr<std::vector<float>> FloatList(const json& obj, absl::string_view key) const {
+    const auto it = obj.find(std::string(key));
+    if (it == obj.end() || !it->is_array() || it->empty()) {
+      return Error(key, "expected a non-empty array of numbers");
+    }
+    std::vector<float> out;
+    out.reserve(it->size());
+    for (size_t i = 0; i < it->size(); ++i) {
+      if (!(*it)[i].is_number()) {
+        return Error(key, absl::StrCat("entry ", i, ": expected a number, got ", (*it)[i].dump()));
+      }
+      out.push_back(static_cast<float>((*it)[i].get<double>()));
+    }
+    return out;
+  }
+
   absl::StatusOr<bool> Bool(const json& obj, absl::string_view key, bool fallback) const {
     const auto it = obj.find(std::string(key));
     if (it == obj.end() || it->is_null()) return fallback;
@@ -139,8 +156,41 @@ absl::Status ReadRopeScaling(const ConfigReader& r, const json& j, ModelConfig* 
                      r.Int(rs, "original_max_position_embeddings", 8192));
     return absl::OkStatus();
   }
-  return absl::UnimplementedError(absl::StrCat("rope_scaling type '", type,
-                                               "' is not supported (supported: linear, llama3)"));
+  if (type == "longrope" || type == "su") {  // "su": the first Phi-3-*-128k configs' name
+    // Phi-3's LongRoPE. The context it was pretrained for is a top-level key in Phi-3 configs
+    // (newer transformers also read it inside rope_scaling); the attention factor, unless
+    // stated, is transformers' sqrt(1 + ln(s) / ln(original)) for s = max_position_embeddings /
+    // original (s = rope_scaling.factor without an original), 1 when s <= 1.
+    RopeScaling& out = c->rope_scaling;
+    out.type = RopeScaling::Type::kLongRope;
+    ASSIGN_OR_RETURN(out.long_factors, r.FloatList(rs, "long_factor"));
+    ASSIGN_OR_RETURN(out.short_factors, r.FloatList(rs, "short_factor"));
+    float scale = 1.0f;
+    if (j.contains("original_max_position_embeddings") ||
+        rs.contains("original_max_position_embeddings")) {
+      const json& holder = j.contains("original_max_position_embeddings") ? j : rs;
+      ASSIGN_OR_RETURN(out.original_max_position,
+                       r.Int(holder, "original_max_position_embeddings"));
+      if (out.original_max_position <= 0) {
+        return r.Error("original_max_position_embeddings", "must be positive");
+      }
+      scale = static_cast<float>(static_cast<double>(c->max_context) /
+                                 static_cast<double>(out.original_max_position));
+    } else {
+      out.original_max_position = c->max_context;
+      ASSIGN_OR_RETURN(scale, r.Float(rs, "factor", 1.0f));
+    }
+    if (rs.contains("attention_factor") && !rs["attention_factor"].is_null()) {
+      ASSIGN_OR_RETURN(out.attn_factor, r.Float(rs, "attention_factor"));
+    } else if (scale > 1.0f && out.original_max_position > 1) {
+      out.attn_factor = static_cast<float>(
+          std::sqrt(1.0 + std::log(static_cast<double>(scale)) /
+                              std::log(static_cast<double>(out.original_max_position))));
+    }
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      "rope_scaling type '", type, "' is not supported (supported: linear, llama3, longrope)"));
 }
 
 // A soft-cap key: absent -> `fallback` (the config class's default), null -> 0 (none).

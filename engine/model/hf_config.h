@@ -21,7 +21,9 @@ namespace tandem {
 // head_dim (default: hidden / heads), max_position_embeddings, rms_norm_eps (default 1e-6; Phi-3
 // 1e-5), rope_theta (default 10000), rope_scaling (null | {"rope_type"/"type": "linear", "factor"}
 // | {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
-// "original_max_position_embeddings"}), tie_word_embeddings (default false), attention_bias
+// "original_max_position_embeddings"} | {"rope_type"/"type": "longrope", "long_factor",
+// "short_factor", optional "attention_factor"} with original_max_position_embeddings at the top
+// level or inside), tie_word_embeddings (default false), attention_bias
 // (Llama, Mistral, Qwen3; default false), sliding_window (Mistral, Phi-3: every layer; null or
 // absent: none; Qwen2/Qwen3 only with use_sliding_window, which is UNIMPLEMENTED as it windows
 // only some layers), partial_rotary_factor (UNIMPLEMENTED unless 1). Gemma, with the defaults of

@@ -160,6 +160,60 @@ TEST(HfConfigTest, RopeScaling) {
   EXPECT_EQ(c->rope_scaling.factor, 2.0f);
 }
 
+// Phi-3-mini-128k's form: "type": "longrope", the lists, and the original context at the top
+// level; the attention factor is transformers' sqrt(1 + ln(s) / ln(original)).
+TEST(HfConfigTest, LongRope) {
+  json j = SmolLM2Config();  // head_dim 64: 32 factors per list
+  j["architectures"] = {"Phi3ForCausalLM"};
+  j["max_position_embeddings"] = 131072;
+  j["original_max_position_embeddings"] = 4096;
+  std::vector<double> long_factors(32), short_factors(32);
+  for (int i = 0; i < 32; ++i) {
+    long_factors[static_cast<size_t>(i)] = 1.0 + i;
+    short_factors[static_cast<size_t>(i)] = 1.0 + 0.01 * i;
+  }
+  j["rope_scaling"] = {{"type", "longrope"}, {"long_factor", long_factors},
+                       {"short_factor", short_factors}};
+  absl::StatusOr<ModelConfig> c = ModelConfigFromHfConfigJson(j.dump(), "phi3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const RopeScaling& r = c->rope_scaling;
+  EXPECT_EQ(r.type, RopeScaling::Type::kLongRope);
+  ASSERT_EQ(r.long_factors.size(), 32u);
+  EXPECT_EQ(r.long_factors[31], 32.0f);
+  EXPECT_FLOAT_EQ(r.short_factors[31], 1.31f);
+  EXPECT_EQ(r.original_max_position, 4096);
+  EXPECT_FLOAT_EQ(r.attn_factor, static_cast<float>(std::sqrt(1.0 + std::log(32.0) /
+                                                                      std::log(4096.0))));
+  EXPECT_TRUE(c->UsesLongRopeFactors());
+
+  // A stated attention_factor wins; a context no longer than the original keeps the short list.
+  j["rope_scaling"]["rope_type"] = "longrope";
+  j["rope_scaling"]["attention_factor"] = 1.5;
+  j["max_position_embeddings"] = 4096;
+  c = ModelConfigFromHfConfigJson(j.dump(), "phi3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.attn_factor, 1.5f);
+  EXPECT_FALSE(c->UsesLongRopeFactors());
+  j["rope_scaling"].erase("attention_factor");
+  c = ModelConfigFromHfConfigJson(j.dump(), "phi3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.attn_factor, 1.0f);
+
+  // Non-positive and non-finite entries are refused naming the list and the entry.
+  j["rope_scaling"]["short_factor"][3] = 0.0;
+  absl::Status s = ModelConfigFromHfConfigJson(j.dump(), "phi3").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("short_factor[3] must be positive and finite, got 0"));
+  j["rope_scaling"]["short_factor"][3] = 1.0;
+  std::string text = j.dump();
+  const size_t at = text.find("32.0");  // the last long factor
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 4, "1e39");  // a double, infinite as a float
+  s = ModelConfigFromHfConfigJson(text, "phi3").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("long_factor[31] must be positive and finite"));
+}
+
 TEST(HfConfigTest, ErrorsNameTheSourceAndKey) {
   using C = absl::StatusCode;
   struct Case {
@@ -193,13 +247,22 @@ TEST(HfConfigTest, ErrorsNameTheSourceAndKey) {
        "'tie_word_embeddings'"},
       {"yarn", [](json* j) { (*j)["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; },
        C::kUnimplemented, "'yarn'"},
-      {"longrope",
+      {"longrope factors of the wrong length",
        [](json* j) {
          (*j)["architectures"] = {"Phi3ForCausalLM"};
          (*j)["rope_scaling"] = {{"type", "longrope"}, {"long_factor", {1.0}},
                                  {"short_factor", {1.0}}};
        },
-       C::kUnimplemented, "'longrope'"},
+       C::kInvalidArgument, "longrope long_factor has 1 entries, expected head_dim / 2 = 32"},
+      {"longrope factor not a number",
+       [](json* j) {
+         (*j)["rope_scaling"] = {{"type", "longrope"}, {"long_factor", {1.0, "2"}},
+                                 {"short_factor", {1.0}}};
+       },
+       C::kInvalidArgument, "'long_factor': entry 1: expected a number"},
+      {"longrope without short_factor",
+       [](json* j) { (*j)["rope_scaling"] = {{"type", "longrope"}, {"long_factor", {1.0}}}; },
+       C::kInvalidArgument, "'short_factor'"},
       {"partial rotary", [](json* j) { (*j)["partial_rotary_factor"] = 0.75; },
        C::kUnimplemented, "'partial_rotary_factor'"},
       {"rope_scaling not object", [](json* j) { (*j)["rope_scaling"] = 2; }, C::kInvalidArgument,

@@ -12,6 +12,7 @@ absl::string_view RopeScalingTypeName(RopeScaling::Type type) {
     case RopeScaling::Type::kNone: return "none";
     case RopeScaling::Type::kLinear: return "linear";
     case RopeScaling::Type::kLlama3: return "llama3";
+    case RopeScaling::Type::kLongRope: return "longrope";
   }
   return "unknown";
 }
@@ -82,6 +83,35 @@ absl::Status ModelConfig::Validate() const {
   switch (rope_scaling.type) {
     case RopeScaling::Type::kNone:
       break;
+    case RopeScaling::Type::kLongRope: {
+      if (rope_scaling.original_max_position <= 0) {
+        return Bad(*this, absl::StrCat("longrope original_max_position must be positive, got ",
+                                       rope_scaling.original_max_position));
+      }
+      if (!PositiveFinite(rope_scaling.attn_factor)) {
+        return Bad(*this, absl::StrCat("longrope attn_factor must be positive and finite, got ",
+                                       rope_scaling.attn_factor));
+      }
+      const struct {
+        const char* name;
+        const std::vector<float>& values;
+      } lists[] = {{"long_factor", rope_scaling.long_factors},
+                   {"short_factor", rope_scaling.short_factors}};
+      for (const auto& list : lists) {
+        if (static_cast<int64_t>(list.values.size()) != head_dim / 2) {
+          return Bad(*this, absl::StrCat("longrope ", list.name, " has ", list.values.size(),
+                                         " entries, expected head_dim / 2 = ", head_dim / 2));
+        }
+        for (size_t i = 0; i < list.values.size(); ++i) {
+          if (!PositiveFinite(list.values[i])) {
+            return Bad(*this, absl::StrCat("longrope ", list.name, "[", i,
+                                           "] must be positive and finite, got ",
+                                           list.values[i]));
+          }
+        }
+      }
+      break;
+    }
     case RopeScaling::Type::kLlama3:
       if (!PositiveFinite(rope_scaling.low_freq_factor) ||
           !PositiveFinite(rope_scaling.high_freq_factor) ||
@@ -113,7 +143,11 @@ std::string ModelConfig::DebugString() const {
                                " ctx=", max_context, " eps=", rms_norm_eps,
                                " rope_theta=", rope_theta,
                                " rope_scaling=", RopeScalingTypeName(rope_scaling.type));
-  if (rope_scaling.type != RopeScaling::Type::kNone) {
+  if (rope_scaling.type == RopeScaling::Type::kLongRope) {
+    absl::StrAppend(&s, "(original=", rope_scaling.original_max_position,
+                    UsesLongRopeFactors() ? " long" : " short",
+                    " attn_factor=", rope_scaling.attn_factor, ")");
+  } else if (rope_scaling.type != RopeScaling::Type::kNone) {
     absl::StrAppend(&s, "(", rope_scaling.factor, ")");
   }
   absl::StrAppend(&s, " tied=", tie_word_embeddings ? "yes" : "no",

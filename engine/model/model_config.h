@@ -14,17 +14,24 @@ namespace tandem {
 
 // How RoPE frequencies are rescaled for contexts longer than the model was trained on.
 struct RopeScaling {
-  enum class Type { kNone, kLinear, kLlama3 };
+  enum class Type { kNone, kLinear, kLlama3, kLongRope };
   Type type = Type::kNone;
   // kLinear: positions are divided by `factor`. kLlama3: low frequencies are divided by `factor`.
   float factor = 1.0f;
   // kLlama3 only (Llama 3.1's "rope_type": "llama3").
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
+  // kLlama3 and kLongRope: the context the model was pretrained for.
   int64_t original_max_position = 8192;
+  // kLongRope only (Phi-3-*-128k, Phi-3.5): the divisors of each rotated pair's frequency
+  // (head_dim / 2 each), and the factor cos and sin are multiplied by. Which list applies is
+  // ModelConfig::UsesLongRopeFactors().
+  std::vector<float> long_factors;
+  std::vector<float> short_factors;
+  float attn_factor = 1.0f;
 };
 
-// "none", "linear", "llama3".
+// "none", "linear", "llama3", "longrope".
 absl::string_view RopeScalingTypeName(RopeScaling::Type type);
 
 // Hyper-parameters of a decoder-only Llama-family model. All sizes are element counts.
@@ -81,6 +88,13 @@ struct ModelConfig {
     if (sliding_window <= 0) return 0;
     if (sliding_layers.empty()) return sliding_window;
     return sliding_layers[static_cast<size_t>(l)] ? sliding_window : 0;
+  }
+  // LongRoPE's choice, fixed per model load: the long factors when the context served
+  // (max_context) exceeds rope_scaling.original_max_position, for every position of every
+  // sequence; else the short ones. A paged KV cache keeps keys rotated once, so the factors cannot
+  // change when a sequence grows past the original context (docs/engine.md, "LongRoPE").
+  bool UsesLongRopeFactors() const {
+    return max_context > rope_scaling.original_max_position;
   }
   // How RoPE pairs the dimensions of a head, which depends on how the file orders the Q/K rows:
   // true for NeoX / Hugging Face "rotate_half" pairs (i, i + head_dim / 2), false for adjacent

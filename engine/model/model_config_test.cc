@@ -50,6 +50,7 @@ struct TinyModelSpec {
   std::set<std::string> skip_tensors;
   std::map<std::string, std::vector<int64_t>> shape_override;
   std::map<std::string, std::vector<int64_t>> extra_tensors;  // F32, written after the rest
+  std::map<std::string, std::vector<float>> f32_tensors;       // 1-D F32 holding these values
 };
 
 std::string BuildTinyModel(const TinyModelSpec& s) {
@@ -125,6 +126,11 @@ std::string BuildTinyModel(const TinyModelSpec& s) {
     add(p + "ffn_down.weight", DType::kQ8_0, {s.ffn, s.hidden});
   }
   for (const auto& [name, shape] : s.extra_tensors) add(name, DType::kF32, shape);
+  for (const auto& [name, values] : s.f32_tensors) {
+    w.AddTensor(name, DType::kF32, {static_cast<int64_t>(values.size())},
+                std::string(reinterpret_cast<const char*>(values.data()),
+                            values.size() * sizeof(float)));
+  }
   return w.Build();
 }
 
@@ -333,18 +339,72 @@ TEST(ModelLoaderTest, Phi3SplitsItsFusedMatricesInPlace) {
   EXPECT_THAT(s.message(), HasSubstr("phi3.rope.dimension_count"));
 }
 
-TEST(ModelLoaderTest, Phi3LongRopeIsRefusedByName) {
-  for (const char* tensor : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
-    SCOPED_TRACE(tensor);
-    TinyModelSpec spec;
-    spec.arch = "phi3";
-    spec.fused_qkv = true;
-    spec.fused_gate_up = true;
-    spec.extra_tensors[tensor] = {8};
-    absl::Status s = LoadTiny(spec).status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("'", tensor, "'")));
-    EXPECT_THAT(s.message(), HasSubstr("LongRoPE"));
+// Phi-3 LongRoPE: both factor lists (head_dim / 2 = 8 each), the attention factor and the
+// original context; the long list applies when the context (128 here) exceeds the original.
+TEST(ModelLoaderTest, Phi3LongRope) {
+  TinyModelSpec spec;
+  spec.arch = "phi3";
+  spec.fused_qkv = true;
+  spec.fused_gate_up = true;
+  const std::vector<float> long_factors = {1, 1.5f, 2, 4, 8, 16, 32, 48};
+  const std::vector<float> short_factors = {1, 1, 1, 1.1f, 1.2f, 1.3f, 1.4f, 1.5f};
+  spec.f32_tensors["rope_factors_long.weight"] = long_factors;
+  spec.f32_tensors["rope_factors_short.weight"] = short_factors;
+  spec.kv_override["phi3.rope.scaling.attn_factor"] = F32(1.19f);
+  spec.kv_override["phi3.rope.scaling.original_context_length"] = U32(32);
+  absl::StatusOr<LoadedModel> m = LoadTiny(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const RopeScaling& r = m->config.rope_scaling;
+  EXPECT_EQ(r.type, RopeScaling::Type::kLongRope);
+  EXPECT_EQ(r.long_factors, long_factors);
+  EXPECT_EQ(r.short_factors, short_factors);
+  EXPECT_EQ(r.attn_factor, 1.19f);
+  EXPECT_EQ(r.original_max_position, 32);
+  EXPECT_TRUE(m->config.UsesLongRopeFactors());
+  EXPECT_THAT(m->config.DebugString(), HasSubstr("rope_scaling=longrope(original=32 long"));
+
+  // Without the original context it is the context itself: the short list, attn_factor 1.
+  TinyModelSpec plain = spec;
+  plain.kv_override.erase("phi3.rope.scaling.attn_factor");
+  plain.kv_override.erase("phi3.rope.scaling.original_context_length");
+  m = LoadTiny(plain);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config.rope_scaling.original_max_position, 128);
+  EXPECT_EQ(m->config.rope_scaling.attn_factor, 1.0f);
+  EXPECT_FALSE(m->config.UsesLongRopeFactors());
+
+  // Malformed lists are refused naming the tensor or the list and the entry.
+  struct Bad {
+    const char* name;
+    std::function<void(TinyModelSpec*)> edit;
+    const char* substring;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Bad bad[] = {
+      {"one list only", [](TinyModelSpec* s) { s->f32_tensors.erase("rope_factors_short.weight"); },
+       "'rope_factors_short.weight' missing"},
+      {"wrong length",
+       [](TinyModelSpec* s) { s->f32_tensors["rope_factors_long.weight"].resize(6, 1.0f); },
+       "'rope_factors_long.weight' (F32, 6 elements)"},
+      {"zero", [](TinyModelSpec* s) { s->f32_tensors["rope_factors_long.weight"][2] = 0.0f; },
+       "long_factor[2] must be positive and finite, got 0"},
+      {"negative",
+       [](TinyModelSpec* s) { s->f32_tensors["rope_factors_short.weight"][0] = -1.0f; },
+       "short_factor[0] must be positive and finite"},
+      {"nan", [nan](TinyModelSpec* s) { s->f32_tensors["rope_factors_short.weight"][7] = nan; },
+       "short_factor[7] must be positive and finite"},
+      {"attn_factor", [](TinyModelSpec* s) {
+         s->kv_override["phi3.rope.scaling.attn_factor"] = F32(0.0f);
+       }, "attn_factor must be positive"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.name);
+    TinyModelSpec broken = spec;
+    b.edit(&broken);
+    absl::Status s = LoadTiny(broken).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(b.substring)) << s;
+    EXPECT_THAT(s.message(), HasSubstr(kName)) << s;
   }
 }
 

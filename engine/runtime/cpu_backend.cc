@@ -79,6 +79,13 @@ absl::Status CpuBackend::Init() {
                                                      " entries, expected ", inv_freq_.size()));
     }
     for (size_t i = 0; i < factors.size(); ++i) inv_freq_[i] /= factors[i];
+  } else if (c.rope_scaling.type == RopeScaling::Type::kLongRope) {
+    // Phi-3's LongRoPE: per-pair divisors, one list for the whole load (UsesLongRopeFactors),
+    // and an attention factor on cos/sin. Validate() checked the lists.
+    const std::vector<float>& factors = c.UsesLongRopeFactors() ? c.rope_scaling.long_factors
+                                                                : c.rope_scaling.short_factors;
+    for (size_t i = 0; i < inv_freq_.size(); ++i) inv_freq_[i] /= factors[i];
+    rope_scale_ = c.rope_scaling.attn_factor;
   } else if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
     ApplyLlama3Scaling(c.rope_scaling, &inv_freq_);
   } else if (c.rope_scaling.type == RopeScaling::Type::kLinear) {
@@ -255,7 +262,8 @@ void CpuBackend::Rope(std::vector<float>& y, int64_t heads, int64_t l) {
       .num_tokens = plan_.num_tokens, .num_heads = heads, .head_dim = c.head_dim,
       .rotary_dim = c.head_dim, .positions = plan_.token_pos.data(),
       .inv_freq = sliding ? inv_freq_sliding_.data() : inv_freq_.data(), .style = rope_style_,
-      .cos_sin = sliding ? scratch_.rope_cos_sin_sliding.data() : scratch_.rope_cos_sin.data()});
+      .cos_sin = sliding ? scratch_.rope_cos_sin_sliding.data() : scratch_.rope_cos_sin.data(),
+      .scale = sliding ? 1.0f : rope_scale_});
 }
 
 void CpuBackend::HeadNorm(std::vector<float>& y, int64_t heads,
@@ -361,7 +369,7 @@ absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
   Sized(sc.proj, T * H);
   // The rotation angles depend only on the positions: once for Q and K of every layer.
   cpu::RopeCosSin(plan_.token_pos.data(), T, inv_freq_.data(), c.head_dim,
-                  Sized(sc.rope_cos_sin, T * c.head_dim).data());
+                  Sized(sc.rope_cos_sin, T * c.head_dim).data(), rope_scale_);
   if (!inv_freq_sliding_.empty()) {
     cpu::RopeCosSin(plan_.token_pos.data(), T, inv_freq_sliding_.data(), c.head_dim,
                     Sized(sc.rope_cos_sin_sliding, T * c.head_dim).data());

@@ -126,6 +126,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::RopeStyle rope_style_ = cpu::RopeStyle::kInterleaved;
   std::vector<float> inv_freq_;  // [head_dim / 2]
+  float rope_scale_ = 1.0f;      // cos/sin multiplier with inv_freq_ (LongRoPE's attn_factor)
   // [head_dim / 2] for the windowed layers when ModelConfig::rope_theta_sliding is set, else empty.
   std::vector<float> inv_freq_sliding_;
   std::vector<float> output_norm_;

@@ -279,14 +279,15 @@ def fuse_for_phi3(weights):
     return out
 
 
-def write_gguf(path, shape, weights, type_name, tokenizer_metadata, extra_kv=None):
+def write_gguf(path, shape, weights, type_name, tokenizer_metadata, extra_kv=None,
+               context_length=2048, extra_tensors=None):
     """Writes `weights` (Hugging Face names and orientation) as a GGUF file whose matrices are in
     `type_name`; norms and biases stay F32. `extra_kv`: more metadata, {key: str | float | int}
-    (a key already written is replaced)."""
+    (a key already written is replaced). `extra_tensors`: {GGUF name: float32 array}, as is."""
     qtype = GGUF_TYPES[type_name]
     writer = gguf.GGUFWriter(path, shape.arch)
     writer.add_block_count(shape.layers)
-    writer.add_context_length(2048)
+    writer.add_context_length(context_length)
     writer.add_embedding_length(shape.hidden)
     writer.add_feed_forward_length(shape.ffn)
     writer.add_head_count(shape.heads)
@@ -310,6 +311,8 @@ def write_gguf(path, shape, weights, type_name, tokenizer_metadata, extra_kv=Non
         writer.add_sliding_window(shape.sliding_window)
     if shape.llama3_rope is not None:
         writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(shape))
+    for name, w in (extra_tensors or {}).items():
+        writer.add_tensor(name, np.asarray(w, dtype=np.float32))
     if shape.arch == "phi3":
         weights = fuse_for_phi3(weights)
     for name, w in weights.items():

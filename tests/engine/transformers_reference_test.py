@@ -5,7 +5,8 @@ loaded by Tandem's logits_tool, against transformers' own forward pass on the sa
 One small random-weight model per architecture Tandem serves from folders and transformers 4.49
 knows: Llama with Llama 3.1's rope_scaling (a short original context so that the scaling shows in
 64 positions), Mistral with a sliding window of 16 that the 64 tokens cross, Qwen2 (Q/K/V biases),
-Phi-3 (fused qkv_proj and gate_up_proj, and the sliding window transformers applies to it), Gemma
+Phi-3 (fused qkv_proj and gate_up_proj, and the sliding window transformers applies to it),
+Phi-3 with LongRoPE in its long and short regimes, Gemma
 (head_dim != hidden / heads, multi-query) and Gemma 2 (a window of 8 on every other layer,
 query_pre_attn_scalar != head_dim, attention and final soft-caps that bite). Qwen3
 (Qwen3ForCausalLM) and Gemma 3 need transformers >= 4.50/4.51, which does not run on Debian's
@@ -56,7 +57,14 @@ class Case:
     arch: str  # transformers_forward.py's CLASSES key
     shape: Shape
     folders: tuple  # ((dtype, max_shard_size or None), ...)
-    extra: dict  # more config keyword arguments
+    extra: dict  # more config keyword arguments (replacing config_kwargs' own)
+    num_tokens: int = NUM_TOKENS
+
+
+# Phi-3 LongRoPE factor lists (head_dim 32: 16 each), spread like the real ones.
+LONG_FACTORS = np.geomspace(1.0, 40.0, 16).tolist()
+SHORT_FACTORS = np.linspace(1.0, 1.6, 16).tolist()
+LONGROPE = {"type": "longrope", "long_factor": LONG_FACTORS, "short_factor": SHORT_FACTORS}
 
 
 CASES = [
@@ -82,6 +90,21 @@ CASES = [
     Case("gemma2_window8_capped", "gemma2", next(s for s in gemma.SHAPES if s.name == "gemma2_gqa"),
          (("F32", None), ("BF16", "200KB")),
          {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 48}),
+    # Phi-3 LongRoPE with an original context of 32, in the two regimes where transformers'
+    # rule (long factors for a forward over more than the original positions) and Tandem's (long
+    # factors for every position when the model's context exceeds the original) agree: a
+    # context of 256 and 64 tokens (long factors, attention factor sqrt(1 + ln 8 / ln 32)), and
+    # a context of 32 and 32 tokens (short factors, attention factor 1).
+    Case("phi3_longrope_long", "phi3",
+         Shape("phi3_longrope", "phi3", hidden=128, heads=4, kv_heads=2, tied=False),
+         (("F32", None), ("BF16", None)),
+         {"pad_token_id": 0, "rope_scaling": LONGROPE, "max_position_embeddings": 256,
+          "original_max_position_embeddings": 32}),
+    Case("phi3_longrope_short", "phi3",
+         Shape("phi3_longrope", "phi3", hidden=128, heads=4, kv_heads=2, tied=False),
+         (("F32", None),),
+         {"pad_token_id": 0, "rope_scaling": LONGROPE, "max_position_embeddings": 32,
+          "original_max_position_embeddings": 32}, num_tokens=32),
 ]
 
 
@@ -100,14 +123,14 @@ def config_kwargs(case):
     kwargs = dict(vocab_size=VOCAB, hidden_size=s.hidden, intermediate_size=s.ffn,
                   num_hidden_layers=s.layers, num_attention_heads=s.heads,
                   num_key_value_heads=s.kv_heads, max_position_embeddings=2048,
-                  rms_norm_eps=s.rms_eps, rope_theta=s.rope_theta, tie_word_embeddings=s.tied,
-                  **case.extra)
+                  rms_norm_eps=s.rms_eps, rope_theta=s.rope_theta, tie_word_embeddings=s.tied)
     if s.head_dim != s.hidden // s.heads:
         kwargs["head_dim"] = s.head_dim
     if s.llama3_rope is not None:
         kwargs["rope_scaling"] = s.llama3_rope
     if case.arch in ("mistral", "phi3"):
         kwargs["sliding_window"] = s.sliding_window
+    kwargs.update(case.extra)
     return kwargs
 
 
@@ -130,7 +153,7 @@ def folders(tmp_path_factory):
             weights = fuse_for_phi3(weights)
         npz = root / f"{case.name}.npz"
         np.savez(npz, **weights)
-        tokens = np.random.default_rng(index).integers(0, VOCAB, NUM_TOKENS).tolist()
+        tokens = np.random.default_rng(index).integers(0, VOCAB, case.num_tokens).tolist()
         job = {"arch": case.arch, "config": config_kwargs(case), "weights": str(npz),
                "tokens": tokens, "folders": []}
         for dtype, shard in case.folders:
