@@ -51,6 +51,10 @@ absl::Status CheckSupport(const BackendSupport& support, const LoadedModel& mode
                                                    c.architecture, ": it lacks ", missing));
     }
   }
+  if (!support.long_rope && c.rope_scaling.type == RopeScaling::Type::kLongRope) {
+    return absl::UnimplementedError(absl::StrCat("the ", support.name, " backend cannot run ",
+                                                 c.architecture, ": it lacks LongRoPE"));
+  }
   auto check = [&](const GgufTensor* t) -> absl::Status {
     if (t == nullptr || Contains(support.weight_types, t->type)) return absl::OkStatus();
     return absl::UnimplementedError(absl::StrCat("the ", support.name, " backend cannot multiply ",

@@ -41,6 +41,9 @@ struct BackendSupport {
   // norms, attention_scale, the soft-caps, per-layer windows and RoPE bases). A backend without
   // them (the CUDA kernels have none yet) refuses Gemma models by name.
   bool gemma_layers = false;
+  // Applies LongRoPE (RopeScaling::kLongRope: per-pair frequency factors and a cos/sin scale).
+  // The CUDA RoPE kernels do not scale cos/sin when they compute their own angles.
+  bool long_rope = false;
 };
 
 // UNIMPLEMENTED, naming the backend and what it lacks (a matrix's type, the head dimension, the

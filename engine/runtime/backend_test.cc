@@ -66,6 +66,20 @@ TEST(CheckSupportTest, ABackendThatLacksWhatTheModelNeedsSaysWhat) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(s.message(), HasSubstr("the test backend cannot run gemma2"));
   EXPECT_THAT(s.message(), HasSubstr("attention logit soft-capping"));
+
+  // Nor LongRoPE (Phi-3 128k) without the backend saying it applies it.
+  BackendSupport no_long_rope = CpuBackend::Support();
+  no_long_rope.name = "test";
+  no_long_rope.long_rope = false;
+  EXPECT_TRUE(CheckSupport(no_long_rope, model, DType::kF16).ok());
+  LoadedModel phi3;
+  phi3.config = model.config;
+  phi3.config.architecture = "phi3";
+  phi3.config.rope_scaling.type = RopeScaling::Type::kLongRope;
+  EXPECT_TRUE(CheckSupport(CpuBackend::Support(), phi3, DType::kF16).ok());
+  s = CheckSupport(no_long_rope, phi3, DType::kF16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("the test backend cannot run phi3: it lacks LongRoPE"));
 }
 
 TEST(PlanStepTest, FlattensTheBatchForTheKernels) {

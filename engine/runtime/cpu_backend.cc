@@ -190,7 +190,8 @@ const BackendSupport& CpuBackend::Support() {
       .kv_types = {DType::kF32, DType::kF16},
       .head_dims = {},
       .kv_on_device = false,
-      .gemma_layers = true};
+      .gemma_layers = true,
+      .long_rope = true};
   return *support;
 }
 
