@@ -41,21 +41,14 @@ import gguf
 import numpy as np
 import pytest
 
-from random_models_test import bf16_round, write_safetensors
-from reference_common import DEFAULT_MODEL, GGML_TYPE_F32, compare, reference, tandem
+# tokenizer_metadata is a module-scoped fixture: imported here, pytest uses it for these tests too.
+from random_models_test import bf16_round, tokenizer_metadata, vocab_size, write_safetensors  # noqa: F401
+from reference_common import GGML_TYPE_F32, compare, reference, tandem
 
 NUM_TOKENS = 64
 CHUNK = 24
 GREEDY = 4
 WINDOW = 8
-
-TOKENIZER_KEYS = [
-    "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
-    "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id",
-    "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id",
-    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
-]
-
 
 @dataclass(frozen=True)
 class Shape:
@@ -105,22 +98,6 @@ TOLERANCES = {
     "Q8_0": (None, 0.5, 0.99, 0.35),
     "Q4_1": (None, 0.5, 0.99, 0.35),
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer_metadata():
-    reader = gguf.GGUFReader(DEFAULT_MODEL)
-    out = []
-    for key in TOKENIZER_KEYS:
-        field = reader.get_field(key)
-        assert field is not None, key
-        sub_type = field.types[1] if len(field.types) > 1 else None
-        out.append((key, field.contents(), field.types[0], sub_type))
-    return out
-
-
-def vocab_size(tokenizer_metadata):
-    return next(len(v) for k, v, _, _ in tokenizer_metadata if k == "tokenizer.ggml.tokens")
 
 
 def random_weights(shape, vocab, seed):
