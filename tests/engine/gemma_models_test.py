@@ -42,7 +42,8 @@ import numpy as np
 import pytest
 
 # tokenizer_metadata is a module-scoped fixture: imported here, pytest uses it for these tests too.
-from random_models_test import bf16_round, tokenizer_metadata, vocab_size, write_safetensors  # noqa: F401
+from random_models_test import (bf16_round, random_makers, tokenizer_metadata,  # noqa: F401
+                                vocab_size, write_safetensors)
 from reference_common import GGML_TYPE_F32, compare, reference, tandem
 
 NUM_TOKENS = 64
@@ -105,13 +106,7 @@ def random_weights(shape, vocab, seed):
     rng = np.random.default_rng(seed)
     h, f = shape.hidden, shape.ffn
     dq, dkv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-
-    def matrix(rows, cols, gain):
-        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
-
-    def norm(n, mean=1.0):
-        # What the converter writes: Gemma's w + 1.
-        return (mean + 0.2 * rng.standard_normal(n)).astype(np.float32)
+    matrix, norm = random_makers(rng)  # norms around 1: what the converter writes, Gemma's w + 1
 
     # Scores of q·k / sqrt(head_dim) with a std of about gain²: 2.2 gives about 5.
     qk_gain = 2.2

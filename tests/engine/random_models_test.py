@@ -162,18 +162,24 @@ def vocab_size(tokenizer_metadata):
     return next(len(v) for k, v, _, _ in tokenizer_metadata if k == "tokenizer.ggml.tokens")
 
 
+def random_makers(rng):
+    """(matrix(rows, cols, gain), norm(n, mean=1.0)): float32 random matrices whose rows map
+    unit-RMS inputs to outputs of std `gain`, and norm weights spread 0.2 around `mean`."""
+    def matrix(rows, cols, gain):
+        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n, mean=1.0):
+        return (mean + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    return matrix, norm
+
+
 def random_weights(shape, vocab, seed):
     """Hugging Face names -> float32 arrays in PyTorch orientation ([out, in])."""
     rng = np.random.default_rng(seed)
     h, f = shape.hidden, shape.ffn
     dq, dkv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-
-    def matrix(rows, cols, gain):
-        # Rows of unit-RMS inputs map to outputs of std `gain`.
-        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
-
-    def norm(n, mean=1.0):
-        return (mean + 0.2 * rng.standard_normal(n)).astype(np.float32)
+    matrix, norm = random_makers(rng)
 
     w = {"model.embed_tokens.weight": rng.standard_normal((vocab, h)).astype(np.float32)}
     for i in range(shape.layers):
