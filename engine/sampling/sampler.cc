@@ -335,11 +335,37 @@ absl::StatusOr<std::vector<float>> Sampler::PenalizedLogits(absl::Span<const flo
   return work_;
 }
 
-absl::StatusOr<SampledToken> Sampler::Sample(absl::Span<const float> logits) {
+void Sampler::ApplyAllowedTokens(absl::Span<const uint32_t> allowed) {
+  float* const w = work_.data();
+  const auto n = static_cast<size_t>(vocab_size_);
+  for (size_t word = 0; word < allowed.size(); ++word) {
+    const uint32_t bits = allowed[word];
+    if (bits == ~uint32_t{0}) continue;
+    const size_t base = word * 32;
+    const size_t end = std::min(n, base + 32);
+    for (size_t t = base; t < end; ++t) {
+      if ((bits >> (t - base) & 1u) == 0) w[t] = -kInf;
+    }
+  }
+}
+
+absl::StatusOr<SampledToken> Sampler::Sample(absl::Span<const float> logits,
+                                             absl::Span<const uint32_t> allowed) {
   if (absl::Status s = CheckLogits(logits); !s.ok()) return s;
+  const size_t mask_words = (static_cast<size_t>(vocab_size_) + 31) / 32;
+  if (!allowed.empty() && allowed.size() != mask_words) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the allowed-token bitmask must hold %d words for %d tokens, got %d", mask_words,
+        vocab_size_, allowed.size()));
+  }
   const float* processed = logits.data();
   if (HasPenalties() || (num_accepted_ < min_tokens_ && !min_tokens_mask_.empty())) {
     ApplyMaskAndPenalties(logits);
+    processed = work_.data();
+  }
+  if (!allowed.empty()) {
+    if (processed != work_.data()) work_.assign(logits.begin(), logits.end());
+    ApplyAllowedTokens(allowed);
     processed = work_.data();
   }
   SampledToken out;

@@ -33,7 +33,8 @@
 //   - top-p alone: only tokens with weight > (1 - top_p) * total / (2V) can be in the nucleus, and
 //     only those are partially sorted, in growing chunks (nth_element + sort) until the prefix
 //     reaches top_p: a peaked distribution sorts a handful of tokens, never the vocabulary.
-// Penalties and the min_tokens mask cost one O(V) copy plus O(distinct tokens seen).
+// Penalties and the min_tokens mask cost one O(V) copy plus O(distinct tokens seen); a grammar's
+// token bitmask one O(V) copy plus one test per 32 tokens (all-allowed words are skipped).
 //
 // Log-probabilities (options.logprobs > 0) are those of the RAW logits (log_softmax before
 // penalties, temperature and filtering), as the proto's TokenLogprobs says.
@@ -102,7 +103,13 @@ class Sampler {
   // twice with the same logits gives the same token. Errors: INVALID_ARGUMENT when
   // logits.size() != vocab_size or a logit is NaN or +inf (-inf is allowed and means "never");
   // FAILED_PRECONDITION when no token has a finite logit after masking and penalties.
-  [[nodiscard]] absl::StatusOr<SampledToken> Sample(absl::Span<const float> logits);
+  //
+  // `allowed`, when not empty, is a token bitmask of ceil(vocab_size / 32) words (bit t % 32 of
+  // word t / 32 set: token t may be sampled), a grammar's (engine/grammar): the other tokens get
+  // logit -inf after the min_tokens mask and the penalties, for greedy and random sampling alike.
+  // Log-probabilities stay those of the raw logits. INVALID_ARGUMENT for a bitmask of another size.
+  [[nodiscard]] absl::StatusOr<SampledToken> Sample(absl::Span<const float> logits,
+                                                    absl::Span<const uint32_t> allowed = {});
 
   // The logits after the min_tokens mask and the penalties, before temperature: what the
   // sampling stages see (for tests and for dumping a step). Same errors as Sample; no state change.
@@ -132,6 +139,8 @@ class Sampler {
   absl::Status CheckLogits(absl::Span<const float> logits) const;
   // Copies `logits` into work_ and applies the min_tokens mask and the penalties.
   void ApplyMaskAndPenalties(absl::Span<const float> logits);
+  // Sets work_[t] = -inf for every token t whose bit in `allowed` is clear.
+  void ApplyAllowedTokens(absl::Span<const uint32_t> allowed);
   absl::StatusOr<int32_t> Greedy(const float* logits) const;
   absl::StatusOr<int32_t> Draw(const float* logits);
   void FillLogprobs(absl::Span<const float> logits, SampledToken* out);

@@ -554,5 +554,48 @@ TEST(SamplerTest, HugeRepetitionPenaltyKeepsLogitsFinite) {
   EXPECT_EQ(SampleOnce(s, logits), 0);
 }
 
+// A grammar's bitmask: greedy takes the best allowed token, random sampling never leaves the
+// allowed set, and the log-probabilities stay those of the raw logits.
+TEST(SamplerTest, AllowedTokenMaskRestrictsGreedyAndRandomSampling) {
+  constexpr int kVocab = 77;  // not a multiple of 32: the last word is partial
+  const std::vector<float> logits = TestLogits(5, kVocab, 8.0f);
+  const std::set<int32_t> allowed_ids = {3, 31, 32, 40, 76};
+  std::vector<uint32_t> mask((kVocab + 31) / 32, 0);
+  for (int32_t t : allowed_ids) mask[static_cast<size_t>(t) / 32] |= 1u << (t % 32);
+  int32_t best = *allowed_ids.begin();
+  for (int32_t t : allowed_ids) best = logits[t] > logits[best] ? t : best;
+
+  SamplingOptions greedy_options;
+  greedy_options.temperature = 0.0f;
+  greedy_options.logprobs = 1;
+  Sampler greedy = MakeSampler(greedy_options, kVocab);
+  absl::StatusOr<SampledToken> g = greedy.Sample(logits, mask);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->id, best);
+  // Raw log-probability: log_softmax over the whole vocabulary, computed here in double.
+  double z = 0;
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  for (float x : logits) z += std::exp(static_cast<double>(x) - mx);
+  EXPECT_NEAR(*g->logprob, logits[best] - mx - std::log(z), 1e-4);
+
+  for (int variant = 0; variant < 3; ++variant) {
+    SamplingOptions o;
+    o.temperature = variant == 1 ? 2.0f : 1.0f;
+    if (variant == 1) o.top_p = 0.9f;
+    if (variant == 2) o.top_k = 3;
+    o.seed = variant;
+    Sampler random = MakeSampler(o, kVocab);
+    for (int i = 0; i < 200; ++i) {
+      absl::StatusOr<SampledToken> t = random.Sample(logits, mask);
+      ASSERT_TRUE(t.ok()) << t.status();
+      EXPECT_TRUE(allowed_ids.contains(t->id)) << t->id;
+      ASSERT_TRUE(random.Accept(t->id).ok());
+    }
+  }
+  // A mask of the wrong size is refused.
+  const std::vector<uint32_t> short_mask(1, ~0u);
+  EXPECT_EQ(greedy.Sample(logits, short_mask).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tandem::sampling

@@ -85,6 +85,22 @@ absl::Status ValidateSamplingOptions(const SamplingOptions& o, int vocab_size, i
     return absl::InvalidArgumentError(absl::StrFormat(
         "logprobs must be in [0, %d], got %d", kMaxLogprobs, o.logprobs));
   }
+  const ResponseFormat& f = o.response_format;
+  const bool wants_text = f.kind == ResponseFormat::Kind::kJsonSchema ||
+                          f.kind == ResponseFormat::Kind::kRegex ||
+                          f.kind == ResponseFormat::Kind::kEbnf;
+  if (wants_text && f.text.empty()) {
+    return absl::InvalidArgumentError("response_format: the schema, regex or grammar is empty");
+  }
+  if (!wants_text && !f.text.empty()) {
+    return absl::InvalidArgumentError(
+        "response_format: text and json_object formats take no schema, regex or grammar");
+  }
+  if (f.text.size() > kMaxResponseFormatBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "response_format: the schema, regex or grammar may hold at most %d bytes, got %d",
+        kMaxResponseFormatBytes, f.text.size()));
+  }
   return absl::OkStatus();
 }
 

@@ -9,6 +9,7 @@
 #ifndef TANDEM_ENGINE_SAMPLING_SAMPLING_OPTIONS_H_
 #define TANDEM_ENGINE_SAMPLING_SAMPLING_OPTIONS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,6 +26,28 @@ inline constexpr int kMaxStopTokenIds = 1024;       // SamplingParams.stop_token
 inline constexpr int64_t kMaxLogprobs = 20;         // SamplingParams.logprobs: the server's limit
 inline constexpr float kMaxAbsFrequencyPenalty = 2.0f;  // frequency_penalty in [-2, 2]
 inline constexpr float kMaxAbsPresencePenalty = 2.0f;   // presence_penalty in [-2, 2]
+inline constexpr size_t kMaxResponseFormatBytes = 64 << 10;  // a schema/regex/grammar's text
+
+// A constraint on the generated text (tandem.v1.ResponseFormat), enforced by grammar-constrained
+// decoding (engine/grammar): at every step the tokens that cannot continue a valid output are
+// masked, the model's EOS tokens are allowed exactly when the output is complete, and the request
+// ends (FinishReason::kStop) when the grammar has ended.
+struct ResponseFormat {
+  enum class Kind {
+    kText,        // no constraint (the default)
+    kJsonObject,  // any JSON object (OpenAI's {"type": "json_object"})
+    kJsonSchema,  // JSON valid against the JSON Schema in `text`
+    kRegex,       // text matching the regular expression in `text` (whole output)
+    kEbnf,        // text of the EBNF grammar in `text` (xgrammar's dialect, root rule `root`)
+  };
+  Kind kind = Kind::kText;
+  // The schema, regex or grammar; empty for kText and kJsonObject. At most
+  // kMaxResponseFormatBytes bytes.
+  std::string text = {};
+
+  bool constrained() const { return kind != Kind::kText; }
+  bool operator==(const ResponseFormat&) const = default;
+};
 
 struct SamplingOptions {
   // Softmax temperature, finite and >= 0. 0 means greedy: always the most likely token after
@@ -80,6 +103,10 @@ struct SamplingOptions {
   // Number of most likely alternatives to return with each token, in [0, kMaxLogprobs]. 0 (the
   // default): no log-probabilities at all, not even the sampled token's.
   int64_t logprobs = 0;
+
+  // What the output must look like; kText (the default): anything. Checked when the request is
+  // added (a schema that does not compile is INVALID_ARGUMENT with the compiler's message).
+  ResponseFormat response_format = {};
 };
 
 // Checks every field against the ranges documented above. `vocab_size` (> 0) bounds

@@ -80,6 +80,20 @@ TEST(ValidateSamplingOptionsTest, BadFieldsAreInvalidArgumentNamingTheField) {
        [](auto& o) { o.stop = {std::string(kMaxStopStringBytes + 1, 'a')}; }, "stop[0]"},
       {"logprobs > 20", [](auto& o) { o.logprobs = 21; }, "logprobs must be in [0, 20]"},
       {"logprobs negative", [](auto& o) { o.logprobs = -1; }, "logprobs"},
+      {"empty json schema",
+       [](auto& o) { o.response_format = {.kind = ResponseFormat::Kind::kJsonSchema}; },
+       "response_format: the schema, regex or grammar is empty"},
+      {"empty regex", [](auto& o) { o.response_format = {.kind = ResponseFormat::Kind::kRegex}; },
+       "response_format"},
+      {"json_object with a text",
+       [](auto& o) { o.response_format = {.kind = ResponseFormat::Kind::kJsonObject, .text = "{}"}; },
+       "json_object formats take no schema"},
+      {"too long schema",
+       [](auto& o) {
+         o.response_format = {.kind = ResponseFormat::Kind::kJsonSchema,
+                              .text = std::string(kMaxResponseFormatBytes + 1, ' ')};
+       },
+       "response_format: the schema, regex or grammar may hold at most 65536 bytes"},
   };
   for (const Case& c : cases) {
     SamplingOptions options;
