@@ -17,11 +17,13 @@ import pytest
 
 ROOT = pathlib.Path(os.environ.get("TANDEM_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[2]))
 
-ENGINE_PARTS = {"core", "model", "tokenizer", "cpu", "cuda", "kv", "sched", "sampling", "runtime"}
+ENGINE_PARTS = {"core", "model", "tokenizer", "cpu", "cuda", "kv", "sched", "sampling", "grammar",
+                "runtime"}
 ROUTER_PARTS = {"placement", "registry", "server"}
 
 # What each module may include besides itself. The engine's parts have an order of their own:
-# core <- {model, cpu, kv, sampling} <- tokenizer (model) / sched (kv) <- runtime, cuda beside cpu.
+# core <- {model, cpu, kv, sampling} <- tokenizer (model) / sched (kv) / grammar (sampling: the
+# response_format it compiles) <- runtime, cuda beside cpu.
 ENGINE_BELOW = {
     "engine/core": set(),
     "engine/model": {"engine/core"},
@@ -31,6 +33,7 @@ ENGINE_BELOW = {
     "engine/sampling": set(),
     "engine/tokenizer": {"engine/core", "engine/model"},
     "engine/sched": {"engine/core", "engine/kv"},
+    "engine/grammar": {"engine/sampling"},
 }
 ENGINE_BELOW["engine/runtime"] = set(ENGINE_BELOW)
 ENGINE = set(ENGINE_BELOW) | {"engine/runtime"}
