@@ -34,6 +34,8 @@ struct LocalEngine::Request {
   StreamingDetokenizer detokenizer;
   DeltaCallback on_delta;
   std::function<void(const KvLayerDone&)> on_kv_layer;
+  // The response_format's state; none when the output is unconstrained.
+  std::optional<grammar::TokenConstraint> constraint = std::nullopt;
   bool remote = false;  // waiting for a peer's prefill
   bool hold_kv = false;  // GenerationRequest::hold_kv
   bool reported_first = false;  // its first delta went out
@@ -155,6 +157,9 @@ absl::Status LocalEngine::Validate(const GenerationRequest& r) const {
       sampling::ValidateSamplingOptions(r.sampling, c.vocab_size, static_cast<int>(c.max_context)));
   RETURN_IF_ERROR(sampling::ValidatePromptLength(r.sampling, prompt_len - r.prior_output_tokens,
                                                  static_cast<int>(c.max_context)));
+  if (r.sampling.response_format.constrained()) {
+    RETURN_IF_ERROR(CompileFormat(r.sampling.response_format).status());
+  }
   if (MaxNewTokens(r) <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("the ", r.prior_output_tokens, " prior output tokens already reach max_tokens"));
@@ -210,6 +215,17 @@ absl::Status LocalEngine::CompleteRemotePrefill(uint64_t id, int32_t first_token
     return absl::InvalidArgumentError(absl::StrCat("the peer's first token ", first_token,
                                                    " is outside the vocabulary"));
   }
+  if (r.constraint.has_value()) {
+    // The peer applied the same response_format; a token it does not allow is the peer's fault.
+    const absl::Span<const uint32_t> allowed = r.constraint->AllowedTokens();
+    if (!allowed.empty() && (allowed[static_cast<size_t>(first_token) / 32] >>
+                             (static_cast<uint32_t>(first_token) % 32) & 1u) == 0) {
+      r.remote = false;
+      scheduler_->FallBackToLocalPrefill(id);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the peer's first token ", first_token, " does not fit the response_format"));
+    }
+  }
   r.remote = false;
   scheduler_->CompleteRemotePrefill(id);
   sampling::SampledToken token;
@@ -241,6 +257,23 @@ int64_t LocalEngine::MaxNewTokens(const GenerationRequest& request) const {
          prompt_len;
 }
 
+absl::StatusOr<grammar::CompiledFormat> LocalEngine::CompileFormat(
+    const sampling::ResponseFormat& format) const {
+  if (formats_ == nullptr) {
+    // What each token adds to the output text; control tokens and ids past the tokenizer's
+    // vocabulary add nothing and are never allowed.
+    grammar::GrammarVocabulary vocabulary;
+    vocabulary.stop_token_ids = eos_ids_;
+    vocabulary.token_bytes.resize(static_cast<size_t>(model_.config.vocab_size));
+    for (int32_t id = 0; id < tokenizer_->vocab_size() && id < model_.config.vocab_size; ++id) {
+      vocabulary.token_bytes[static_cast<size_t>(id)] =
+          tokenizer_->TokenBytes(id, {.skip_special = true});
+    }
+    ASSIGN_OR_RETURN(formats_, grammar::ResponseFormatCompiler::Create(vocabulary));
+  }
+  return formats_->Compile(format);
+}
+
 absl::StatusOr<std::unique_ptr<LocalEngine::Request>> LocalEngine::MakeRequest(
     uint64_t id, const GenerationRequest& request, DeltaCallback on_delta) const {
   const ModelConfig& c = model_.config;
@@ -261,9 +294,23 @@ absl::StatusOr<std::unique_ptr<LocalEngine::Request>> LocalEngine::MakeRequest(
                                              StreamingDetokenizer(*tokenizer_), std::move(on_delta),
                                              request.on_kv_layer});
   r->hold_kv = request.hold_kv;
-  // Replay the output generated elsewhere; its text was emitted there.
+  if (request.sampling.response_format.constrained()) {
+    ASSIGN_OR_RETURN(grammar::CompiledFormat format, CompileFormat(request.sampling.response_format));
+    r->constraint.emplace(format);
+  }
+  // Replay the output generated elsewhere; its text was emitted there. The grammar's state is
+  // rebuilt from the same tokens.
   for (int32_t token : prompt.subspan(original_prompt)) {
     RETURN_IF_ERROR(r->sampler.Accept(token));
+    if (r->constraint.has_value()) {
+      if (absl::Status s = r->constraint->Accept(token); !s.ok()) {
+        return Annotate(s, "a prior output token does not fit the response_format");
+      }
+      if (r->constraint->Terminated()) {
+        return absl::InvalidArgumentError(
+            "the prior output tokens already complete the response_format");
+      }
+    }
     const sampling::StopStep step = r->stop.Append(token, r->detokenizer.Add(token));
     if (step.finish != sampling::FinishReason::kNone) {
       return absl::InvalidArgumentError(
@@ -292,15 +339,24 @@ bool LocalEngine::ReleaseKv(uint64_t id) { return scheduler_->ReleaseHeld(id); }
 
 absl::StatusOr<bool> LocalEngine::Advance(Request& r, const float* logits) {
   const ModelConfig& c = model_.config;
+  const absl::Span<const uint32_t> allowed =
+      r.constraint.has_value() ? r.constraint->AllowedTokens() : absl::Span<const uint32_t>();
   ASSIGN_OR_RETURN(sampling::SampledToken next,
-                   r.sampler.Sample(absl::MakeConstSpan(logits, static_cast<size_t>(c.vocab_size))));
+                   r.sampler.Sample(absl::MakeConstSpan(logits, static_cast<size_t>(c.vocab_size)),
+                                    allowed));
   return Deliver(r, std::move(next));
 }
 
 absl::StatusOr<bool> LocalEngine::Deliver(Request& r, sampling::SampledToken next) {
   RETURN_IF_ERROR(r.sampler.Accept(next.id));
+  if (r.constraint.has_value()) RETURN_IF_ERROR(r.constraint->Accept(next.id));
   const std::string piece = r.detokenizer.Add(next.id);
   sampling::StopStep step = r.stop.Append(next.id, piece);
+  // The grammar ended with a stop token (which ends the request anyway unless ignore_eos).
+  if (r.constraint.has_value() && r.constraint->Terminated() &&
+      step.finish == sampling::FinishReason::kNone) {
+    step.finish = sampling::FinishReason::kStop;
+  }
   GenerationDelta delta{.index = r.id, .token = next.id, .text = std::move(step.text),
                         .logprob = next.logprob, .top_logprobs = std::move(next.top_logprobs),
                         .finish = step.finish};

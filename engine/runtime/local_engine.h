@@ -24,6 +24,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/grammar/token_constraint.h"
 #include "engine/kv/block_pool.h"
 #include "engine/runtime/backend.h"
 #include "engine/runtime/cpu_backend.h"
@@ -213,6 +214,10 @@ class LocalEngine {
                                                        DeltaCallback on_delta) const;
   // How many tokens the request may add to its prompt.
   int64_t MaxNewTokens(const GenerationRequest& request) const;
+  // The request's response_format compiled for this model's vocabulary (the compiler is made at
+  // the first constrained request). INVALID_ARGUMENT with the compiler's message.
+  absl::StatusOr<grammar::CompiledFormat> CompileFormat(
+      const sampling::ResponseFormat& format) const;
 
   LoadedModel model_;
   Options options_;
@@ -224,6 +229,8 @@ class LocalEngine {
   std::unique_ptr<Scheduler> scheduler_;
   RequestMap requests_;
   std::vector<int32_t> eos_ids_;
+  // Compiles response formats (and keeps them); made on first use, by the stepping thread.
+  mutable std::unique_ptr<grammar::ResponseFormatCompiler> formats_;
   StepOutput step_out_;  // reused by every step (a batch's logits are megabytes)
 };
 

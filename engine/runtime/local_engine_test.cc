@@ -9,6 +9,7 @@
 #include "common/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem {
 namespace {
@@ -180,6 +181,59 @@ TEST(LocalEngineTest, ResumedRequestContinuesTheSameSeededStreamAndText) {
   full.prior_output_tokens = static_cast<int64_t>(full.prompt.size());
   EXPECT_THAT(Engine().Generate({full}, [](const GenerationDelta&) {}).message(),
               HasSubstr("prior_output_tokens must be in"));
+}
+
+// response_format on the real model: the seeded, sampled output is a JSON object with the
+// schema's fields that nlohmann::json parses, it ends with kStop when the grammar is complete,
+// and a request resumed after any cut (its grammar state rebuilt from the prior tokens) continues
+// with the same tokens. A schema that does not compile is INVALID_ARGUMENT naming the parameter.
+TEST(LocalEngineTest, ResponseFormatConstrainsAndSurvivesAResume) {
+  GenerationRequest r;
+  absl::StatusOr<std::vector<int32_t>> chat = Engine().EncodeChat({{"user", "Describe a cat as JSON."}});
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  r.prompt = *chat;
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 7;
+  r.sampling.max_tokens = 120;
+  r.sampling.response_format = {
+      .kind = sampling::ResponseFormat::Kind::kJsonSchema,
+      .text = R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                  "legs": {"type": "integer"}, "indoor": {"type": "boolean"}},
+                  "required": ["name", "legs", "indoor"]})"};
+  absl::Status status;
+  const Result whole = GenerateAll({r}, &status)[0];
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(whole.finish, sampling::FinishReason::kStop) << whole.text;
+  const nlohmann::json j = nlohmann::json::parse(whole.text, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << whole.text;
+  EXPECT_TRUE(j["name"].is_string() && j["legs"].is_number_integer() && j["indoor"].is_boolean())
+      << whole.text;
+  EXPECT_EQ(j.size(), 3u) << whole.text;
+  for (size_t cut : {size_t{1}, whole.tokens.size() / 2, whole.tokens.size() - 1}) {
+    SCOPED_TRACE(absl::StrCat("resumed after ", cut, " tokens"));
+    GenerationRequest tail = r;
+    tail.prompt.insert(tail.prompt.end(), whole.tokens.begin(),
+                       whole.tokens.begin() + static_cast<ptrdiff_t>(cut));
+    tail.prior_output_tokens = static_cast<int64_t>(cut);
+    const Result rest = GenerateAll({tail}, &status)[0];
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(rest.tokens, std::vector<int32_t>(whole.tokens.begin() + static_cast<ptrdiff_t>(cut),
+                                                whole.tokens.end()));
+    EXPECT_EQ(rest.finish, sampling::FinishReason::kStop);
+  }
+  // Prior tokens the grammar refuses (plain text where JSON must start) are refused.
+  GenerationRequest off = r;
+  const std::vector<int32_t> prose = Engine().tokenizer().Encode("Hello");
+  off.prompt.insert(off.prompt.end(), prose.begin(), prose.end());
+  off.prior_output_tokens = static_cast<int64_t>(prose.size());
+  EXPECT_THAT(Engine().Add(900, off, [](const GenerationDelta&) {}).message(),
+              HasSubstr("response_format"));
+
+  GenerationRequest bad = r;
+  bad.sampling.response_format.text = R"({"type": "no-such-type"})";
+  const absl::Status refused = Engine().Add(901, bad, [](const GenerationDelta&) {});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("response_format json_schema"));
 }
 
 TEST(LocalEngineTest, BadRequestsAreRejectedBeforeAnythingRuns) {
