@@ -24,6 +24,27 @@ sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& p) {
   o.ignore_eos = p.ignore_eos();
   if (p.has_min_tokens()) o.min_tokens = p.min_tokens();
   o.logprobs = p.logprobs();
+  if (p.has_response_format()) {
+    using Kind = sampling::ResponseFormat::Kind;
+    const v1::ResponseFormat& f = p.response_format();
+    sampling::ResponseFormat& out = o.response_format;
+    switch (f.format_case()) {
+      case v1::ResponseFormat::kJsonObject:
+        out.kind = Kind::kJsonObject;
+        break;
+      case v1::ResponseFormat::kJsonSchema:
+        out = {.kind = Kind::kJsonSchema, .text = f.json_schema()};
+        break;
+      case v1::ResponseFormat::kRegex:
+        out = {.kind = Kind::kRegex, .text = f.regex()};
+        break;
+      case v1::ResponseFormat::kEbnf:
+        out = {.kind = Kind::kEbnf, .text = f.ebnf()};
+        break;
+      case v1::ResponseFormat::FORMAT_NOT_SET:
+        break;
+    }
+  }
   return o;
 }
 

@@ -61,6 +61,26 @@ TEST(SamplingFromProtoTest, EverySetFieldIsCarried) {
   EXPECT_EQ(o.logprobs, 5);
 }
 
+TEST(SamplingFromProtoTest, EveryResponseFormatIsCarried) {
+  using Kind = sampling::ResponseFormat::Kind;
+  EXPECT_EQ(SamplingFromProto(v1::SamplingParams()).response_format.kind, Kind::kText);
+  v1::SamplingParams p;
+  p.mutable_response_format();  // set, but no format chosen: no constraint
+  EXPECT_EQ(SamplingFromProto(p).response_format.kind, Kind::kText);
+  p.mutable_response_format()->mutable_json_object();
+  EXPECT_EQ(SamplingFromProto(p).response_format,
+            (sampling::ResponseFormat{.kind = Kind::kJsonObject, .text = ""}));
+  p.mutable_response_format()->set_json_schema(R"({"type":"object"})");
+  EXPECT_EQ(SamplingFromProto(p).response_format,
+            (sampling::ResponseFormat{.kind = Kind::kJsonSchema, .text = R"({"type":"object"})"}));
+  p.mutable_response_format()->set_regex("[0-9]+");
+  EXPECT_EQ(SamplingFromProto(p).response_format,
+            (sampling::ResponseFormat{.kind = Kind::kRegex, .text = "[0-9]+"}));
+  p.mutable_response_format()->set_ebnf("root ::= \"a\"");
+  EXPECT_EQ(SamplingFromProto(p).response_format,
+            (sampling::ResponseFormat{.kind = Kind::kEbnf, .text = "root ::= \"a\""}));
+}
+
 TEST(FinishReasonToProtoTest, EveryReasonMapsToItsNamesake) {
   using sampling::FinishReason;
   EXPECT_EQ(FinishReasonToProto(FinishReason::kNone), v1::FINISH_REASON_UNSPECIFIED);

@@ -30,6 +30,51 @@ absl::Status Number(const json& body, const char* key, Set set) {
   return absl::OkStatus();
 }
 
+// OpenAI's response_format: {"type": "text"}, {"type": "json_object"} or
+// {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}.
+// The schema's compilation (and its errors) happen on the worker.
+absl::Status ParseResponseFormat(const json& body, v1::SamplingParams* s) {
+  auto it = body.find("response_format");
+  if (it == body.end() || it->is_null()) return absl::OkStatus();
+  const json& f = *it;
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) {
+    return Invalid("'response_format' must be an object with a string 'type'");
+  }
+  const std::string type = f["type"].get<std::string>();
+  if (type == "text") return absl::OkStatus();
+  if (type == "json_object") {
+    s->mutable_response_format()->mutable_json_object();
+    return absl::OkStatus();
+  }
+  if (type != "json_schema") {
+    return Invalid(absl::StrCat("'response_format.type' must be 'text', 'json_object' or "
+                                "'json_schema', not '", type, "'"));
+  }
+  auto js = f.find("json_schema");
+  if (js == f.end() || !js->is_object()) {
+    return Invalid("'response_format.json_schema' must be an object with 'name' and 'schema'");
+  }
+  auto name = js->find("name");
+  if (name == js->end() || !name->is_string() || name->get<std::string>().empty()) {
+    return Invalid("'response_format.json_schema.name' must be a non-empty string");
+  }
+  if (auto strict = js->find("strict"); strict != js->end() && !strict->is_null() &&
+                                         !strict->is_boolean()) {
+    return Invalid("'response_format.json_schema.strict' must be a boolean");
+  }
+  // OpenAI allows the schema to be left out (any JSON then); an object schema otherwise.
+  auto schema = js->find("schema");
+  if (schema == js->end() || schema->is_null()) {
+    s->mutable_response_format()->mutable_json_object();
+    return absl::OkStatus();
+  }
+  if (!schema->is_object() && !schema->is_boolean()) {
+    return Invalid("'response_format.json_schema.schema' must be a JSON Schema object");
+  }
+  s->mutable_response_format()->set_json_schema(schema->dump());
+  return absl::OkStatus();
+}
+
 // An OpenAI request body as a tandem.v1.GenerateRequest.
 absl::StatusOr<v1::GenerateRequest> ParseBody(const json& body, bool chat, bool* stream,
                                               bool* include_usage) {
@@ -127,6 +172,7 @@ absl::StatusOr<v1::GenerateRequest> ParseBody(const json& body, bool chat, bool*
   if (auto n = body.find("n"); n != body.end() && !n->is_null() && *n != 1) {
     return Invalid("only n = 1 is supported");
   }
+  if (absl::Status f = ParseResponseFormat(body, s); !f.ok()) return f;
   if (auto stop = body.find("stop"); stop != body.end() && !stop->is_null()) {
     if (stop->is_string()) {
       s->add_stop(stop->get<std::string>());

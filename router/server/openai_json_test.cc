@@ -181,5 +181,50 @@ TEST(OpenAiJsonTest, ModelListHasOpenAisShapeAndTheModelsFacts) {
   EXPECT_EQ(OpenAiModelList({}), R"({"data":[],"object":"list"})");
 }
 
+// response_format: OpenAI's three types map to SamplingParams.response_format (the schema as its
+// JSON text); malformed ones are refused naming the field. Whether a schema compiles is the
+// worker's question.
+TEST(OpenAiJsonTest, ResponseFormatMapsToTheProtoAndBadOnesAreRefused) {
+  auto parse = [](const std::string& format) {
+    return ParseOpenAiRequest(
+        R"({"messages": [{"role": "user", "content": "hi"}], "response_format": )" + format + "}",
+        true);
+  };
+  absl::StatusOr<OpenAiRequest> text = parse(R"({"type": "text"})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_FALSE(text->request.sampling().has_response_format());
+  absl::StatusOr<OpenAiRequest> object = parse(R"({"type": "json_object"})");
+  ASSERT_TRUE(object.ok()) << object.status();
+  EXPECT_TRUE(object->request.sampling().response_format().has_json_object());
+  absl::StatusOr<OpenAiRequest> schema = parse(
+      R"({"type": "json_schema", "json_schema": {"name": "x", "strict": true,
+          "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}})");
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  EXPECT_EQ(nlohmann::json::parse(schema->request.sampling().response_format().json_schema()),
+            nlohmann::json::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}})"));
+  absl::StatusOr<OpenAiRequest> no_schema =
+      parse(R"({"type": "json_schema", "json_schema": {"name": "x"}})");
+  ASSERT_TRUE(no_schema.ok()) << no_schema.status();
+  EXPECT_TRUE(no_schema->request.sampling().response_format().has_json_object());
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"("json")", "'response_format' must be an object"},
+      {R"({"kind": "json_object"})", "'response_format' must be an object with a string 'type'"},
+      {R"({"type": "xml"})", "'response_format.type' must be"},
+      {R"({"type": "json_schema"})", "'response_format.json_schema' must be an object"},
+      {R"({"type": "json_schema", "json_schema": {"schema": {}}})",
+       "'response_format.json_schema.name'"},
+      {R"({"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}})",
+       "'response_format.json_schema.strict'"},
+      {R"({"type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}})",
+       "'response_format.json_schema.schema'"},
+  };
+  for (const auto& [format, says] : bad) {
+    absl::StatusOr<OpenAiRequest> r = parse(format);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << format;
+    EXPECT_THAT(r.status().message(), HasSubstr(says)) << format;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::router
