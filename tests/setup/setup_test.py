@@ -69,3 +69,27 @@ def test_missing_debian_package_is_named():
     assert p.returncode != 0
     assert "tandem-no-such-package" in p.stderr
     assert "FAILED" in p.stderr
+
+
+def test_xgrammar_is_built_once_and_only_from_the_pinned_sdist(tmp_path):
+    script = ROOT / "scripts" / "build_xgrammar.sh"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    cache = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tandem" / "xgrammar"
+    built = snapshot([cache])
+    assert any(p.endswith("lib/libxgrammar.a") for p, _, _ in built), \
+        "the setup that ran before the tests must have built xgrammar"
+    p = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "is up to date" in p.stdout and "downloading" not in p.stdout
+    assert snapshot([cache]) == built
+    # A file that is not the pinned release is refused before anything is built or installed.
+    fake = tmp_path / "xgrammar-0.2.9.tar.gz"
+    fake.write_bytes(b"not the sdist")
+    prefix = tmp_path / "prefix"
+    p = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                       env={**env, "TANDEM_XGRAMMAR_PREFIX": str(prefix),
+                            "TANDEM_XGRAMMAR_SDIST": str(fake)})
+    assert p.returncode != 0
+    assert "FAILED: SHA-256 mismatch for xgrammar-0.2.9.tar.gz" in p.stderr
+    assert "scripts/xgrammar.sha256" in p.stderr
+    assert not prefix.exists()
