@@ -7,9 +7,11 @@ streams). Every request first runs undisturbed, one at a time, for the reference
 run at once and one decode worker is killed while they stream. The router moves each request of
 the dead worker to the other one with the tokens generated so far; the client's stream goes on
 with no error and ends with exactly the reference tokens and text -- greedy, and also seeded
-sampling with penalties (the new worker replays the earlier tokens through its sampler). Long
+sampling with penalties (the new worker replays the earlier tokens through its sampler), and
+seeded sampling under a JSON Schema response_format (and through its grammar). Long
 prompts are prefilled remotely again after the move, with the earlier output, so the prefill
 worker's first token continues the seeded stream too."""
+import json
 import urllib.request
 
 import grpc
@@ -41,7 +43,22 @@ def requests(pb):
                                              seed=1000 + i, repetition_penalty=1.2,
                                              ignore_eos=True)
         out.append((f"seeded{i}", pb.inference.GenerateRequest(prompt=prompt, sampling=seeded)))
+        if i in (1, 2):
+            # Under a JSON Schema that no output of MAX_TOKENS tokens completes: the new worker
+            # rebuilds the grammar's state from the earlier tokens, or its masks would differ.
+            constrained = pb.inference.SamplingParams(
+                max_tokens=MAX_TOKENS, temperature=0.8, seed=2000 + i, ignore_eos=True,
+                response_format=pb.inference.ResponseFormat(json_schema=RECORDS_SCHEMA))
+            out.append((f"json{i}", pb.inference.GenerateRequest(prompt=prompt,
+                                                                 sampling=constrained)))
     return out
+
+
+RECORDS_SCHEMA = json.dumps({
+    "type": "object", "required": ["records"],
+    "properties": {"records": {"type": "array", "minItems": 100, "items": {
+        "type": "object", "required": ["name", "n"],
+        "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}}}}})
 
 
 def migrations_total(cluster):
@@ -62,6 +79,8 @@ def test_killing_a_decode_worker_mid_stream_loses_no_request(pb):
             s.join()
             assert s.error is None, (name, s.error)
             assert len(s.tokens) == MAX_TOKENS, (name, len(s.tokens))
+            if name.startswith("json"):
+                assert s.text.startswith('{"records": [{"name": "'), (name, s.text)
             reference[name] = (s.tokens, s.text)
 
         streams = {name: GenerateStream(stub, request) for name, request in work}
