@@ -96,6 +96,13 @@ absl::Status ValidateSamplingOptions(const SamplingOptions& o, int vocab_size, i
     return absl::InvalidArgumentError(
         "response_format: text and json_object formats take no schema, regex or grammar");
   }
+  if (f.constrained() && o.min_tokens > 0) {
+    // The grammar decides where the output may end; masking EOS before min_tokens could leave a
+    // complete output with no allowed token.
+    return absl::InvalidArgumentError(
+        "min_tokens cannot be combined with a response_format (the format decides where the "
+        "output ends)");
+  }
   if (f.text.size() > kMaxResponseFormatBytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "response_format: the schema, regex or grammar may hold at most %d bytes, got %d",

@@ -106,6 +106,7 @@ struct SamplingOptions {
 
   // What the output must look like; kText (the default): anything. Checked when the request is
   // added (a schema that does not compile is INVALID_ARGUMENT with the compiler's message).
+  // Not with min_tokens > 0: the format decides where the output ends.
   ResponseFormat response_format = {};
 };
 

@@ -88,6 +88,12 @@ TEST(ValidateSamplingOptionsTest, BadFieldsAreInvalidArgumentNamingTheField) {
       {"json_object with a text",
        [](auto& o) { o.response_format = {.kind = ResponseFormat::Kind::kJsonObject, .text = "{}"}; },
        "json_object formats take no schema"},
+      {"min_tokens with a response_format",
+       [](auto& o) {
+         o.min_tokens = 2;
+         o.response_format = {.kind = ResponseFormat::Kind::kJsonObject};
+       },
+       "min_tokens cannot be combined with a response_format"},
       {"too long schema",
        [](auto& o) {
          o.response_format = {.kind = ResponseFormat::Kind::kJsonSchema,
