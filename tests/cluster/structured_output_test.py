@@ -123,3 +123,12 @@ def test_bad_response_formats_are_400_naming_the_parameter(client, model_id, res
                                        messages=[{"role": "user", "content": "Hi"}],
                                        response_format=response_format)
     assert message in str(error.value), error.value
+
+
+def test_min_tokens_with_a_response_format_is_a_400(client, model_id):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=model_id, max_tokens=8,
+                                       messages=[{"role": "user", "content": "Hi"}],
+                                       response_format={"type": "json_object"},
+                                       extra_body={"min_tokens": 2})
+    assert "min_tokens" in str(error.value) and "response_format" in str(error.value), error.value
