@@ -6,6 +6,7 @@ does not compile is a 400. Chat prompts here are longer than the router's local-
 so the first token is sampled (under the grammar) on the prefill worker and the rest on the
 decode worker; short completions prompts stay on the decode worker."""
 import json
+import typing
 
 import jsonschema
 import openai
@@ -41,6 +42,27 @@ class City(pydantic.BaseModel):
     # Bounded: left unbounded, this small model's greedy choice repeats digits until max_tokens.
     population: int = pydantic.Field(ge=0, le=100_000_000)
     coastal: bool
+
+
+class Landmark(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=24)
+    kind: typing.Literal["bridge", "tower", "church", "museum"]
+
+
+class Trip(pydantic.BaseModel):
+    # A nested model (the SDK's schema refers to it through $defs / $ref) in a bounded list.
+    city: City
+    landmarks: list[Landmark] = pydantic.Field(min_length=1, max_length=3)
+
+
+def test_nested_pydantic_models_through_the_sdks_parse(client, model_id):
+    completion = client.chat.completions.parse(
+        model=model_id, response_format=Trip, max_tokens=2 * MAX_TOKENS, temperature=0.7, seed=5,
+        messages=[{"role": "user", "content": "Plan a trip to Paris as JSON."}])
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop", choice
+    assert isinstance(choice.message.parsed, Trip), choice.message
+    assert 1 <= len(choice.message.parsed.landmarks) <= 3
 
 
 def test_pydantic_model_through_the_sdks_parse(client, model_id):
