@@ -390,6 +390,19 @@ std::vector<SampleMessage> AllSampleMessages() {
   *update.mutable_load() = SampleLoadSample();
   samples.push_back(Sample("worker_state_load", update));
 
+  // SamplingParams.response_format, one sample per case (JSON texts with non-ASCII, an empty
+  // JsonObject message that must still select its case).
+  v1::SamplingParams formatted = SampleSamplingParams();
+  formatted.mutable_response_format()->mutable_json_object();
+  samples.push_back(Sample("sampling_response_format_json_object", formatted));
+  formatted.mutable_response_format()->set_json_schema(
+      R"({"type": "object", "properties": {"caf\u00e9": {"type": "string", "enum": ["ü"]}}})");
+  samples.push_back(Sample("sampling_response_format_json_schema", formatted));
+  formatted.mutable_response_format()->set_regex("[0-9]{3}-\\w+");
+  samples.push_back(Sample("sampling_response_format_regex", formatted));
+  formatted.mutable_response_format()->set_ebnf("root ::= \"yes\" | \"no\"");
+  samples.push_back(Sample("sampling_response_format_ebnf", formatted));
+
   samples.push_back(Sample("decode_request", SampleDecodeRequest()));
   samples.push_back(Sample("decode_response", SampleDecodeResponse()));
   v1::DecodeResponse heartbeat;
