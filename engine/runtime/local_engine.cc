@@ -198,23 +198,21 @@ absl::StatusOr<RemotePrefillPlan> LocalEngine::AddRemotePrefill(uint64_t id,
   return plan;
 }
 
-absl::Status LocalEngine::CompleteRemotePrefill(uint64_t id, int32_t first_token) {
+absl::Status LocalEngine::CompleteRemotePrefill(uint64_t id, sampling::SampledToken first_token) {
   auto it = requests_.find(id);
   if (it == requests_.end() || !it->second->remote) {
     return absl::NotFoundError(absl::StrCat("request ", id, " waits for no remote prefill"));
   }
   Request& r = *it->second;
-  if (first_token < 0 || first_token >= model_.config.vocab_size) {
+  if (first_token.id < 0 || first_token.id >= model_.config.vocab_size) {
     r.remote = false;
     scheduler_->FallBackToLocalPrefill(id);
-    return absl::InvalidArgumentError(absl::StrCat("the peer's first token ", first_token,
+    return absl::InvalidArgumentError(absl::StrCat("the peer's first token ", first_token.id,
                                                    " is outside the vocabulary"));
   }
   r.remote = false;
   scheduler_->CompleteRemotePrefill(id);
-  sampling::SampledToken token;
-  token.id = first_token;
-  absl::StatusOr<bool> done = Deliver(r, std::move(token));
+  absl::StatusOr<bool> done = Deliver(r, std::move(first_token));
   if (!done.ok() || *done) {
     End(it);
   }
