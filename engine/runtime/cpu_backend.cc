@@ -1,5 +1,6 @@
 #include "engine/runtime/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -16,6 +17,9 @@
 
 namespace tandem {
 namespace {
+
+static_assert(CpuBackend::kPrefetchKvMaxTokens <= CpuBackend::kMlpMinRows,
+              "a step that prefetches KV rows runs its MLP in one pass");
 
 std::vector<float> ToFloat(const GgufTensor* t) {
   if (t == nullptr) return {};
@@ -106,6 +110,16 @@ absl::Status CpuBackend::Init() {
     s.ffn_post_norm = ToFloat(w.ffn_post_norm);
     s.window = c.LayerWindow(l);
     s.sliding_rope = !inv_freq_sliding_.empty() && s.window > 0;
+  }
+  if (options_.mlp_rows_per_pass < 0 || options_.mlp_rows_per_pass % kMlpRowAlign != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("mlp_rows_per_pass must be a multiple of ",
+                                                   kMlpRowAlign, ", got ",
+                                                   options_.mlp_rows_per_pass));
+  }
+  mlp_rows_ = options_.mlp_rows_per_pass;
+  if (mlp_rows_ == 0) {
+    const int64_t fit = kMlpScratchBytes / (2 * c.intermediate_size * int64_t{sizeof(float)});
+    mlp_rows_ = std::max(kMlpMinRows, fit / kMlpRowAlign * kMlpRowAlign);
   }
   if (options_.pack_weights) RETURN_IF_ERROR(PackWeights());
   return absl::OkStatus();
@@ -356,8 +370,8 @@ absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
   Sized(sc.k, T * Dkv);
   Sized(sc.v, T * Dkv);
   Sized(sc.attn, T * Dq);
-  Sized(sc.gate, T * F);
-  Sized(sc.up, T * F);
+  Sized(sc.gate, std::min(T, mlp_rows_) * F);
+  Sized(sc.up, std::min(T, mlp_rows_) * F);
   Sized(sc.proj, T * H);
   // The rotation angles depend only on the positions: once for Q and K of every layer.
   cpu::RopeCosSin(plan_.token_pos.data(), T, inv_freq_.data(), c.head_dim,
@@ -463,36 +477,47 @@ absl::Status CpuBackend::Mlp(int64_t l, const KvStorage& kv, const TensorDump& d
   Scratch& sc = scratch_;
 
   RETURN_IF_ERROR(Linear(sc.attn.data(), T, *lw.attn_output, sc.proj.data()));
-  auto ffn_norm_rows = [&](int64_t begin, int64_t end) {
-    NormRows(sl.ffn_norm, /*add_proj=*/true, sl.attn_post_norm, begin, end);
-  };
-  RETURN_IF_ERROR(LinearShared(sc.h.data(), T,
-                               {{lw.ffn_gate, sc.gate.data()}, {lw.ffn_up, sc.up.data()}},
-                               {.prepare_rows = ffn_norm_rows}));
-  Emit(dump, "ffn_inp" + suffix, sc.x.data(), T, H);
-  Emit(dump, "ffn_norm" + suffix, sc.h.data(), T, H);
   const cpu::KernelContext serial{.pool = nullptr, .isa = options_.isa};
   const bool gelu = c.ffn_activation == ModelConfig::Activation::kGeluTanh;
-  auto act_rows = [&](int64_t begin, int64_t end) {
-    const cpu::SiluMulParams params{.gate = sc.gate.data() + begin * F,
-                                    .up = sc.up.data() + begin * F,
-                                    .out = sc.gate.data() + begin * F, .gate_stride = F,
-                                    .up_stride = F, .out_stride = F, .rows = end - begin,
-                                    .dim = F};
-    if (gelu) {
-      cpu::GeluTanhMul(params);
-    } else {
-      cpu::SiluMul(params, serial);
+  // Passes over rows [r0, r0 + rows) of the step: each norms its rows of x (after the attention
+  // output's residual add), multiplies them by gate / up into the pass's scratch, and writes its
+  // rows of proj with the down projection. The rows a pass reads of proj (the attention output)
+  // are its own, which it overwrites only at its end; the later passes' rows are untouched. The
+  // packed kernels take 16 weight rows at a time over all of a pass's rows, so a pass of
+  // mlp_rows_ (>= 64) rows keeps them as busy as the whole step did.
+  for (int64_t r0 = 0; r0 < T; r0 += mlp_rows_) {
+    const int64_t rows = std::min(mlp_rows_, T - r0);
+    auto ffn_norm_rows = [&](int64_t begin, int64_t end) {
+      NormRows(sl.ffn_norm, /*add_proj=*/true, sl.attn_post_norm, r0 + begin, r0 + end);
+    };
+    RETURN_IF_ERROR(LinearShared(sc.h.data() + r0 * H, rows,
+                                 {{lw.ffn_gate, sc.gate.data()}, {lw.ffn_up, sc.up.data()}},
+                                 {.prepare_rows = ffn_norm_rows}));
+    auto act_rows = [&](int64_t begin, int64_t end) {
+      const cpu::SiluMulParams params{.gate = sc.gate.data() + begin * F,
+                                      .up = sc.up.data() + begin * F,
+                                      .out = sc.gate.data() + begin * F, .gate_stride = F,
+                                      .up_stride = F, .out_stride = F, .rows = end - begin,
+                                      .dim = F};
+      if (gelu) {
+        cpu::GeluTanhMul(params);
+      } else {
+        cpu::SiluMul(params, serial);
+      }
+    };
+    cpu::MatMulExtras down_extras{.prepare_rows = act_rows};
+    // (A step small enough to prefetch for is one pass: kPrefetchKvMaxTokens <= kMlpMinRows.)
+    if (prefetch_kv_ && r0 == 0 && l + 1 < c.num_layers) {
+      CollectKvRows(l + 1, kv);
+      const size_t half = sc.kv_rows.size() / 2;
+      down_extras.prefetch = kv_rows_left_.first(half);
+      kv_rows_left_.remove_prefix(half);
     }
-  };
-  cpu::MatMulExtras down_extras{.prepare_rows = act_rows};
-  if (prefetch_kv_ && l + 1 < c.num_layers) {
-    CollectKvRows(l + 1, kv);
-    const size_t half = sc.kv_rows.size() / 2;
-    down_extras.prefetch = kv_rows_left_.first(half);
-    kv_rows_left_.remove_prefix(half);
+    RETURN_IF_ERROR(
+        Linear(sc.gate.data(), rows, *lw.ffn_down, sc.proj.data() + r0 * H, down_extras));
   }
-  RETURN_IF_ERROR(Linear(sc.gate.data(), T, *lw.ffn_down, sc.proj.data(), down_extras));
+  Emit(dump, "ffn_inp" + suffix, sc.x.data(), T, H);
+  Emit(dump, "ffn_norm" + suffix, sc.h.data(), T, H);
   Emit(dump, "ffn_out" + suffix, sc.proj.data(), T, H);
   return absl::OkStatus();
 }

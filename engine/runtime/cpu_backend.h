@@ -57,7 +57,17 @@ class CpuBackend final : public Backend {
     // `prefetch`): those products are bound by arithmetic then, and attention would otherwise
     // wait on memory for every row. Results are identical either way.
     bool prefetch_kv = true;
+    // The MLP of a step runs over the step's tokens in passes of this many rows (a multiple of
+    // kMlpRowAlign), so its gate / up activations ([rows, ffn] floats each) and their quantized
+    // copy stay within a size independent of the prompt chunk's length: at a 1B shape a
+    // 512-token step would otherwise hold 2 x 512 x 8192 floats (32 MiB; 56 MiB at 8B). Results
+    // are bit-identical for any value (every row's products are computed alone). 0: as many
+    // rows as fit kMlpScratchBytes, at least kMlpMinRows.
+    int64_t mlp_rows_per_pass = 0;
   };
+  static constexpr int64_t kMlpScratchBytes = int64_t{4} << 20;
+  static constexpr int64_t kMlpMinRows = 64;
+  static constexpr int64_t kMlpRowAlign = 16;
   static constexpr int64_t kPrefetchKvMinTokens = 4;
   static constexpr int64_t kPrefetchKvMaxTokens = 64;
 
@@ -141,6 +151,7 @@ class CpuBackend final : public Backend {
   };
   Scratch scratch_;
   bool prefetch_kv_ = false;  // Options::prefetch_kv applies to this step's size
+  int64_t mlp_rows_ = 0;      // Options::mlp_rows_per_pass, resolved
   // Of scratch_.kv_rows, those the next Q/K/V product prefetches.
   absl::Span<const cpu::MemoryRange> kv_rows_left_;
   // scratch_.proj holds the last product's output until its residual add into x, which runs
