@@ -172,6 +172,14 @@ absl::Status CpuBackend::PackWeights() {
     // cache.
     packed_.emplace(t, *std::move(packed));
   }
+  // A tied embedding in a format that gives its rows back (PackedWeights::UnpackRow) is read from
+  // its packed copy: a row's buffer here.
+  const GgufTensor* embd = model_->weights.token_embd;
+  if (const cpu::PackedWeights* p = PackedFor(embd);
+      p != nullptr && (embd->type == DType::kQ8_0 || embd->type == DType::kQ4_0 ||
+                       embd->type == DType::kQ4_1)) {
+    embd_row_.resize(static_cast<size_t>(*DTypeStorageBytes(embd->type, embd->shape[0])));
+  }
   return absl::OkStatus();
 }
 
@@ -348,16 +356,25 @@ absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
   std::vector<float>& x = Sized(sc.x, T * H);
   const int64_t embd_row_bytes = *DTypeStorageBytes(w.token_embd->type, H);
   // An embedding matrix that is also the (packed) output matrix has its packed copy resident
-  // already; its file pages, which a row read brings back many at a time (fault-around and large
-  // page-cache folios map up to a megabyte per read), would come to hold a second copy of the
-  // matrix over a long run. They are let go every kEmbedRowsPerDrop rows.
+  // already. Its rows are read back from that copy where the packed format keeps the file's
+  // bytes (Q8_0, Q4_0, Q4_1: bit-identical); otherwise from the file, whose pages a row read
+  // brings back many at a time (fault-around and large page-cache folios map up to a megabyte per
+  // read) and which would come to hold a second copy of the matrix over a long run, so they are
+  // let go every kEmbedRowsPerDrop rows.
   constexpr int64_t kEmbedRowsPerDrop = 16;
-  const bool drop = model_->file != nullptr && PackedFor(w.token_embd) != nullptr;
+  const cpu::PackedWeights* packed_embd = PackedFor(w.token_embd);
+  const bool from_packed =
+      packed_embd != nullptr && embd_row_.size() == static_cast<size_t>(embd_row_bytes);
+  const bool drop = !from_packed && model_->file != nullptr && packed_embd != nullptr;
   for (int64_t t = 0; t < T; ++t) {
-    DequantizeReference(
-        w.token_embd->type,
-        static_cast<const char*>(w.token_embd->data) + plan_.token_ids[t] * embd_row_bytes,
-        x.data() + t * H, H);
+    const void* row =
+        static_cast<const char*>(w.token_embd->data) + plan_.token_ids[t] * embd_row_bytes;
+    if (from_packed) {
+      RETURN_IF_ERROR(packed_embd->UnpackRow(plan_.token_ids[t], w.token_embd->type,
+                                             embd_row_.data()));
+      row = embd_row_.data();
+    }
+    DequantizeReference(w.token_embd->type, row, x.data() + t * H, H);
     if (drop && ((t + 1) % kEmbedRowsPerDrop == 0 || t + 1 == T)) {
       model_->file->DropPages(*w.token_embd);
     }

@@ -141,6 +141,9 @@ class CpuBackend final : public Backend {
   std::vector<float> output_norm_;
   std::vector<SmallLayer> layers_;
   std::unordered_map<const GgufTensor*, cpu::PackedWeights> packed_;
+  // One token row of a tied embedding read back from its packed copy (Embed); empty when the
+  // rows come from the file.
+  std::vector<uint8_t> embd_row_;
   // The step in progress (Plan .. Finish), and its working buffers, kept between steps (their
   // capacity follows the largest step so far).
   StepPlan plan_;
