@@ -257,16 +257,11 @@ void CpuBackend::Norm(const float* in, const std::vector<float>& weight, float* 
                                   .eps = c.rms_norm_eps});
 }
 
-void CpuBackend::NormRows(const std::vector<float>& weight, bool add_proj,
-                          const std::vector<float>& proj_norm, int64_t begin, int64_t end) {
-  const int64_t H = model_->config.hidden_size;
-  float* x_rows = scratch_.x.data() + begin * H;
-  if (add_proj && !proj_norm.empty()) {
-    float* proj_rows = scratch_.proj.data() + begin * H;
-    Norm(proj_rows, proj_norm, proj_rows, end - begin);
-  }
-  Norm(add_proj ? scratch_.proj.data() + begin * H : x_rows, weight,
-       scratch_.h.data() + begin * H, end - begin, add_proj ? x_rows : nullptr);
+void CpuBackend::AddNorm(const std::vector<float>& weight, float* proj,
+                         const std::vector<float>& proj_norm, float* x, float* out,
+                         int64_t rows) const {
+  if (proj != nullptr && !proj_norm.empty()) Norm(proj, proj_norm, proj, rows);
+  Norm(proj != nullptr ? proj : x, weight, out, rows, proj != nullptr ? x : nullptr);
 }
 
 void CpuBackend::Rope(std::vector<float>& y, int64_t heads, int64_t l) {
@@ -346,7 +341,7 @@ absl::Status CpuBackend::Plan(const StepBatch& batch, const KvStorage& kv) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
+absl::Status CpuBackend::Embed(const TensorDump& dump) {
   const ModelConfig& c = model_->config;
   const ModelWeights& w = model_->weights;
   const int64_t T = plan_.num_tokens, H = c.hidden_size, F = c.intermediate_size;
@@ -382,14 +377,19 @@ absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
   if (c.embedding_scale != 1.0f) {
     for (float& e : x) e *= c.embedding_scale;
   }
-  Sized(sc.h, T * H);
+  // h holds each layer's attention output too ([T, Dq]) between the Q/K/V product, which reads
+  // it as the normed input, and the MLP's norm, which writes it again.
+  Sized(sc.h, T * std::max(H, Dq));
   Sized(sc.q, T * Dq);
   Sized(sc.k, T * Dkv);
   Sized(sc.v, T * Dkv);
-  Sized(sc.attn, T * Dq);
-  Sized(sc.gate, std::min(T, mlp_rows_) * F);
-  Sized(sc.up, std::min(T, mlp_rows_) * F);
-  Sized(sc.proj, T * H);
+  // The MLP's passes (Mlp); a step with a dump is one pass, so that every tensor is whole.
+  pass_rows_ = dump ? std::max<int64_t>(T, 1) : mlp_rows_;
+  const int64_t pass = std::min(T, pass_rows_);
+  Sized(sc.gate, pass * F);
+  Sized(sc.up, pass * F);
+  Sized(sc.proj, pass * H);
+  if (T > pass_rows_) Sized(sc.normed, pass * H);
   // The rotation angles depend only on the positions: once for Q and K of every layer.
   cpu::RopeCosSin(plan_.token_pos.data(), T, inv_freq_.data(), c.head_dim,
                   Sized(sc.rope_cos_sin, T * c.head_dim).data());
@@ -416,7 +416,8 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
   const std::vector<float>& proj_norm =
       l > 0 ? layers_[static_cast<size_t>(l - 1)].ffn_post_norm : sl.ffn_post_norm;
   auto attn_norm_rows = [&](int64_t begin, int64_t end) {
-    NormRows(sl.attn_norm, add_proj, proj_norm, begin, end);
+    AddNorm(sl.attn_norm, add_proj ? sc.proj.data() + begin * H : nullptr, proj_norm,
+            sc.x.data() + begin * H, sc.h.data() + begin * H, end - begin);
   };
   RETURN_IF_ERROR(LinearShared(
       sc.h.data(), T, {{lw.attn_q, sc.q.data()}, {lw.attn_k, sc.k.data()}, {lw.attn_v, sc.v.data()}},
@@ -459,7 +460,7 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
   cpu::PagedAttentionParams ap;
   ap.q = sc.q.data();
   ap.q_token_stride = Dq;
-  ap.out = sc.attn.data();
+  ap.out = sc.h.data();  // (Q/K/V have read it)
   ap.out_token_stride = Dq;
   ap.k_cache = kv->LayerKeys(l);
   ap.v_cache = kv->LayerValues(l);
@@ -481,7 +482,7 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
   ap.softcap = c.attn_logit_softcap;
   RETURN_IF_ERROR(
       cpu::PagedAttention(ap, cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}));
-  Emit(dump, "kqv_out" + suffix, sc.attn.data(), T, Dq);
+  Emit(dump, "kqv_out" + suffix, sc.h.data(), T, Dq);
   return absl::OkStatus();
 }
 
@@ -493,21 +494,28 @@ absl::Status CpuBackend::Mlp(int64_t l, const KvStorage& kv, const TensorDump& d
   const std::string suffix = absl::StrCat("-", l);
   Scratch& sc = scratch_;
 
-  RETURN_IF_ERROR(Linear(sc.attn.data(), T, *lw.attn_output, sc.proj.data()));
   const cpu::KernelContext serial{.pool = nullptr, .isa = options_.isa};
   const bool gelu = c.ffn_activation == ModelConfig::Activation::kGeluTanh;
-  // Passes over rows [r0, r0 + rows) of the step: each norms its rows of x (after the attention
-  // output's residual add), multiplies them by gate / up into the pass's scratch, and writes its
-  // rows of proj with the down projection. The rows a pass reads of proj (the attention output)
-  // are its own, which it overwrites only at its end; the later passes' rows are untouched. The
-  // packed kernels take 16 weight rows at a time over all of a pass's rows, so a pass of
-  // mlp_rows_ (>= 64) rows keeps them as busy as the whole step did.
-  for (int64_t r0 = 0; r0 < T; r0 += mlp_rows_) {
-    const int64_t rows = std::min(mlp_rows_, T - r0);
+  // Passes over rows [r0, r0 + rows) of the step (pass_rows_ at a time): the attention output's
+  // projection into proj, its residual add into x and the norm, gate / up into the pass's
+  // scratch, and the down projection into proj. The packed kernels take 16 weight rows at a time
+  // over all of a pass's rows, so a pass of >= 64 rows keeps them as busy as the whole step did.
+  // One pass (every decode step) leaves the MLP's residual add to the next norm
+  // (proj_pending_), which does it row-parallel with the norm; with several, each pass adds its
+  // own rows at its end, so proj holds one pass's rows. h holds attention's output for the rows
+  // of later passes, so their norm goes to sc.normed.
+  const bool one_pass = T <= pass_rows_;
+  float* normed = one_pass ? sc.h.data() : sc.normed.data();
+  const int64_t Dq = c.num_heads * c.head_dim;
+  for (int64_t r0 = 0; r0 < T; r0 += pass_rows_) {
+    const int64_t rows = std::min(pass_rows_, T - r0);
+    float* x_rows = sc.x.data() + r0 * H;
+    RETURN_IF_ERROR(Linear(sc.h.data() + r0 * Dq, rows, *lw.attn_output, sc.proj.data()));
     auto ffn_norm_rows = [&](int64_t begin, int64_t end) {
-      NormRows(sl.ffn_norm, /*add_proj=*/true, sl.attn_post_norm, r0 + begin, r0 + end);
+      AddNorm(sl.ffn_norm, sc.proj.data() + begin * H, sl.attn_post_norm, x_rows + begin * H,
+              normed + begin * H, end - begin);
     };
-    RETURN_IF_ERROR(LinearShared(sc.h.data() + r0 * H, rows,
+    RETURN_IF_ERROR(LinearShared(normed, rows,
                                  {{lw.ffn_gate, sc.gate.data()}, {lw.ffn_up, sc.up.data()}},
                                  {.prepare_rows = ffn_norm_rows}));
     auto act_rows = [&](int64_t begin, int64_t end) {
@@ -530,19 +538,29 @@ absl::Status CpuBackend::Mlp(int64_t l, const KvStorage& kv, const TensorDump& d
       down_extras.prefetch = kv_rows_left_.first(half);
       kv_rows_left_.remove_prefix(half);
     }
-    RETURN_IF_ERROR(
-        Linear(sc.gate.data(), rows, *lw.ffn_down, sc.proj.data() + r0 * H, down_extras));
+    RETURN_IF_ERROR(Linear(sc.gate.data(), rows, *lw.ffn_down, sc.proj.data(), down_extras));
+    if (!one_pass) {
+      // The same operations the next norm would do: proj normed with ffn_post_norm, then added.
+      pool_->ParallelFor(rows, [&](int64_t begin, int64_t end) {
+        float* p = sc.proj.data() + begin * H;
+        if (!sl.ffn_post_norm.empty()) Norm(p, sl.ffn_post_norm, p, end - begin);
+        cpu::Add(x_rows + begin * H, p, x_rows + begin * H, (end - begin) * H);
+      });
+    }
   }
-  Emit(dump, "ffn_inp" + suffix, sc.x.data(), T, H);
-  Emit(dump, "ffn_norm" + suffix, sc.h.data(), T, H);
-  Emit(dump, "ffn_out" + suffix, sc.proj.data(), T, H);
+  proj_pending_ = one_pass;
+  // (A step with a dump is one pass: Embed.)
+  if (one_pass) {
+    Emit(dump, "ffn_inp" + suffix, sc.x.data(), T, H);
+    Emit(dump, "ffn_norm" + suffix, sc.h.data(), T, H);
+    Emit(dump, "ffn_out" + suffix, sc.proj.data(), T, H);
+  }
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::RunLayer(int64_t l, KvStorage* kv, const TensorDump& dump) {
   RETURN_IF_ERROR(Attention(l, kv, dump));
   RETURN_IF_ERROR(Mlp(l, *kv, dump));
-  proj_pending_ = true;
   return absl::OkStatus();
 }
 
