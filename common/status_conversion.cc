@@ -58,6 +58,7 @@ int HttpStatusFromCode(absl::StatusCode code) {
 
 namespace {
 constexpr char kRetryAfterPayload[] = "type.tandem.dev/RetryAfterMicros";
+constexpr char kParamPayload[] = "type.tandem.dev/Param";
 }  // namespace
 
 absl::Status WithRetryAfter(absl::Status status, absl::Duration delay) {
@@ -79,6 +80,17 @@ std::optional<absl::Duration> RetryAfter(const absl::Status& status) {
 
 int64_t RetryAfterSeconds(absl::Duration delay) {
   return std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(delay, absl::Seconds(1))));
+}
+
+absl::Status WithParam(absl::Status status, absl::string_view param) {
+  if (!status.ok()) status.SetPayload(kParamPayload, absl::Cord(std::string(param)));
+  return status;
+}
+
+std::optional<std::string> ParamOf(const absl::Status& status) {
+  const auto payload = status.GetPayload(kParamPayload);
+  if (!payload.has_value()) return std::nullopt;
+  return std::string(*payload);
 }
 
 }  // namespace tandem

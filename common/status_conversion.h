@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/support/status.h"
 
@@ -35,6 +37,13 @@ std::optional<absl::Duration> RetryAfter(const absl::Status& status);
 // `delay` in whole seconds, rounded up, at least 1 (the header's value).
 int64_t RetryAfterSeconds(absl::Duration delay);
 inline constexpr char kRetryAfterKey[] = "retry-after";
+
+// The request field an error is about (OpenAI's error "param", e.g. "temperature" or
+// "messages[1].content"): kept as an absl payload, sent as the HTTP error body's "param". The
+// message should name the field too: gRPC clients see only the message.
+absl::Status WithParam(absl::Status status, absl::string_view param);
+// The field set by WithParam, or nullopt.
+std::optional<std::string> ParamOf(const absl::Status& status);
 
 }  // namespace tandem
 

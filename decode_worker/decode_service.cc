@@ -306,8 +306,17 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       // this one, and that worker's own queue.
       timings_.set_queue_us(MicrosForProto(prefill_sent_at_ - start_) + t.queue_us());
     }
+    sampling::SampledToken first;
+    first.id = prefill_response_.first_token_id();
+    if (prefill_response_.has_first_token_logprobs()) {
+      const v1::TokenLogprobs& lp = prefill_response_.first_token_logprobs();
+      first.logprob = lp.logprob();
+      for (const v1::TopLogprob& t : lp.top_logprobs()) {
+        first.top_logprobs.push_back({.id = t.token_id(), .logprob = t.logprob()});
+      }
+    }
     loop_->CompleteRemotePrefillAsync(
-        id_, prefill_response_.first_token_id(), [self = self_](absl::Status s) {
+        id_, std::move(first), [self = self_](absl::Status s) {
           // A bad answer: the engine prefills here instead.
           if (!s.ok()) {
             LOG(WARNING) << TraceTag(self->trace_) << "request " << self->request_.request_id()

@@ -291,6 +291,7 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
       have_token_ = true;
       token_ = d.token;
       logprob_ = d.logprob;
+      top_logprobs_ = d.top_logprobs;
     }
     compute_done_ = clock_->Now();
     compute_seconds_ = d.prompt_seconds;
@@ -357,6 +358,11 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
     if (logprob_.has_value()) {
       response_->mutable_first_token_logprobs()->set_token_id(token_);
       response_->mutable_first_token_logprobs()->set_logprob(*logprob_);
+      for (const sampling::TokenLogprob& t : top_logprobs_) {
+        v1::TopLogprob* top = response_->mutable_first_token_logprobs()->add_top_logprobs();
+        top->set_token_id(t.id);
+        top->set_logprob(t.logprob);
+      }
     }
     const int64_t n = request_.token_ids_size();
     const int64_t reused = std::max<int64_t>(0, reused_tokens_);
@@ -434,6 +440,7 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
   bool have_token_ ABSL_GUARDED_BY(mu_) = false;
   int32_t token_ ABSL_GUARDED_BY(mu_) = -1;
   std::optional<float> logprob_ ABSL_GUARDED_BY(mu_);
+  std::vector<sampling::TokenLogprob> top_logprobs_ ABSL_GUARDED_BY(mu_);
   int64_t reused_tokens_ ABSL_GUARDED_BY(mu_) = -1;  // prefix found in this worker's own cache
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time compute_done_ ABSL_GUARDED_BY(mu_);

@@ -236,11 +236,13 @@ void EngineLoop::SubmitRemotePrefillAsync(
   });
 }
 
-void EngineLoop::CompleteRemotePrefillAsync(uint64_t id, int32_t first_token,
+void EngineLoop::CompleteRemotePrefillAsync(uint64_t id, sampling::SampledToken first_token,
                                             absl::AnyInvocable<void(absl::Status) &&> done) {
-  Post([this, id, first_token, done = std::move(done)](LocalEngine* engine) mutable {
+  Post([this, id, first_token = std::move(first_token),
+        done = std::move(done)](LocalEngine* engine) mutable {
     absl::Status status =
-        engine == nullptr ? Stopped() : engine->CompleteRemotePrefill(id, first_token);
+        engine == nullptr ? Stopped()
+                          : engine->CompleteRemotePrefill(id, std::move(first_token));
     if (engine != nullptr) {
       absl::MutexLock lock(&mu_);
       PublishStats();
@@ -305,9 +307,9 @@ absl::StatusOr<RemotePrefillPlan> EngineLoop::SubmitRemotePrefill(
   });
 }
 
-absl::Status EngineLoop::CompleteRemotePrefill(uint64_t id, int32_t first_token) {
+absl::Status EngineLoop::CompleteRemotePrefill(uint64_t id, sampling::SampledToken first_token) {
   return Await<absl::Status>(
-      [&](auto done) { CompleteRemotePrefillAsync(id, first_token, std::move(done)); });
+      [&](auto done) { CompleteRemotePrefillAsync(id, std::move(first_token), std::move(done)); });
 }
 
 absl::Status EngineLoop::FallBackToLocalPrefill(uint64_t id) {

@@ -82,7 +82,7 @@ class EngineLoop {
   absl::Status Submit(uint64_t id, GenerationRequest request, LocalEngine::DeltaCallback on_delta);
   absl::StatusOr<RemotePrefillPlan> SubmitRemotePrefill(uint64_t id, GenerationRequest request,
                                                         LocalEngine::DeltaCallback on_delta);
-  absl::Status CompleteRemotePrefill(uint64_t id, int32_t first_token);
+  absl::Status CompleteRemotePrefill(uint64_t id, sampling::SampledToken first_token);
   absl::Status FallBackToLocalPrefill(uint64_t id);
   // Drops the request at once and frees its blocks; no delta follows. False for an unknown id.
   bool Cancel(uint64_t id);
@@ -97,7 +97,7 @@ class EngineLoop {
   void SubmitRemotePrefillAsync(uint64_t id, GenerationRequest request,
                                 LocalEngine::DeltaCallback on_delta,
                                 absl::AnyInvocable<void(absl::StatusOr<RemotePrefillPlan>) &&> done);
-  void CompleteRemotePrefillAsync(uint64_t id, int32_t first_token,
+  void CompleteRemotePrefillAsync(uint64_t id, sampling::SampledToken first_token,
                                   absl::AnyInvocable<void(absl::Status) &&> done);
   void FallBackToLocalPrefillAsync(uint64_t id, absl::AnyInvocable<void(absl::Status) &&> done);
   void CancelAsync(uint64_t id, absl::AnyInvocable<void(bool) &&> done = nullptr);

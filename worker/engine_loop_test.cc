@@ -236,7 +236,7 @@ TEST(EngineLoopTest, AsyncFormsReportOnTheEngineThreadOrAtOnceWhenRefused) {
     EXPECT_FALSE(found);
     unknown.Notify();
   });
-  loop->CompleteRemotePrefillAsync(42, 7, [&](absl::Status s) {
+  loop->CompleteRemotePrefillAsync(42, {.id = 7, .logprob = {}, .top_logprobs = {}}, [&](absl::Status s) {
     EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
     complete.Notify();
   });
@@ -328,7 +328,7 @@ TEST(EngineLoopTest, WaitingForRemoteKvMakesNoStepsAndSpendsNoCpu) {
   EXPECT_LT(cpu_seconds, 0.1);
 
   absl::Notification completed;
-  loop->CompleteRemotePrefillAsync(5, 42, [&](absl::Status s) {
+  loop->CompleteRemotePrefillAsync(5, {.id = 42, .logprob = {}, .top_logprobs = {}}, [&](absl::Status s) {
     EXPECT_TRUE(s.ok()) << s;
     completed.Notify();
   });

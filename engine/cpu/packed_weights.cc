@@ -245,4 +245,36 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(
   return PackedWeights(*format, n, k, std::move(data));
 }
 
+absl::Status PackedWeights::UnpackRow(int64_t row, DType type, void* out) const {
+  const bool q8 = format_ == PackedFormat::kQ8x16 && type == DType::kQ8_0;
+  const bool q4 =
+      format_ == PackedFormat::kQ4x16 && (type == DType::kQ4_0 || type == DType::kQ4_1);
+  if (!q8 && !q4) {
+    return absl::UnimplementedError(absl::StrCat("PackedWeights: no ", DTypeName(type),
+                                                 " rows from this packed format"));
+  }
+  if (row < 0 || row >= n_) {
+    return absl::OutOfRangeError(absl::StrCat("PackedWeights: row ", row, " of ", n_));
+  }
+  const int64_t nb = k_ / kQuantBlock;
+  const int64_t r = row % kPackedRows;
+  const int groups = q8 ? 8 : 4;
+  const int64_t block_bytes = DTypeBlockBytes(type);
+  const uint8_t* tile_data = tile(row / kPackedRows);
+  auto* dst = static_cast<uint8_t*>(out);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* in = tile_data + b * PackedBlockBytes(format_);
+    uint8_t* blk = dst + b * block_bytes;
+    // The block as Pack read it: d, then m (Q4_1 only), then the codes.
+    std::memcpy(blk, in + groups * 64 + r * 2, 2);
+    uint8_t* qs = blk + 2;
+    if (type == DType::kQ4_1) {
+      std::memcpy(blk + 2, in + groups * 64 + 32 + r * 2, 2);
+      qs = blk + 4;
+    }
+    for (int g = 0; g < groups; ++g) std::memcpy(qs + g * 4, in + g * 64 + r * 4, 4);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tandem::cpu

@@ -101,6 +101,12 @@ class PackedWeights {
   int64_t num_tiles() const { return (n_ + kPackedRows - 1) / kPackedRows; }
   int64_t tile_bytes() const { return k_ / kQuantBlock * PackedBlockBytes(format_); }
   int64_t bytes() const { return num_tiles() * tile_bytes(); }
+  // Writes row `row` back in the GGUF layout of `type`, byte for byte what was packed, to
+  // `out` (DTypeStorageBytes(type, k) bytes): a tied embedding reads its token rows from the
+  // output matrix's packed copy, not from file pages that would come back into memory.
+  // UNIMPLEMENTED unless the format is kQ8x16 from Q8_0 or kQ4x16 from Q4_0 / Q4_1 (the formats
+  // that hold the file's codes and scales as they are); OUT_OF_RANGE for a row past n.
+  absl::Status UnpackRow(int64_t row, DType type, void* out) const;
   // Tile t: rows 16t .. 16t + 15. The data starts 64-byte aligned (kQ4x16, kQ5x16 and kQ6x16 tiles all are).
   const uint8_t* tile(int64_t t) const { return data_.get() + t * tile_bytes(); }
 

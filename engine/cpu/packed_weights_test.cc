@@ -327,6 +327,38 @@ TEST(PackedWeightsTest, SizesAndAlignment) {
   EXPECT_EQ(PackedWeights::PackedBytes(DType::kIQ4_NL, 16, 64), 0);
 }
 
+// The formats that keep the file's codes and scales give each row back byte for byte (a tied
+// embedding reads its rows this way); the others, and rows past N, are refused.
+TEST(PackedWeightsTest, UnpackRowGivesBackTheFileRow) {
+  std::mt19937 rng(41);
+  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    const int64_t n = 16 * 3 + 5, k = 96;
+    const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
+    absl::StatusOr<PackedWeights> packed = PackedWeights::Pack(w.data(), type, n, k);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    const size_t row_bytes = static_cast<size_t>(*DTypeStorageBytes(type, k));
+    std::vector<uint8_t> row(row_bytes);
+    for (int64_t r = 0; r < n; ++r) {
+      ASSERT_TRUE(packed->UnpackRow(r, type, row.data()).ok());
+      ASSERT_EQ(std::memcmp(row.data(), w.data() + r * row_bytes, row_bytes), 0)
+          << DTypeName(type) << " row " << r;
+    }
+    EXPECT_EQ(packed->UnpackRow(n, type, row.data()).code(), absl::StatusCode::kOutOfRange);
+    EXPECT_EQ(packed->UnpackRow(-1, type, row.data()).code(), absl::StatusCode::kOutOfRange);
+  }
+  const std::vector<uint8_t> w = RandomWeights(rng, DType::kQ5_0, 16, 64);
+  absl::StatusOr<PackedWeights> packed5 = PackedWeights::Pack(w.data(), DType::kQ5_0, 16, 64);
+  ASSERT_TRUE(packed5.ok());
+  std::vector<uint8_t> row(64);
+  EXPECT_EQ(packed5->UnpackRow(0, DType::kQ5_0, row.data()).code(),
+            absl::StatusCode::kUnimplemented);
+  const std::vector<uint8_t> w8 = RandomWeights(rng, DType::kQ8_0, 16, 64);
+  absl::StatusOr<PackedWeights> packed8 = PackedWeights::Pack(w8.data(), DType::kQ8_0, 16, 64);
+  ASSERT_TRUE(packed8.ok());
+  EXPECT_EQ(packed8->UnpackRow(0, DType::kQ4_1, row.data()).code(),
+            absl::StatusCode::kUnimplemented);
+}
+
 // The rows Pack reports as done are never read again: overwriting them with other weights as
 // soon as they are reported leaves the packed copy byte for byte what packing the untouched
 // matrix gives. The reports ascend and the last is n. (Enough tiles that reports come mid-way.)

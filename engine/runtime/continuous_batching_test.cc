@@ -357,7 +357,7 @@ class Disaggregated {
       EXPECT_GT(d.prompt_seconds, 0) << "request " << id;
     }));
     while (prefill_->HasWork()) CHECK_OK(prefill_->Step());
-    CHECK_OK(decode_->CompleteRemotePrefill(id, first_token));
+    CHECK_OK(decode_->CompleteRemotePrefill(id, {.id = first_token, .logprob = {}, .top_logprobs = {}}));
     while (decode_->HasWork()) CHECK_OK(decode_->Step());
     *transferred_blocks = static_cast<int64_t>(sent.size());
     return out;
@@ -395,7 +395,7 @@ TEST(DisaggregatedPrefillTest, FallBackToLocalPrefillGivesTheSameOutput) {
   EXPECT_GT(engine->scheduler_stats().used_blocks, 0);
   ASSERT_TRUE(engine->Step().ok());
   EXPECT_TRUE(got.empty()) << "a request waiting for its remote prefill ran";
-  EXPECT_EQ(engine->CompleteRemotePrefill(6, 1).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine->CompleteRemotePrefill(6, {.id = 1, .logprob = {}, .top_logprobs = {}}).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(engine->FallBackToLocalPrefill(5).ok());
   while (engine->HasWork()) ASSERT_TRUE(engine->Step().ok());
   EXPECT_EQ(got, AloneTokens(r));
@@ -406,7 +406,7 @@ TEST(DisaggregatedPrefillTest, ABadFirstTokenFromThePeerIsRefusedAndPrefilledHer
   const GenerationRequest r = Greedy(Tokens(kTexts[4]), 6);
   std::vector<int32_t> got;
   ASSERT_TRUE(engine->AddRemotePrefill(1, r, [&](const GenerationDelta& d) { got.push_back(d.token); }).ok());
-  const absl::Status bad = engine->CompleteRemotePrefill(1, -3);
+  const absl::Status bad = engine->CompleteRemotePrefill(1, {.id = -3, .logprob = {}, .top_logprobs = {}});
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
   while (engine->HasWork()) ASSERT_TRUE(engine->Step().ok());
   EXPECT_EQ(got, AloneTokens(r));

@@ -1,5 +1,6 @@
 #include "engine/runtime/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -16,6 +17,9 @@
 
 namespace tandem {
 namespace {
+
+static_assert(CpuBackend::kPrefetchKvMaxTokens <= CpuBackend::kMlpMinRows,
+              "a step that prefetches KV rows runs its MLP in one pass");
 
 std::vector<float> ToFloat(const GgufTensor* t) {
   if (t == nullptr) return {};
@@ -114,6 +118,16 @@ absl::Status CpuBackend::Init() {
     s.window = c.LayerWindow(l);
     s.sliding_rope = !inv_freq_sliding_.empty() && s.window > 0;
   }
+  if (options_.mlp_rows_per_pass < 0 || options_.mlp_rows_per_pass % kMlpRowAlign != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("mlp_rows_per_pass must be a multiple of ",
+                                                   kMlpRowAlign, ", got ",
+                                                   options_.mlp_rows_per_pass));
+  }
+  mlp_rows_ = options_.mlp_rows_per_pass;
+  if (mlp_rows_ == 0) {
+    const int64_t fit = kMlpScratchBytes / (2 * c.intermediate_size * int64_t{sizeof(float)});
+    mlp_rows_ = std::max(kMlpMinRows, fit / kMlpRowAlign * kMlpRowAlign);
+  }
   if (options_.pack_weights) RETURN_IF_ERROR(PackWeights());
   return absl::OkStatus();
 }
@@ -164,6 +178,14 @@ absl::Status CpuBackend::PackWeights() {
     // embedding matrix tied to the output reads a few rows a step, which come back from the page
     // cache.
     packed_.emplace(t, *std::move(packed));
+  }
+  // A tied embedding in a format that gives its rows back (PackedWeights::UnpackRow) is read from
+  // its packed copy: a row's buffer here.
+  const GgufTensor* embd = model_->weights.token_embd;
+  if (const cpu::PackedWeights* p = PackedFor(embd);
+      p != nullptr && (embd->type == DType::kQ8_0 || embd->type == DType::kQ4_0 ||
+                       embd->type == DType::kQ4_1)) {
+    embd_row_.resize(static_cast<size_t>(*DTypeStorageBytes(embd->type, embd->shape[0])));
   }
   return absl::OkStatus();
 }
@@ -243,16 +265,11 @@ void CpuBackend::Norm(const float* in, const std::vector<float>& weight, float* 
                                   .eps = c.rms_norm_eps});
 }
 
-void CpuBackend::NormRows(const std::vector<float>& weight, bool add_proj,
-                          const std::vector<float>& proj_norm, int64_t begin, int64_t end) {
-  const int64_t H = model_->config.hidden_size;
-  float* x_rows = scratch_.x.data() + begin * H;
-  if (add_proj && !proj_norm.empty()) {
-    float* proj_rows = scratch_.proj.data() + begin * H;
-    Norm(proj_rows, proj_norm, proj_rows, end - begin);
-  }
-  Norm(add_proj ? scratch_.proj.data() + begin * H : x_rows, weight,
-       scratch_.h.data() + begin * H, end - begin, add_proj ? x_rows : nullptr);
+void CpuBackend::AddNorm(const std::vector<float>& weight, float* proj,
+                         const std::vector<float>& proj_norm, float* x, float* out,
+                         int64_t rows) const {
+  if (proj != nullptr && !proj_norm.empty()) Norm(proj, proj_norm, proj, rows);
+  Norm(proj != nullptr ? proj : x, weight, out, rows, proj != nullptr ? x : nullptr);
 }
 
 void CpuBackend::Rope(std::vector<float>& y, int64_t heads, int64_t l) {
@@ -333,7 +350,7 @@ absl::Status CpuBackend::Plan(const StepBatch& batch, const KvStorage& kv) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
+absl::Status CpuBackend::Embed(const TensorDump& dump) {
   const ModelConfig& c = model_->config;
   const ModelWeights& w = model_->weights;
   const int64_t T = plan_.num_tokens, H = c.hidden_size, F = c.intermediate_size;
@@ -343,16 +360,25 @@ absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
   std::vector<float>& x = Sized(sc.x, T * H);
   const int64_t embd_row_bytes = *DTypeStorageBytes(w.token_embd->type, H);
   // An embedding matrix that is also the (packed) output matrix has its packed copy resident
-  // already; its file pages, which a row read brings back many at a time (fault-around and large
-  // page-cache folios map up to a megabyte per read), would come to hold a second copy of the
-  // matrix over a long run. They are let go every kEmbedRowsPerDrop rows.
+  // already. Its rows are read back from that copy where the packed format keeps the file's
+  // bytes (Q8_0, Q4_0, Q4_1: bit-identical); otherwise from the file, whose pages a row read
+  // brings back many at a time (fault-around and large page-cache folios map up to a megabyte per
+  // read) and which would come to hold a second copy of the matrix over a long run, so they are
+  // let go every kEmbedRowsPerDrop rows.
   constexpr int64_t kEmbedRowsPerDrop = 16;
-  const bool drop = model_->file != nullptr && PackedFor(w.token_embd) != nullptr;
+  const cpu::PackedWeights* packed_embd = PackedFor(w.token_embd);
+  const bool from_packed =
+      packed_embd != nullptr && embd_row_.size() == static_cast<size_t>(embd_row_bytes);
+  const bool drop = !from_packed && model_->file != nullptr && packed_embd != nullptr;
   for (int64_t t = 0; t < T; ++t) {
-    DequantizeReference(
-        w.token_embd->type,
-        static_cast<const char*>(w.token_embd->data) + plan_.token_ids[t] * embd_row_bytes,
-        x.data() + t * H, H);
+    const void* row =
+        static_cast<const char*>(w.token_embd->data) + plan_.token_ids[t] * embd_row_bytes;
+    if (from_packed) {
+      RETURN_IF_ERROR(packed_embd->UnpackRow(plan_.token_ids[t], w.token_embd->type,
+                                             embd_row_.data()));
+      row = embd_row_.data();
+    }
+    DequantizeReference(w.token_embd->type, row, x.data() + t * H, H);
     if (drop && ((t + 1) % kEmbedRowsPerDrop == 0 || t + 1 == T)) {
       model_->file->DropPages(*w.token_embd);
     }
@@ -360,14 +386,19 @@ absl::Status CpuBackend::Embed(const TensorDump& /*dump*/) {
   if (c.embedding_scale != 1.0f) {
     for (float& e : x) e *= c.embedding_scale;
   }
-  Sized(sc.h, T * H);
+  // h holds each layer's attention output too ([T, Dq]) between the Q/K/V product, which reads
+  // it as the normed input, and the MLP's norm, which writes it again.
+  Sized(sc.h, T * std::max(H, Dq));
   Sized(sc.q, T * Dq);
   Sized(sc.k, T * Dkv);
   Sized(sc.v, T * Dkv);
-  Sized(sc.attn, T * Dq);
-  Sized(sc.gate, T * F);
-  Sized(sc.up, T * F);
-  Sized(sc.proj, T * H);
+  // The MLP's passes (Mlp); a step with a dump is one pass, so that every tensor is whole.
+  pass_rows_ = dump ? std::max<int64_t>(T, 1) : mlp_rows_;
+  const int64_t pass = std::min(T, pass_rows_);
+  Sized(sc.gate, pass * F);
+  Sized(sc.up, pass * F);
+  Sized(sc.proj, pass * H);
+  if (T > pass_rows_) Sized(sc.normed, pass * H);
   // The rotation angles depend only on the positions: once for Q and K of every layer.
   cpu::RopeCosSin(plan_.token_pos.data(), T, inv_freq_.data(), c.head_dim,
                   Sized(sc.rope_cos_sin, T * c.head_dim).data(), rope_scale_);
@@ -394,7 +425,8 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
   const std::vector<float>& proj_norm =
       l > 0 ? layers_[static_cast<size_t>(l - 1)].ffn_post_norm : sl.ffn_post_norm;
   auto attn_norm_rows = [&](int64_t begin, int64_t end) {
-    NormRows(sl.attn_norm, add_proj, proj_norm, begin, end);
+    AddNorm(sl.attn_norm, add_proj ? sc.proj.data() + begin * H : nullptr, proj_norm,
+            sc.x.data() + begin * H, sc.h.data() + begin * H, end - begin);
   };
   RETURN_IF_ERROR(LinearShared(
       sc.h.data(), T, {{lw.attn_q, sc.q.data()}, {lw.attn_k, sc.k.data()}, {lw.attn_v, sc.v.data()}},
@@ -437,7 +469,7 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
   cpu::PagedAttentionParams ap;
   ap.q = sc.q.data();
   ap.q_token_stride = Dq;
-  ap.out = sc.attn.data();
+  ap.out = sc.h.data();  // (Q/K/V have read it)
   ap.out_token_stride = Dq;
   ap.k_cache = kv->LayerKeys(l);
   ap.v_cache = kv->LayerValues(l);
@@ -459,7 +491,7 @@ absl::Status CpuBackend::Attention(int64_t l, KvStorage* kv, const TensorDump& d
   ap.softcap = c.attn_logit_softcap;
   RETURN_IF_ERROR(
       cpu::PagedAttention(ap, cpu::KernelContext{.pool = pool_.get(), .isa = options_.isa}));
-  Emit(dump, "kqv_out" + suffix, sc.attn.data(), T, Dq);
+  Emit(dump, "kqv_out" + suffix, sc.h.data(), T, Dq);
   return absl::OkStatus();
 }
 
@@ -471,45 +503,73 @@ absl::Status CpuBackend::Mlp(int64_t l, const KvStorage& kv, const TensorDump& d
   const std::string suffix = absl::StrCat("-", l);
   Scratch& sc = scratch_;
 
-  RETURN_IF_ERROR(Linear(sc.attn.data(), T, *lw.attn_output, sc.proj.data()));
-  auto ffn_norm_rows = [&](int64_t begin, int64_t end) {
-    NormRows(sl.ffn_norm, /*add_proj=*/true, sl.attn_post_norm, begin, end);
-  };
-  RETURN_IF_ERROR(LinearShared(sc.h.data(), T,
-                               {{lw.ffn_gate, sc.gate.data()}, {lw.ffn_up, sc.up.data()}},
-                               {.prepare_rows = ffn_norm_rows}));
-  Emit(dump, "ffn_inp" + suffix, sc.x.data(), T, H);
-  Emit(dump, "ffn_norm" + suffix, sc.h.data(), T, H);
   const cpu::KernelContext serial{.pool = nullptr, .isa = options_.isa};
   const bool gelu = c.ffn_activation == ModelConfig::Activation::kGeluTanh;
-  auto act_rows = [&](int64_t begin, int64_t end) {
-    const cpu::SiluMulParams params{.gate = sc.gate.data() + begin * F,
-                                    .up = sc.up.data() + begin * F,
-                                    .out = sc.gate.data() + begin * F, .gate_stride = F,
-                                    .up_stride = F, .out_stride = F, .rows = end - begin,
-                                    .dim = F};
-    if (gelu) {
-      cpu::GeluTanhMul(params);
-    } else {
-      cpu::SiluMul(params, serial);
+  // Passes over rows [r0, r0 + rows) of the step (pass_rows_ at a time): the attention output's
+  // projection into proj, its residual add into x and the norm, gate / up into the pass's
+  // scratch, and the down projection into proj. The packed kernels take 16 weight rows at a time
+  // over all of a pass's rows, so a pass of >= 64 rows keeps them as busy as the whole step did.
+  // One pass (every decode step) leaves the MLP's residual add to the next norm
+  // (proj_pending_), which does it row-parallel with the norm; with several, each pass adds its
+  // own rows at its end, so proj holds one pass's rows. h holds attention's output for the rows
+  // of later passes, so their norm goes to sc.normed.
+  const bool one_pass = T <= pass_rows_;
+  float* normed = one_pass ? sc.h.data() : sc.normed.data();
+  const int64_t Dq = c.num_heads * c.head_dim;
+  for (int64_t r0 = 0; r0 < T; r0 += pass_rows_) {
+    const int64_t rows = std::min(pass_rows_, T - r0);
+    float* x_rows = sc.x.data() + r0 * H;
+    RETURN_IF_ERROR(Linear(sc.h.data() + r0 * Dq, rows, *lw.attn_output, sc.proj.data()));
+    auto ffn_norm_rows = [&](int64_t begin, int64_t end) {
+      AddNorm(sl.ffn_norm, sc.proj.data() + begin * H, sl.attn_post_norm, x_rows + begin * H,
+              normed + begin * H, end - begin);
+    };
+    RETURN_IF_ERROR(LinearShared(normed, rows,
+                                 {{lw.ffn_gate, sc.gate.data()}, {lw.ffn_up, sc.up.data()}},
+                                 {.prepare_rows = ffn_norm_rows}));
+    auto act_rows = [&](int64_t begin, int64_t end) {
+      const cpu::SiluMulParams params{.gate = sc.gate.data() + begin * F,
+                                      .up = sc.up.data() + begin * F,
+                                      .out = sc.gate.data() + begin * F, .gate_stride = F,
+                                      .up_stride = F, .out_stride = F, .rows = end - begin,
+                                      .dim = F};
+      if (gelu) {
+        cpu::GeluTanhMul(params);
+      } else {
+        cpu::SiluMul(params, serial);
+      }
+    };
+    cpu::MatMulExtras down_extras{.prepare_rows = act_rows};
+    // (A step small enough to prefetch for is one pass: kPrefetchKvMaxTokens <= kMlpMinRows.)
+    if (prefetch_kv_ && r0 == 0 && l + 1 < c.num_layers) {
+      CollectKvRows(l + 1, kv);
+      const size_t half = sc.kv_rows.size() / 2;
+      down_extras.prefetch = kv_rows_left_.first(half);
+      kv_rows_left_.remove_prefix(half);
     }
-  };
-  cpu::MatMulExtras down_extras{.prepare_rows = act_rows};
-  if (prefetch_kv_ && l + 1 < c.num_layers) {
-    CollectKvRows(l + 1, kv);
-    const size_t half = sc.kv_rows.size() / 2;
-    down_extras.prefetch = kv_rows_left_.first(half);
-    kv_rows_left_.remove_prefix(half);
+    RETURN_IF_ERROR(Linear(sc.gate.data(), rows, *lw.ffn_down, sc.proj.data(), down_extras));
+    if (!one_pass) {
+      // The same operations the next norm would do: proj normed with ffn_post_norm, then added.
+      pool_->ParallelFor(rows, [&](int64_t begin, int64_t end) {
+        float* p = sc.proj.data() + begin * H;
+        if (!sl.ffn_post_norm.empty()) Norm(p, sl.ffn_post_norm, p, end - begin);
+        cpu::Add(x_rows + begin * H, p, x_rows + begin * H, (end - begin) * H);
+      });
+    }
   }
-  RETURN_IF_ERROR(Linear(sc.gate.data(), T, *lw.ffn_down, sc.proj.data(), down_extras));
-  Emit(dump, "ffn_out" + suffix, sc.proj.data(), T, H);
+  proj_pending_ = one_pass;
+  // (A step with a dump is one pass: Embed.)
+  if (one_pass) {
+    Emit(dump, "ffn_inp" + suffix, sc.x.data(), T, H);
+    Emit(dump, "ffn_norm" + suffix, sc.h.data(), T, H);
+    Emit(dump, "ffn_out" + suffix, sc.proj.data(), T, H);
+  }
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::RunLayer(int64_t l, KvStorage* kv, const TensorDump& dump) {
   RETURN_IF_ERROR(Attention(l, kv, dump));
   RETURN_IF_ERROR(Mlp(l, *kv, dump));
-  proj_pending_ = true;
   return absl::OkStatus();
 }
 

@@ -57,7 +57,18 @@ class CpuBackend final : public Backend {
     // `prefetch`): those products are bound by arithmetic then, and attention would otherwise
     // wait on memory for every row. Results are identical either way.
     bool prefetch_kv = true;
+    // A layer's attention output projection and MLP run over the step's tokens in passes of
+    // this many rows (a multiple of kMlpRowAlign), so their gate / up activations ([rows, ffn]
+    // floats each), output rows and quantized copies stay within a size independent of the
+    // prompt chunk's length: at a 1B shape a 512-token step would otherwise hold 2 x 512 x 8192
+    // floats for gate / up alone (32 MiB; 56 MiB at 8B). Results are bit-identical for any value
+    // (every row's products are computed alone, and the residual adds are the same operations).
+    // 0: as many rows as fit kMlpScratchBytes, at least kMlpMinRows.
+    int64_t mlp_rows_per_pass = 0;
   };
+  static constexpr int64_t kMlpScratchBytes = int64_t{4} << 20;
+  static constexpr int64_t kMlpMinRows = 64;
+  static constexpr int64_t kMlpRowAlign = 16;
   static constexpr int64_t kPrefetchKvMinTokens = 4;
   static constexpr int64_t kPrefetchKvMaxTokens = 64;
 
@@ -100,11 +111,10 @@ class CpuBackend final : public Backend {
   // out = norm(in) over `rows` rows; with `residual`, residual += in first and out = its norm.
   void Norm(const float* in, const std::vector<float>& weight, float* out, int64_t rows,
             float* residual = nullptr) const;
-  // Rows [begin, end) of h = norm(x), after x += proj when `add_proj` (the residual add of the
-  // product before), proj first normalized with `proj_norm` unless it is empty (Gemma's post
-  // norms).
-  void NormRows(const std::vector<float>& weight, bool add_proj, const std::vector<float>& proj_norm,
-                int64_t begin, int64_t end);
+  // out = norm(x) over `rows` rows (of hidden_size floats); with `proj`, x += proj first, proj
+  // first normalized with `proj_norm` unless it is empty (Gemma's post norms).
+  void AddNorm(const std::vector<float>& weight, float* proj, const std::vector<float>& proj_norm,
+               float* x, float* out, int64_t rows) const;
   // RoPE on `y` ([T, heads, head_dim]) at the step's positions, with layer `l`'s frequencies.
   void Rope(std::vector<float>& y, int64_t heads, int64_t l);
   // Per-head RMSNorm of `y` ([T, heads, head_dim]) in place, with `weight` ([head_dim]); nothing
@@ -112,10 +122,11 @@ class CpuBackend final : public Backend {
   void HeadNorm(std::vector<float>& y, int64_t heads, const std::vector<float>& weight) const;
   // The KV rows layer `l`'s attention reads, for prefetching (Options::prefetch_kv).
   void CollectKvRows(int64_t l, const KvStorage& kv);
-  // Layer `l` up to its attention output (scratch_.attn): Q/K/V, RoPE, the step's K/V into
+  // Layer `l` up to its attention output (scratch_.h): Q/K/V, RoPE, the step's K/V into
   // `kv` (then the batch's on_layer_done), paged attention.
   absl::Status Attention(int64_t l, KvStorage* kv, const TensorDump& dump);
-  // Its output projection and MLP, leaving the last product in scratch_.proj.
+  // Its output projection and MLP, in passes of pass_rows_ rows; leaves the last product in
+  // scratch_.proj for the next norm to add when the step is one pass.
   absl::Status Mlp(int64_t l, const KvStorage& kv, const TensorDump& dump);
   absl::Status PackWeights();
   // The packed copy of `w`, or nullptr.
@@ -132,16 +143,23 @@ class CpuBackend final : public Backend {
   std::vector<float> output_norm_;
   std::vector<SmallLayer> layers_;
   std::unordered_map<const GgufTensor*, cpu::PackedWeights> packed_;
+  // One token row of a tied embedding read back from its packed copy (Embed); empty when the
+  // rows come from the file.
+  std::vector<uint8_t> embd_row_;
   // The step in progress (Plan .. Finish), and its working buffers, kept between steps (their
   // capacity follows the largest step so far).
   StepPlan plan_;
   struct Scratch {
-    std::vector<float> x, h, q, k, v, attn, gate, up, proj, rope_cos_sin, last;
+    // h: a norm's output, and between attention and its output projection attention's output.
+    // gate, up, proj: one MLP pass's rows; normed: the MLP's norm when a step takes several.
+    std::vector<float> x, h, q, k, v, gate, up, proj, normed, rope_cos_sin, last;
     std::vector<float> rope_cos_sin_sliding;  // with inv_freq_sliding_, when it is set
     std::vector<cpu::MemoryRange> kv_rows;  // what the next layer's attention reads
   };
   Scratch scratch_;
   bool prefetch_kv_ = false;  // Options::prefetch_kv applies to this step's size
+  int64_t mlp_rows_ = 0;      // Options::mlp_rows_per_pass, resolved
+  int64_t pass_rows_ = 0;     // the MLP's rows per pass in this step (Embed)
   // Of scratch_.kv_rows, those the next Q/K/V product prefetches.
   absl::Span<const cpu::MemoryRange> kv_rows_left_;
   // scratch_.proj holds the last product's output until its residual add into x, which runs

@@ -185,6 +185,69 @@ TEST(CpuBackendTest, KvPrefetchDoesNotChangeTheResult) {
   }
 }
 
+// A layer's output projection and MLP run over a step's rows in passes of
+// Options::mlp_rows_per_pass: a 76-token step of five sequences (passes of 16 cross sequence
+// boundaries and leave a 12-row remainder; the default is one pass), and the decode step after
+// it, give every sequence the same logits bit for bit. Passes that read or add each other's rows
+// would not.
+TEST(CpuBackendTest, MlpPassesDoNotChangeTheResult) {
+  auto make = [](int64_t rows_per_pass) {
+    Harness h;
+    auto forward = CpuBackend::Create(
+        &DefaultModel(), {.num_threads = 2, .mlp_rows_per_pass = rows_per_pass});
+    CHECK(forward.ok()) << forward.status();
+    h.forward = std::move(*forward);
+    auto kv = KvStorage::Create(h.forward->KvLayoutFor(32));
+    CHECK(kv.ok()) << kv.status();
+    h.kv = std::move(*kv);
+    return h;
+  };
+  Harness one_pass = make(0);
+  Harness passes = make(16);
+  std::vector<std::vector<int32_t>> tokens = {
+      kPromptA, kPromptB, {kPromptB.rbegin(), kPromptB.rend()}, kPromptA,
+      {kPromptA.begin(), kPromptA.begin() + 16}};
+  std::vector<std::vector<int32_t>> blocks;
+  for (size_t s = 0; s < tokens.size(); ++s) {
+    blocks.push_back(Blocks(static_cast<int32_t>(4 * s), 4));
+  }
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    StepBatch batch;
+    int64_t total = 0;
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      const int64_t length = static_cast<int64_t>(tokens[s].size());
+      const int64_t start = step == 0 ? 0 : length - 1;
+      total += length - start;
+      batch.sequences.push_back(
+          {.tokens = absl::MakeConstSpan(tokens[s]).subspan(static_cast<size_t>(start)),
+           .start_position = start,
+           .block_table = blocks[s]});
+    }
+    if (step == 0) {
+      ASSERT_EQ(total, 76);
+    }
+    StepOutput out_one, out_passes;
+    const absl::Status status = one_pass.forward->Step(batch, one_pass.kv.get(), &out_one);
+    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_TRUE(passes.forward->Step(batch, passes.kv.get(), &out_passes).ok());
+    ASSERT_EQ(out_one.logits.size(), tokens.size() * static_cast<size_t>(out_one.vocab_size));
+    ASSERT_EQ(out_one.logits, out_passes.logits);
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      const float* row = out_one.Logits(static_cast<int64_t>(s));
+      tokens[s].push_back(
+          static_cast<int32_t>(std::max_element(row, row + out_one.vocab_size) - row));
+    }
+  }
+}
+
+TEST(CpuBackendTest, MlpRowsPerPassMustBeWholeTiles) {
+  for (int64_t rows : {int64_t{-16}, int64_t{8}, int64_t{100}}) {
+    const auto forward = CpuBackend::Create(&DefaultModel(), {.mlp_rows_per_pass = rows});
+    EXPECT_EQ(forward.status().code(), absl::StatusCode::kInvalidArgument) << rows;
+  }
+}
+
 TEST(CpuBackendTest, DumpNamesEveryLayerLikeLlamaCpp) {
   Harness h = MakeHarness();
   const std::vector<int32_t> blocks = Blocks(0, 1);

@@ -203,34 +203,32 @@ absl::StatusOr<RemotePrefillPlan> LocalEngine::AddRemotePrefill(uint64_t id,
   return plan;
 }
 
-absl::Status LocalEngine::CompleteRemotePrefill(uint64_t id, int32_t first_token) {
+absl::Status LocalEngine::CompleteRemotePrefill(uint64_t id, sampling::SampledToken first_token) {
   auto it = requests_.find(id);
   if (it == requests_.end() || !it->second->remote) {
     return absl::NotFoundError(absl::StrCat("request ", id, " waits for no remote prefill"));
   }
   Request& r = *it->second;
-  if (first_token < 0 || first_token >= model_.config.vocab_size) {
+  if (first_token.id < 0 || first_token.id >= model_.config.vocab_size) {
     r.remote = false;
     scheduler_->FallBackToLocalPrefill(id);
-    return absl::InvalidArgumentError(absl::StrCat("the peer's first token ", first_token,
+    return absl::InvalidArgumentError(absl::StrCat("the peer's first token ", first_token.id,
                                                    " is outside the vocabulary"));
   }
   if (r.constraint.has_value()) {
     // The peer applied the same response_format; a token it does not allow is the peer's fault.
     const absl::Span<const uint32_t> allowed = r.constraint->AllowedTokens();
-    if (!allowed.empty() && (allowed[static_cast<size_t>(first_token) / 32] >>
-                             (static_cast<uint32_t>(first_token) % 32) & 1u) == 0) {
+    const auto t = static_cast<uint32_t>(first_token.id);
+    if (!allowed.empty() && (allowed[t / 32] >> (t % 32) & 1u) == 0) {
       r.remote = false;
       scheduler_->FallBackToLocalPrefill(id);
       return absl::InvalidArgumentError(absl::StrCat(
-          "the peer's first token ", first_token, " does not fit the response_format"));
+          "the peer's first token ", first_token.id, " does not fit the response_format"));
     }
   }
   r.remote = false;
   scheduler_->CompleteRemotePrefill(id);
-  sampling::SampledToken token;
-  token.id = first_token;
-  absl::StatusOr<bool> done = Deliver(r, std::move(token));
+  absl::StatusOr<bool> done = Deliver(r, std::move(first_token));
   if (!done.ok() || *done) {
     End(it);
   }

@@ -175,11 +175,12 @@ class LocalEngine {
   // added) when the batch or the pool is full now; Add queues it instead.
   absl::StatusOr<RemotePrefillPlan> AddRemotePrefill(uint64_t id, GenerationRequest request,
                                                      DeltaCallback on_delta);
-  // The peer wrote the prompt's K/V and sampled `first_token` from it: the token is reported like
-  // any other (it may end the request), and the request decodes here. INVALID_ARGUMENT for a token
+  // The peer wrote the prompt's K/V and sampled `first_token` from it (with its log-probabilities
+  // when the request asked for them): the token is reported like any other (it may end the
+  // request), and the request decodes here. INVALID_ARGUMENT for a token
   // outside the vocabulary (the request is then prefilled here instead); NOT_FOUND for an id that
   // is not waiting for a remote prefill.
-  absl::Status CompleteRemotePrefill(uint64_t id, int32_t first_token);
+  absl::Status CompleteRemotePrefill(uint64_t id, sampling::SampledToken first_token);
   // The peer failed: the request is prefilled here. NOT_FOUND as above.
   absl::Status FallBackToLocalPrefill(uint64_t id);
 

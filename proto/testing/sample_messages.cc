@@ -168,6 +168,7 @@ v1::TokenizeRequest SampleTokenizeRequest(v1::TokenizeRequest::InputCase input) 
       break;
     case v1::TokenizeRequest::kChat:
       *request.mutable_chat() = SampleChat();
+      request.set_add_generation_prompt(false);  // Set to false: present, unlike unset.
       break;
     case v1::TokenizeRequest::INPUT_NOT_SET:
       break;

@@ -27,42 +27,69 @@
 #include "common/status_conversion.h"
 #include "common/trace_context.h"
 #include "nlohmann/json.hpp"
+#include "engine/tokenizer/unicode.h"
 #include "router/server/openai_json.h"
 
 namespace tandem::router {
 
 using nlohmann::json;
 
-// One HTTP request relayed to the cluster. Lives until both its relay ended (OnDone handled on
-// the loop) and the HTTP side is finished.
-struct HttpCall final : public ResponseSink {
-  HttpServer::Impl* server = nullptr;
-  evhttp_request* req = nullptr;  // null once the client went away or the reply ended
-  bool chat = false;
-  bool stream = false;
-  bool include_usage = false;
-  std::string id;
-  std::string model;
-  int64_t created = 0;
-  int64_t prompt_tokens = 0;
-  std::string text;
+struct HttpCall;
+
+// One candidate of an HTTP request: its own request relayed to the cluster (n and best_of fan
+// out one per candidate, with distinct seeds). Its events go to the loop tagged with its index.
+struct Candidate final : public ResponseSink {
+  HttpCall* call = nullptr;
+  int index = 0;
+  std::shared_ptr<RelayedCall> relay;
+  bool done = false;  // its relay ended
+  std::string text;   // not streamed: the whole text
+  std::vector<TokenWithLogprobs> logprobs;  // not streamed: every token's
+  double cumulative_logprob = 0;            // of every token generated (ranks best_of)
+  int64_t logprob_chars = 0;                // streamed: characters of the tokens sent (text_offset)
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
   std::string finish;
   bool sent_role = false;
-  bool headers_sent = false;  // a stream's 200 and SSE headers went out
-  v1::Usage usage;
-  std::shared_ptr<RelayedCall> relay;
-  // Fires when the client closes its side, even while nothing reads the socket (a non-streamed
-  // request writes only at the end, so a write error would come too late).
-  event* closed_watch = nullptr;
 
   void OnResponse(const v1::GenerateResponse& response) override;
   void OnDone(const absl::Status& status) override;
   void OnAdmitted() override;
 };
 
+// One HTTP request relayed to the cluster. Lives until every candidate's relay ended (OnDone
+// handled on the loop) and the HTTP side is finished.
+struct HttpCall {
+  HttpServer::Impl* server = nullptr;
+  evhttp_request* req = nullptr;  // null once the client went away or the reply ended
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;
+  int n = 1;                     // choices returned
+  std::optional<int> logprobs;   // alternatives per token asked for; nullopt: no logprobs
+  std::string id;
+  std::string model;
+  int64_t created = 0;
+  int64_t prompt_tokens = 0;
+  bool headers_sent = false;  // a stream's 200 and SSE headers went out
+  std::vector<std::unique_ptr<Candidate>> candidates;
+  int open = 0;               // candidates whose relay has not ended
+  absl::Status error;         // the first candidate's error; the others are cancelled
+  // Fires when the client closes its side, even while nothing reads the socket (a non-streamed
+  // request writes only at the end, so a write error would come too late).
+  event* closed_watch = nullptr;
+
+  void CancelAll() {
+    for (auto& c : candidates) {
+      if (c->relay != nullptr && !c->done) c->relay->Cancel();
+    }
+  }
+};
+
 // A queued request started on a worker (ResponseSink::OnAdmitted).
 struct Admitted {};
+
+using RelayEvent = std::variant<v1::GenerateResponse, absl::Status, Admitted>;
 
 struct HttpServer::Impl {
   RequestRouter* router = nullptr;
@@ -73,41 +100,52 @@ struct HttpServer::Impl {
   int port = 0;
   std::thread thread;
 
-  // Relay events handed from gRPC threads to the loop.
+  // Relay events handed from gRPC threads to the loop: the call, the candidate's index, the event.
   absl::Mutex mu;
-  std::deque<std::pair<std::shared_ptr<HttpCall>, std::variant<v1::GenerateResponse, absl::Status, Admitted>>>
-      pending ABSL_GUARDED_BY(mu);
+  struct Pending {
+    std::shared_ptr<HttpCall> call;
+    int candidate;
+    RelayEvent event;
+  };
+  std::deque<Pending> pending ABSL_GUARDED_BY(mu);
 
-  void Post(HttpCall* call, std::variant<v1::GenerateResponse, absl::Status, Admitted> item) {
+  void Post(HttpCall* call, int candidate, RelayEvent item) {
     {
       absl::MutexLock lock(&mu);
       auto it = calls.find(call);
       if (it == calls.end()) return;
-      pending.emplace_back(it->second, std::move(item));
+      pending.push_back({it->second, candidate, std::move(item)});
     }
     event_active(wake, EV_READ, 0);
   }
-  // The calls in flight, keeping them alive until their relay ended and the reply was sent.
+  // The calls in flight, keeping them alive until their relays ended and the reply was sent.
   absl::flat_hash_map<HttpCall*, std::shared_ptr<HttpCall>> calls ABSL_GUARDED_BY(mu);
 
   void Handle(evhttp_request* req);
   // `span`: the router's span of the request (SpanForHttp).
   void HandleGenerate(evhttp_request* req, bool chat, const TraceContext& span);
+  // POST /tokenize and /detokenize.
+  void HandleTokenize(evhttp_request* req);
+  void HandleDetokenize(evhttp_request* req);
   // Hands the relay events posted from gRPC threads to their calls, on the loop.
   void DeliverPending();
-  void Deliver(HttpCall& call, const v1::GenerateResponse& response);
+  void Deliver(HttpCall& call, Candidate& candidate, const v1::GenerateResponse& response);
+  // A candidate's relay ended; the last one finishes the call.
+  void CandidateDone(HttpCall& call, Candidate& candidate, const absl::Status& status);
   void Finish(HttpCall& call, const absl::Status& status);
+  // The log-probabilities of `response`'s tokens, with their texts.
+  std::vector<TokenWithLogprobs> Logprobs(const v1::GenerateResponse& response) const;
   // Sends a stream's 200 and server-sent-event headers on `req` (the call's request), once.
   static void StartStream(HttpCall& call, evhttp_request* req);
   static void StartStream(HttpCall& call) { StartStream(call, call.req); }
-  // The call's relay ended: its client's going away cancels nothing any more.
+  // The call's relays ended: its client's going away cancels nothing any more.
   static void Unwatch(HttpCall* call) {
     if (call->closed_watch != nullptr) {
       event_free(call->closed_watch);
       call->closed_watch = nullptr;
     }
   }
-  // The call is over: its relay ended and its reply was written out, or its client went away.
+  // The call is over: its relays ended and its reply was written out, or its client went away.
   void Forget(HttpCall* call) {
     Unwatch(call);
     absl::MutexLock lock(&mu);
@@ -117,9 +155,11 @@ struct HttpServer::Impl {
   std::atomic<bool> draining{false};
 };
 
-void HttpCall::OnResponse(const v1::GenerateResponse& response) { server->Post(this, response); }
-void HttpCall::OnDone(const absl::Status& status) { server->Post(this, status); }
-void HttpCall::OnAdmitted() { server->Post(this, Admitted{}); }
+void Candidate::OnResponse(const v1::GenerateResponse& response) {
+  call->server->Post(call, index, response);
+}
+void Candidate::OnDone(const absl::Status& status) { call->server->Post(call, index, status); }
+void Candidate::OnAdmitted() { call->server->Post(call, index, Admitted{}); }
 
 namespace {
 
@@ -149,6 +189,7 @@ void ReplyWrongMethod(evhttp_request* req, const std::string& path, const char* 
         json{{"error",
               {{"message", absl::StrCat(path, " takes ", allowed)},
                {"type", "invalid_request_error"},
+               {"param", nullptr},
                {"code", "METHOD_NOT_ALLOWED"}}}}
             .dump());
 }
@@ -184,6 +225,13 @@ TraceContext SpanForHttp(evhttp_request* req) {
   evhttp_add_header(evhttp_request_get_output_headers(req), kTraceparentKey.data(),
                     span.traceparent().c_str());
   return span;
+}
+
+std::string BodyOf(evhttp_request* req) {
+  evbuffer* input = evhttp_request_get_input_buffer(req);
+  std::string raw(evbuffer_get_length(input), '\0');
+  evbuffer_copyout(input, raw.data(), raw.size());
+  return raw;
 }
 
 std::string Sse(const json& j) {
@@ -228,6 +276,10 @@ void HttpServer::Impl::Handle(evhttp_request* req) {
     Reply(req, 200, "application/json", OpenAiModelList(router->ListModels()));
     return;
   }
+  if (path == "/tokenize" || path == "/detokenize") {
+    if (method != EVHTTP_REQ_POST) return ReplyWrongMethod(req, path, "POST");
+    return path == "/tokenize" ? HandleTokenize(req) : HandleDetokenize(req);
+  }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     const TraceContext span = SpanForHttp(req);  // before any reply: errors carry it too
     if (method != EVHTTP_REQ_POST) return ReplyWrongMethod(req, path, "POST");
@@ -242,16 +294,21 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const Trac
     LOG(INFO) << TraceTag(span) << "request refused: " << status;
     ReplyError(req, status);
   };
-  evbuffer* input = evhttp_request_get_input_buffer(req);
-  std::string raw(evbuffer_get_length(input), '\0');
-  evbuffer_copyout(input, raw.data(), raw.size());
-  absl::StatusOr<OpenAiRequest> request = ParseOpenAiRequest(raw, chat);
+  absl::StatusOr<OpenAiRequest> request = ParseOpenAiRequest(BodyOf(req), chat);
   if (!request.ok()) return refuse(request.status());
+  absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(request->request, span);
+  if (!prepared.ok()) {
+    // The router names the prompt; a chat's is its messages.
+    if (chat && ParamOf(prepared.status()) == "prompt") {
+      return refuse(WithParam(prepared.status(), "messages"));
+    }
+    return refuse(prepared.status());
+  }
   auto call = std::make_shared<HttpCall>();
   call->stream = request->stream;
   call->include_usage = request->include_usage;
-  absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(request->request, span);
-  if (!prepared.ok()) return refuse(prepared.status());
+  call->n = request->n;
+  call->logprobs = request->logprobs;
   call->server = this;
   call->req = req;
   call->chat = chat;
@@ -259,39 +316,97 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const Trac
   call->model = router->ModelId();
   call->created = absl::ToUnixSeconds(absl::Now());
   call->prompt_tokens = static_cast<int64_t>(prepared->tokens.size());
+  for (int i = 0; i < request->best_of; ++i) {
+    auto c = std::make_unique<Candidate>();
+    c->call = call.get();
+    c->index = i;
+    call->candidates.push_back(std::move(c));
+  }
   {
     absl::MutexLock lock(&mu);
     calls[call.get()] = call;
   }
-  absl::StatusOr<std::shared_ptr<RelayedCall>> relay = router->Start(*std::move(prepared), call.get());
-  if (!relay.ok()) {
-    Forget(call.get());
-    return refuse(relay.status());
+  // One request per candidate: candidate i's seed is the client's plus i (distinct outputs that
+  // the same request repeats), or the workers' random one.
+  for (int i = 0; i < request->best_of; ++i) {
+    RequestRouter::Prepared one = *prepared;
+    if (request->best_of > 1) {
+      one.request.set_request_id(absl::StrCat(prepared->request.request_id(), "-", i));
+      if (one.request.sampling().has_seed()) {
+        one.request.mutable_sampling()->set_seed(one.request.sampling().seed() + i);
+      }
+    }
+    Candidate& c = *call->candidates[i];
+    absl::StatusOr<std::shared_ptr<RelayedCall>> relay = router->Start(std::move(one), &c);
+    if (!relay.ok()) {
+      if (i == 0) {
+        Forget(call.get());
+        return refuse(relay.status());
+      }
+      // The started ones end cancelled; the last to end replies with this error.
+      c.done = true;
+      call->error = relay.status();
+      call->CancelAll();
+      break;
+    }
+    c.relay = *relay;
+    ++call->open;
   }
-  call->relay = *relay;
   // A client that goes away cancels the request; the reply must not be touched after that.
   evhttp_connection_set_closecb(
       evhttp_request_get_connection(req),
       [](evhttp_connection*, void* arg) {
         auto* c = static_cast<HttpCall*>(arg);
         c->req = nullptr;
-        if (c->relay != nullptr) c->relay->Cancel();
+        c->CancelAll();
       },
       call.get());
   if (bufferevent* bev = evhttp_connection_get_bufferevent(evhttp_request_get_connection(req));
       bev != nullptr && bufferevent_getfd(bev) >= 0) {
     call->closed_watch = event_new(
         base, bufferevent_getfd(bev), EV_CLOSED,
-        [](evutil_socket_t, short, void* arg) {
-          auto* c = static_cast<HttpCall*>(arg);
-          if (c->relay != nullptr) c->relay->Cancel();
-        },
+        [](evutil_socket_t, short, void* arg) { static_cast<HttpCall*>(arg)->CancelAll(); },
         call.get());
     if (call->closed_watch != nullptr) event_add(call->closed_watch, nullptr);
   }
   // A request waiting in the router's admission queue answers once it starts: a refusal after
   // the wait is then still a plain 429.
-  if (call->stream && !call->relay->queued()) StartStream(*call);
+  if (call->stream && call->error.ok() && !call->candidates[0]->relay->queued()) {
+    StartStream(*call);
+  }
+}
+
+void HttpServer::Impl::HandleTokenize(evhttp_request* req) {
+  absl::StatusOr<v1::TokenizeRequest> request = ParseTokenizeRequest(BodyOf(req));
+  if (!request.ok()) return ReplyError(req, request.status());
+  absl::StatusOr<v1::TokenizeResponse> tokens = router->Tokenize(*request);
+  if (!tokens.ok()) return ReplyError(req, tokens.status());
+  json body = {{"tokens", tokens->token_ids()},
+               {"count", tokens->token_ids_size()},
+               {"max_model_len", tokens->max_model_len()}};
+  if (request->return_pieces()) body["token_strs"] = tokens->pieces();
+  Reply(req, 200, "application/json", body.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+void HttpServer::Impl::HandleDetokenize(evhttp_request* req) {
+  absl::StatusOr<DetokenizeRequest> request = ParseDetokenizeRequest(BodyOf(req));
+  if (!request.ok()) return ReplyError(req, request.status());
+  if (!request->model.empty() && request->model != router->ModelId()) {
+    return ReplyError(req, WithParam(absl::NotFoundError(absl::StrCat(
+                                         "model '", request->model, "' does not exist")),
+                                     "model"));
+  }
+  const Tokenizer& tokenizer = router->tokenizer();
+  for (int32_t id : request->tokens) {
+    if (id >= tokenizer.vocab_size()) {
+      return ReplyError(req, WithParam(absl::InvalidArgumentError(absl::StrCat(
+                                           "'tokens': id ", id, " is outside the vocabulary [0, ",
+                                           tokenizer.vocab_size(), ")")),
+                                       "tokens"));
+    }
+  }
+  Reply(req, 200, "application/json",
+        json{{"prompt", SanitizeUtf8(tokenizer.Decode(request->tokens))}}.dump());
 }
 
 void HttpServer::Impl::StartStream(HttpCall& call, evhttp_request* req) {
@@ -304,40 +419,66 @@ void HttpServer::Impl::StartStream(HttpCall& call, evhttp_request* req) {
 }
 
 void HttpServer::Impl::DeliverPending() {
-  std::deque<std::pair<std::shared_ptr<HttpCall>, std::variant<v1::GenerateResponse, absl::Status, Admitted>>>
-      items;
+  std::deque<Pending> items;
   {
     absl::MutexLock lock(&mu);
     items.swap(pending);
   }
-  for (auto& [call, item] : items) {
-    if (auto* r = std::get_if<v1::GenerateResponse>(&item)) {
-      Deliver(*call, *r);
-    } else if (std::holds_alternative<Admitted>(item)) {
-      if (call->stream) StartStream(*call);
+  for (Pending& p : items) {
+    HttpCall& call = *p.call;
+    Candidate& candidate = *call.candidates[p.candidate];
+    if (auto* r = std::get_if<v1::GenerateResponse>(&p.event)) {
+      Deliver(call, candidate, *r);
+    } else if (std::holds_alternative<Admitted>(p.event)) {
+      if (call.stream && call.error.ok()) StartStream(call);
     } else {
-      Finish(*call, std::get<absl::Status>(item));
+      CandidateDone(call, candidate, std::get<absl::Status>(p.event));
     }
   }
 }
 
-void HttpServer::Impl::Deliver(HttpCall& call, const v1::GenerateResponse& r) {
-  call.completion_tokens += r.token_ids_size();
-  if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) call.finish = OpenAiFinishReason(r.finish_reason());
-  if (r.has_usage()) call.usage = r.usage();
+std::vector<TokenWithLogprobs> HttpServer::Impl::Logprobs(const v1::GenerateResponse& r) const {
+  const Tokenizer& tokenizer = router->tokenizer();
+  std::vector<TokenWithLogprobs> out;
+  out.reserve(static_cast<size_t>(r.logprobs_size()));
+  for (const v1::TokenLogprobs& lp : r.logprobs()) {
+    TokenWithLogprobs t{.token = tokenizer.TokenBytes(lp.token_id()), .logprob = lp.logprob(),
+                        .top = {}};
+    for (const v1::TopLogprob& top : lp.top_logprobs()) {
+      t.top.emplace_back(tokenizer.TokenBytes(top.token_id()), top.logprob());
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void HttpServer::Impl::Deliver(HttpCall& call, Candidate& c, const v1::GenerateResponse& r) {
+  c.completion_tokens += r.token_ids_size();
+  if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) c.finish = OpenAiFinishReason(r.finish_reason());
+  if (r.has_usage()) c.cached_tokens = r.usage().cached_prompt_tokens();
+  for (const v1::TokenLogprobs& lp : r.logprobs()) c.cumulative_logprob += lp.logprob();
+  std::vector<TokenWithLogprobs> logprobs;
+  if (call.logprobs.has_value()) logprobs = Logprobs(r);
   if (!call.stream) {
-    call.text += r.text();
+    c.text += r.text();
+    for (TokenWithLogprobs& t : logprobs) c.logprobs.push_back(std::move(t));
     return;
   }
-  if (call.req == nullptr) return;
+  if (call.req == nullptr || !call.error.ok()) return;
   StartStream(call);
-  if (r.text().empty() && call.finish.empty()) return;
-  json choice = {{"index", 0}, {"logprobs", nullptr},
-                 {"finish_reason", call.finish.empty() ? json(nullptr) : json(call.finish)}};
+  if (r.text().empty() && c.finish.empty() && logprobs.empty()) return;
+  json choice = {{"index", c.index},
+                 {"logprobs", nullptr},
+                 {"finish_reason", c.finish.empty() ? json(nullptr) : json(c.finish)}};
+  if (call.logprobs.has_value()) {
+    choice["logprobs"] = call.chat ? ChatLogprobs(logprobs, *call.logprobs)
+                                   : CompletionLogprobs(logprobs, *call.logprobs, c.logprob_chars);
+    for (const TokenWithLogprobs& t : logprobs) c.logprob_chars += CountCharacters(t.token);
+  }
   if (call.chat) {
     json delta = {{"content", r.text()}};
-    if (!call.sent_role) delta["role"] = "assistant";
-    call.sent_role = true;
+    if (!c.sent_role) delta["role"] = "assistant";
+    c.sent_role = true;
     choice["delta"] = delta;
   } else {
     choice["text"] = r.text();
@@ -347,6 +488,16 @@ void HttpServer::Impl::Deliver(HttpCall& call, const v1::GenerateResponse& r) {
                            {"created", call.created},
                            {"model", call.model},
                            {"choices", json::array({choice})}}));
+}
+
+void HttpServer::Impl::CandidateDone(HttpCall& call, Candidate& c, const absl::Status& status) {
+  c.done = true;
+  --call.open;
+  if (!status.ok() && call.error.ok()) {
+    call.error = status;
+    call.CancelAll();  // one failed: the reply is the error
+  }
+  if (call.open == 0) Finish(call, call.error);
 }
 
 void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
@@ -373,9 +524,17 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
         c->server->Forget(c);
       },
       &call);
+  // The prompt counts once; every candidate's tokens count (best_of's too).
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+  for (const auto& c : call.candidates) {
+    completion_tokens += c->completion_tokens;
+    cached_tokens = std::max(cached_tokens, c->cached_tokens);
+  }
   const json usage = {{"prompt_tokens", call.prompt_tokens},
-                      {"completion_tokens", call.completion_tokens},
-                      {"total_tokens", call.prompt_tokens + call.completion_tokens}};
+                      {"completion_tokens", completion_tokens},
+                      {"total_tokens", call.prompt_tokens + completion_tokens},
+                      {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
   if (call.stream && !call.headers_sent && !status.ok()) {
     ReplyError(req, status);  // refused before it started: a plain HTTP error
   } else if (call.stream) {
@@ -395,18 +554,36 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
   } else if (!status.ok()) {
     ReplyError(req, status);
   } else {
-    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", call.finish}};
-    if (call.chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", call.text}};
-    } else {
-      choice["text"] = call.text;
+    // best_of: the n candidates with the highest cumulative log-probability, best first.
+    std::vector<const Candidate*> chosen;
+    for (const auto& c : call.candidates) chosen.push_back(c.get());
+    if (static_cast<int>(chosen.size()) > call.n) {
+      std::stable_sort(chosen.begin(), chosen.end(), [](const Candidate* a, const Candidate* b) {
+        return a->cumulative_logprob > b->cumulative_logprob;
+      });
+      chosen.resize(static_cast<size_t>(call.n));
+    }
+    json choices = json::array();
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      const Candidate& c = *chosen[i];
+      json choice = {{"index", i}, {"logprobs", nullptr}, {"finish_reason", c.finish}};
+      if (call.logprobs.has_value()) {
+        choice["logprobs"] = call.chat ? ChatLogprobs(c.logprobs, *call.logprobs)
+                                       : CompletionLogprobs(c.logprobs, *call.logprobs, 0);
+      }
+      if (call.chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      } else {
+        choice["text"] = c.text;
+      }
+      choices.push_back(std::move(choice));
     }
     Reply(req, 200, "application/json",
           json{{"id", call.id},
                {"object", call.chat ? "chat.completion" : "text_completion"},
                {"created", call.created},
                {"model", call.model},
-               {"choices", json::array({choice})},
+               {"choices", std::move(choices)},
                {"usage", usage}}
               .dump(-1, ' ', false, json::error_handler_t::replace));
   }
@@ -472,9 +649,7 @@ HttpServer::~HttpServer() {
     absl::MutexLock lock(&impl_->mu);
     for (auto& [raw, call] : impl_->calls) open.push_back(call);
   }
-  for (auto& call : open) {
-    if (call->relay != nullptr) call->relay->Cancel();
-  }
+  for (auto& call : open) call->CancelAll();
   const absl::Time until = absl::Now() + absl::Seconds(5);
   while (absl::Now() < until) {
     absl::MutexLock lock(&impl_->mu);

@@ -2,213 +2,582 @@
 
 #include <algorithm>
 #include <cmath>
-#include <string_view>
+#include <limits>
+#include "absl/strings/string_view.h"
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_conversion.h"
-#include "nlohmann/json.hpp"
+#include "common/status_macros.h"
 
 namespace tandem::router {
 namespace {
 
 using nlohmann::json;
 
-absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+// INVALID_ARGUMENT about the field `param`; the message names it.
+absl::Status Invalid(absl::string_view param, absl::string_view message) {
+  return WithParam(absl::InvalidArgumentError(absl::StrCat("'", param, "' ", message)), param);
+}
 
-// Reads an optional number field of `body` into `set`; INVALID_ARGUMENT for a wrong type.
-template <typename T, typename Set>
-absl::Status Number(const json& body, const char* key, Set set) {
+// A field Tandem does not implement, refused unless its value is the no-op one.
+absl::Status Unsupported(absl::string_view param, absl::string_view why = "") {
+  return Invalid(param, absl::StrCat("is not supported by Tandem", why.empty() ? "" : ": ", why));
+}
+
+bool Present(const json& body, const char* key) {
   auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_number()) return Invalid(absl::StrCat("'", key, "' must be a number"));
-  if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) return Invalid(absl::StrCat("'", key, "' must be an integer"));
-    set(it->get<T>());
-  } else {
-    set(it->get<T>());
+  return it != body.end() && !it->is_null();
+}
+
+// An optional integer field in [lo, hi]; nullopt when absent or null.
+absl::StatusOr<std::optional<int64_t>> Int(const json& body, const char* key, int64_t lo,
+                                           int64_t hi) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer()) return Invalid(key, "must be an integer");
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    return Invalid(key, absl::StrCat("must be in [", lo, ", ", hi, "], not ", it->dump()));
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi) {
+    return Invalid(key, absl::StrCat("must be in [", lo, ", ", hi, "], not ", v));
+  }
+  return v;
+}
+
+// An optional number field in [lo, hi] (open at lo when `open_lo`); nullopt when absent or null.
+absl::StatusOr<std::optional<double>> Float(const json& body, const char* key, double lo, double hi,
+                                            bool open_lo = false) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return Invalid(key, "must be a number");
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi || (open_lo && v == lo)) {
+    return Invalid(key, absl::StrCat("must be in ", open_lo ? "(" : "[", lo, ", ", hi, "], not ",
+                                     it->dump()));
+  }
+  return v;
+}
+
+absl::StatusOr<std::optional<bool>> Bool(const json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return Invalid(key, "must be a boolean");
+  return it->get<bool>();
+}
+
+// The fields of each endpoint: OpenAI's (applied, or accepted with their no-op value only) and
+// Tandem's extensions. Anything else is refused as unknown.
+const absl::flat_hash_set<absl::string_view>& KnownFields(bool chat) {
+  static const auto* completions = new absl::flat_hash_set<absl::string_view>{
+      // OpenAI
+      "model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs",
+      "max_tokens", "n", "presence_penalty", "response_format", "seed", "stop", "stream",
+      "stream_options", "suffix", "temperature", "top_p", "user",
+      // Tandem (and vLLM's names)
+      "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
+      "priority", "slo"};
+  static const auto* chat_fields = new absl::flat_hash_set<absl::string_view>{
+      // OpenAI
+      "messages", "model", "audio", "frequency_penalty", "function_call", "functions",
+      "logit_bias", "logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities",
+      "n", "parallel_tool_calls", "prediction", "presence_penalty", "reasoning_effort",
+      "response_format", "seed", "service_tier", "stop", "store", "stream", "stream_options",
+      "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
+      "web_search_options",
+      // Tandem (and vLLM's names)
+      "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
+      "priority", "slo"};
+  return chat ? *chat_fields : *completions;
+}
+
+// THE place for OpenAI features that other parts of Tandem will add: each is refused here unless
+// its value asks for nothing (null, or the value noted). Replace an entry when its feature lands.
+absl::Status RefuseNotYetSupported(const json& body, bool chat) {
+  if (!chat) {
+    if (auto echo = Bool(body, "echo"); !echo.ok()) {
+      return echo.status();
+    } else if (echo->value_or(false)) {
+      return Unsupported("echo", "it needs the prompt's log-probabilities, which the engine "
+                                 "does not return yet");
+    }
+    return absl::OkStatus();
+  }
+  for (const char* key : {"tools", "functions"}) {
+    if (auto it = body.find(key); it != body.end() && !it->is_null() &&
+                                  !(it->is_array() && it->empty())) {
+      return Unsupported(key, "function calling is not available yet");
+    }
+  }
+  for (const char* key : {"tool_choice", "function_call"}) {
+    if (auto it = body.find(key); it != body.end() && !it->is_null() && *it != "none") {
+      return Unsupported(key, "function calling is not available yet (only \"none\")");
+    }
+  }
+  if (Present(body, "parallel_tool_calls")) {
+    return Unsupported("parallel_tool_calls", "function calling is not available yet");
   }
   return absl::OkStatus();
 }
 
-// OpenAI's response_format: {"type": "text"}, {"type": "json_object"} or
-// {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}.
-// The schema's compilation (and its errors) happen on the worker.
+// OpenAI's response_format (structured output, both endpoints): {"type": "text"},
+// {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}},
+// into SamplingParams.response_format. The schema compiles on the worker, which answers
+// INVALID_ARGUMENT (a 400) with the compiler's message when it cannot.
 absl::Status ParseResponseFormat(const json& body, v1::SamplingParams* s) {
   auto it = body.find("response_format");
   if (it == body.end() || it->is_null()) return absl::OkStatus();
   const json& f = *it;
   if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) {
-    return Invalid("'response_format' must be an object with a string 'type'");
+    return Invalid("response_format", "must be an object with a string 'type'");
   }
   const std::string type = f["type"].get<std::string>();
+  for (const auto& [key, value] : f.items()) {
+    if (key != "type" && !(key == "json_schema" && type == "json_schema")) {
+      return Invalid(absl::StrCat("response_format.", key),
+                     absl::StrCat("is not a field of a '", type, "' response_format"));
+    }
+  }
   if (type == "text") return absl::OkStatus();
   if (type == "json_object") {
     s->mutable_response_format()->mutable_json_object();
     return absl::OkStatus();
   }
   if (type != "json_schema") {
-    return Invalid(absl::StrCat("'response_format.type' must be 'text', 'json_object' or "
-                                "'json_schema', not '", type, "'"));
+    return Invalid("response_format.type",
+                   absl::StrCat("must be 'text', 'json_object' or 'json_schema', not '", type, "'"));
   }
   auto js = f.find("json_schema");
   if (js == f.end() || !js->is_object()) {
-    return Invalid("'response_format.json_schema' must be an object with 'name' and 'schema'");
+    return Invalid("response_format.json_schema", "must be an object with 'name' and 'schema'");
+  }
+  for (const auto& [key, value] : js->items()) {
+    if (key != "name" && key != "schema" && key != "strict" && key != "description") {
+      return Invalid(absl::StrCat("response_format.json_schema.", key),
+                     "is not a field of a json_schema (name, description, schema, strict)");
+    }
   }
   auto name = js->find("name");
   if (name == js->end() || !name->is_string() || name->get<std::string>().empty()) {
-    return Invalid("'response_format.json_schema.name' must be a non-empty string");
+    return Invalid("response_format.json_schema.name", "must be a non-empty string");
   }
   if (auto strict = js->find("strict"); strict != js->end() && !strict->is_null() &&
                                          !strict->is_boolean()) {
-    return Invalid("'response_format.json_schema.strict' must be a boolean");
+    return Invalid("response_format.json_schema.strict", "must be a boolean");
   }
-  // OpenAI allows the schema to be left out (any JSON then); an object schema otherwise.
+  if (auto d = js->find("description"); d != js->end() && !d->is_null() && !d->is_string()) {
+    return Invalid("response_format.json_schema.description", "must be a string");
+  }
+  // OpenAI lets the schema be left out: any JSON object then.
   auto schema = js->find("schema");
   if (schema == js->end() || schema->is_null()) {
     s->mutable_response_format()->mutable_json_object();
     return absl::OkStatus();
   }
   if (!schema->is_object() && !schema->is_boolean()) {
-    return Invalid("'response_format.json_schema.schema' must be a JSON Schema object");
+    return Invalid("response_format.json_schema.schema", "must be a JSON Schema object");
   }
   s->mutable_response_format()->set_json_schema(schema->dump());
   return absl::OkStatus();
 }
 
-// An OpenAI request body as a tandem.v1.GenerateRequest.
-absl::StatusOr<v1::GenerateRequest> ParseBody(const json& body, bool chat, bool* stream,
-                                              bool* include_usage) {
-  if (!body.is_object()) return Invalid("the body must be a JSON object");
-  v1::GenerateRequest r;
+// Fields accepted only with the value that changes nothing.
+absl::Status RefuseNonNoOps(const json& body, bool chat) {
+  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null() &&
+                                         !(it->is_object() && it->empty())) {
+    return Unsupported("logit_bias", "only {} or null");
+  }
+  if (auto it = body.find("user"); it != body.end() && !it->is_null() && !it->is_string()) {
+    return Invalid("user", "must be a string");
+  }
+  if (!chat) {
+    if (auto it = body.find("suffix"); it != body.end() && !it->is_null() && *it != "") {
+      return Unsupported("suffix", "insertion (fill in the middle) is not available");
+    }
+    return absl::OkStatus();
+  }
+  if (auto store = Bool(body, "store"); !store.ok()) {
+    return store.status();
+  } else if (store->value_or(false)) {
+    return Unsupported("store", "completions are not stored (only false)");
+  }
+  if (auto it = body.find("metadata"); it != body.end() && !it->is_null() &&
+                                       !(it->is_object() && it->empty())) {
+    return Unsupported("metadata", "it goes with 'store', which is not supported");
+  }
+  if (auto it = body.find("service_tier"); it != body.end() && !it->is_null() &&
+                                           *it != "auto" && *it != "default") {
+    return Unsupported("service_tier", "only \"auto\" or \"default\"");
+  }
+  if (auto it = body.find("modalities"); it != body.end() && !it->is_null() &&
+                                         *it != json::array({"text"})) {
+    return Unsupported("modalities", "only [\"text\"]");
+  }
+  for (const char* key : {"audio", "prediction", "reasoning_effort", "web_search_options"}) {
+    if (Present(body, key)) return Unsupported(key);
+  }
+  return absl::OkStatus();
+}
+
+// messages[i] into `out`.
+absl::Status ParseMessage(const json& m, size_t i, v1::ChatMessage* out) {
+  const std::string at = absl::StrCat("messages[", i, "]");
+  if (!m.is_object()) return Invalid(at, "must be an object with 'role' and 'content'");
+  auto role = m.find("role");
+  if (role == m.end() || !role->is_string()) return Invalid(at + ".role", "must be a string");
+  std::string r = role->get<std::string>();
+  if (r == "developer") r = "system";  // OpenAI's newer name for the system role
+  if (r == "tool" || r == "function") {
+    return Unsupported(at + ".role", absl::StrCat("'", r, "' messages need function calling"));
+  }
+  if (r != "system" && r != "user" && r != "assistant") {
+    return Invalid(at + ".role",
+                   absl::StrCat("must be system, developer, user or assistant, not '", r, "'"));
+  }
+  for (const auto& [key, value] : m.items()) {
+    if (key == "role" || key == "content") continue;
+    // Parts of function calling (tool_calls, tool_call_id, function_call) and the rest.
+    if (value.is_null() || (key == "tool_calls" && value.is_array() && value.empty())) continue;
+    if (key == "name" || key == "tool_calls" || key == "tool_call_id" || key == "function_call" ||
+        key == "refusal" || key == "audio") {
+      return Unsupported(absl::StrCat(at, ".", key));
+    }
+    return Invalid(absl::StrCat(at, ".", key), "is not a field of a chat message");
+  }
+  out->set_role(r);
+  auto content = m.find("content");
+  if (content == m.end() || content->is_null()) {
+    return Invalid(at + ".content", absl::StrCat("is required for a ", r, " message"));
+  }
+  if (content->is_string()) {
+    out->set_content(content->get<std::string>());
+  } else if (content->is_array()) {
+    // [{"type": "text", "text": "..."}]: text parts only.
+    for (size_t j = 0; j < content->size(); ++j) {
+      const json& part = (*content)[j];
+      const std::string part_at = absl::StrCat(at, ".content[", j, "]");
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+        return Invalid(part_at, "must be an object with a string 'type'");
+      }
+      if (part["type"] != "text") {
+        return Unsupported(part_at + ".type",
+                           absl::StrCat("only text content parts, not '",
+                                        part["type"].get<std::string>(), "'"));
+      }
+      if (!part.contains("text") || !part["text"].is_string()) {
+        return Invalid(part_at + ".text", "must be a string");
+      }
+      out->mutable_content()->append(part["text"].get<std::string>());
+    }
+  } else {
+    return Invalid(at + ".content", "must be a string or an array of text parts");
+  }
+  return absl::OkStatus();
+}
+
+// An OpenAI request body as an OpenAiRequest.
+absl::StatusOr<OpenAiRequest> ParseBody(const json& body, bool chat) {
+  if (!body.is_object()) {
+    return WithParam(absl::InvalidArgumentError("the body must be a JSON object"), "body");
+  }
+  const auto& known = KnownFields(chat);
+  for (const auto& [key, value] : body.items()) {
+    if (!known.contains(key)) {
+      return Invalid(key, absl::StrCat("is not a parameter of ",
+                                       chat ? "/v1/chat/completions" : "/v1/completions"));
+    }
+  }
+  if (absl::Status s = RefuseNotYetSupported(body, chat); !s.ok()) return s;
+  if (absl::Status s = RefuseNonNoOps(body, chat); !s.ok()) return s;
+
+  OpenAiRequest out;
+  v1::GenerateRequest& r = out.request;
   if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
-    if (!m->is_string()) return Invalid("'model' must be a string");
+    if (!m->is_string()) return Invalid("model", "must be a string");
     r.set_model(m->get<std::string>());
   }
   if (chat) {
     auto messages = body.find("messages");
     if (messages == body.end() || !messages->is_array() || messages->empty()) {
-      return Invalid("'messages' must be a non-empty array");
+      return Invalid("messages", "must be a non-empty array");
     }
-    for (const json& m : *messages) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-        return Invalid("each message needs a string 'role'");
-      }
-      v1::ChatMessage* out = r.mutable_chat()->add_messages();
-      out->set_role(m["role"].get<std::string>());
-      const json& content = m.contains("content") ? m["content"] : json();
-      if (content.is_string()) {
-        out->set_content(content.get<std::string>());
-      } else if (content.is_array()) {
-        // [{"type": "text", "text": "..."}]: text parts only.
-        for (const json& part : content) {
-          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-              !part["text"].is_string()) {
-            return Invalid("only text content parts are supported");
-          }
-          out->mutable_content()->append(part["text"].get<std::string>());
-        }
-      } else if (!content.is_null()) {
-        return Invalid("'content' must be a string or an array of text parts");
+    for (size_t i = 0; i < messages->size(); ++i) {
+      if (absl::Status s = ParseMessage((*messages)[i], i, r.mutable_chat()->add_messages());
+          !s.ok()) {
+        return s;
       }
     }
   } else {
     auto prompt = body.find("prompt");
-    if (prompt == body.end() || prompt->is_null()) return Invalid("'prompt' is required");
+    if (prompt == body.end() || prompt->is_null()) return Invalid("prompt", "is required");
     if (prompt->is_string()) {
       r.set_prompt(prompt->get<std::string>());
     } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
       r.set_prompt((*prompt)[0].get<std::string>());
+    } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_array()) {
+      // [[ids]]: one tokenized prompt.
+      const json& ids = (*prompt)[0];
+      if (ids.empty() || !std::all_of(ids.begin(), ids.end(),
+                                      [](const json& t) { return t.is_number_integer(); })) {
+        return Invalid("prompt", "must be a string or token ids");
+      }
+      for (const json& t : ids) r.mutable_token_ids()->add_ids(t.get<int32_t>());
     } else if (prompt->is_array() && !prompt->empty() &&
                std::all_of(prompt->begin(), prompt->end(),
                            [](const json& t) { return t.is_number_integer(); })) {
-      for (const json& t : *prompt) r.mutable_token_ids()->add_ids(t.get<int32_t>());
+      for (const json& t : *prompt) {
+        if (t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+          return Invalid("prompt", absl::StrCat("token id ", t.dump(), " is out of range"));
+        }
+        r.mutable_token_ids()->add_ids(t.get<int32_t>());
+      }
+    } else if (prompt->is_array() && prompt->size() > 1 &&
+               std::all_of(prompt->begin(), prompt->end(),
+                           [](const json& p) { return p.is_string() || p.is_array(); })) {
+      return Invalid("prompt", "holds several prompts; send one per request");
     } else {
-      return Invalid("'prompt' must be a string, a one-string array or an array of token ids");
+      return Invalid("prompt",
+                     "must be a string, a one-string array or an array of token ids");
     }
   }
+
   v1::SamplingParams* s = r.mutable_sampling();
-  absl::Status st;
-  const char* max_key = chat && body.contains("max_completion_tokens") ? "max_completion_tokens"
-                                                                        : "max_tokens";
-  int64_t max_tokens = -1;
-  st.Update(Number<int64_t>(body, max_key, [&](int64_t v) { max_tokens = v; }));
-  if (!st.ok()) return st;
-  if (body.contains(max_key) && !body[max_key].is_null()) {
-    if (max_tokens <= 0 || max_tokens > (int64_t{1} << 31)) {
-      return Invalid(absl::StrCat("'", max_key, "' must be at least 1, not ", max_tokens));
-    }
-    s->set_max_tokens(static_cast<uint32_t>(max_tokens));
+  const bool has_mct = Present(body, "max_completion_tokens");
+  const bool has_mt = Present(body, "max_tokens");
+  if (chat && has_mct && has_mt && body["max_tokens"] != body["max_completion_tokens"]) {
+    return Invalid("max_tokens", "differs from 'max_completion_tokens'; send one of them");
+  }
+  const char* max_key = chat && has_mct ? "max_completion_tokens" : "max_tokens";
+  ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens,
+                   Int(body, max_key, 1, std::numeric_limits<uint32_t>::max()));
+  if (max_tokens.has_value()) {
+    s->set_max_tokens(static_cast<uint32_t>(*max_tokens));
   } else if (!chat) {
     s->set_max_tokens(16);  // OpenAI's default for completions
   }
-  st.Update(Number<double>(body, "temperature", [&](double v) { s->set_temperature(static_cast<float>(v)); }));
-  st.Update(Number<double>(body, "top_p", [&](double v) { s->set_top_p(static_cast<float>(v)); }));
-  st.Update(Number<double>(body, "min_p", [&](double v) { s->set_min_p(static_cast<float>(v)); }));
-  st.Update(Number<int64_t>(body, "top_k", [&](int64_t v) { s->set_top_k(static_cast<int32_t>(v)); }));
-  st.Update(Number<double>(body, "presence_penalty", [&](double v) { s->set_presence_penalty(static_cast<float>(v)); }));
-  st.Update(Number<double>(body, "frequency_penalty", [&](double v) { s->set_frequency_penalty(static_cast<float>(v)); }));
-  st.Update(Number<double>(body, "repetition_penalty", [&](double v) { s->set_repetition_penalty(static_cast<float>(v)); }));
-  st.Update(Number<int64_t>(body, "seed", [&](int64_t v) { s->set_seed(static_cast<uint64_t>(v)); }));
-  st.Update(Number<int64_t>(body, "min_tokens", [&](int64_t v) { s->set_min_tokens(static_cast<uint32_t>(std::max<int64_t>(0, v))); }));
-  st.Update(Number<int64_t>(body, "priority", [&](int64_t v) { r.set_priority(static_cast<int32_t>(v)); }));
-  if (!st.ok()) return st;
+  ASSIGN_OR_RETURN(std::optional<double> temperature, Float(body, "temperature", 0, 2));
+  if (temperature) s->set_temperature(static_cast<float>(*temperature));
+  ASSIGN_OR_RETURN(std::optional<double> top_p, Float(body, "top_p", 0, 1, /*open_lo=*/true));
+  if (top_p) s->set_top_p(static_cast<float>(*top_p));
+  ASSIGN_OR_RETURN(std::optional<double> min_p, Float(body, "min_p", 0, 1));
+  if (min_p) s->set_min_p(static_cast<float>(*min_p));
+  // -1 is vLLM's "disabled", as 0.
+  ASSIGN_OR_RETURN(std::optional<int64_t> top_k,
+                   Int(body, "top_k", -1, std::numeric_limits<int32_t>::max()));
+  if (top_k) s->set_top_k(static_cast<int32_t>(std::max<int64_t>(0, *top_k)));
+  ASSIGN_OR_RETURN(std::optional<double> presence, Float(body, "presence_penalty", -2, 2));
+  if (presence) s->set_presence_penalty(static_cast<float>(*presence));
+  ASSIGN_OR_RETURN(std::optional<double> frequency, Float(body, "frequency_penalty", -2, 2));
+  if (frequency) s->set_frequency_penalty(static_cast<float>(*frequency));
+  ASSIGN_OR_RETURN(std::optional<double> repetition,
+                   Float(body, "repetition_penalty", 0, 100, /*open_lo=*/true));
+  if (repetition) s->set_repetition_penalty(static_cast<float>(*repetition));
+  ASSIGN_OR_RETURN(std::optional<int64_t> seed, Int(body, "seed",
+                                                    std::numeric_limits<int64_t>::min(),
+                                                    std::numeric_limits<int64_t>::max()));
+  if (seed) s->set_seed(static_cast<uint64_t>(*seed));
+  ASSIGN_OR_RETURN(std::optional<int64_t> min_tokens,
+                   Int(body, "min_tokens", 0, std::numeric_limits<uint32_t>::max()));
+  if (min_tokens) {
+    if (s->has_max_tokens() && *min_tokens > s->max_tokens()) {
+      return Invalid("min_tokens", absl::StrCat("must not exceed ", max_key, " (",
+                                                s->max_tokens(), "), not ", *min_tokens));
+    }
+    s->set_min_tokens(static_cast<uint32_t>(*min_tokens));
+  }
+  ASSIGN_OR_RETURN(std::optional<int64_t> priority,
+                   Int(body, "priority", std::numeric_limits<int32_t>::min(),
+                       std::numeric_limits<int32_t>::max()));
+  if (priority) r.set_priority(static_cast<int32_t>(*priority));
+  ASSIGN_OR_RETURN(std::optional<bool> ignore_eos, Bool(body, "ignore_eos"));
+  if (ignore_eos) s->set_ignore_eos(*ignore_eos);
+  if (auto ids = body.find("stop_token_ids"); ids != body.end() && !ids->is_null()) {
+    if (!ids->is_array() || !std::all_of(ids->begin(), ids->end(), [](const json& t) {
+          return t.is_number_integer() && t.get<int64_t>() >= 0 &&
+                 t.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+        })) {
+      return Invalid("stop_token_ids", "must be an array of token ids");
+    }
+    for (const json& t : *ids) s->add_stop_token_ids(t.get<int32_t>());
+  }
   // Tandem's latency objectives: "slo": {"ttft_ms": 500, "tpot_ms": 50}.
   if (auto slo = body.find("slo"); slo != body.end() && !slo->is_null()) {
-    if (!slo->is_object()) return Invalid("'slo' must be an object with ttft_ms and/or tpot_ms");
-    for (const char* key : {"ttft_ms", "tpot_ms"}) {
-      auto v = slo->find(key);
-      if (v == slo->end() || v->is_null()) continue;
-      if (!v->is_number() || v->get<double>() < 0 || v->get<double>() > 3.6e6) {
-        return Invalid(absl::StrCat("'slo.", key, "' must be a number of milliseconds in [0, 3600000]"));
+    if (!slo->is_object()) return Invalid("slo", "must be an object with ttft_ms and/or tpot_ms");
+    for (const auto& [key, v] : slo->items()) {
+      if (key != "ttft_ms" && key != "tpot_ms") {
+        return Invalid(absl::StrCat("slo.", key), "is not a field of 'slo' (ttft_ms, tpot_ms)");
       }
-      const auto ms = static_cast<uint32_t>(std::ceil(v->get<double>()));
-      if (std::string_view(key) == "ttft_ms") {
+      if (v.is_null()) continue;
+      if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 3.6e6) {
+        return Invalid(absl::StrCat("slo.", key), "must be a number of milliseconds in [0, 3600000]");
+      }
+      const auto ms = static_cast<uint32_t>(std::ceil(v.get<double>()));
+      if (key == "ttft_ms") {
         r.mutable_slo()->set_ttft_ms(ms);
       } else {
         r.mutable_slo()->set_tpot_ms(ms);
       }
     }
   }
-  if (auto n = body.find("n"); n != body.end() && !n->is_null() && *n != 1) {
-    return Invalid("only n = 1 is supported");
-  }
   if (absl::Status f = ParseResponseFormat(body, s); !f.ok()) return f;
   if (auto stop = body.find("stop"); stop != body.end() && !stop->is_null()) {
     if (stop->is_string()) {
+      if (stop->get<std::string>().empty()) return Invalid("stop", "must not be empty");
       s->add_stop(stop->get<std::string>());
-    } else if (stop->is_array() &&
-               std::all_of(stop->begin(), stop->end(), [](const json& x) { return x.is_string(); })) {
+    } else if (stop->is_array() && std::all_of(stop->begin(), stop->end(), [](const json& x) {
+                 return x.is_string() && !x.get<std::string>().empty();
+               })) {
+      if (stop->size() > kMaxStops) {
+        return Invalid("stop", absl::StrCat("may hold at most ", kMaxStops, " strings, not ",
+                                            stop->size()));
+      }
       for (const json& x : *stop) s->add_stop(x.get<std::string>());
     } else {
-      return Invalid("'stop' must be a string or an array of strings");
+      return Invalid("stop", "must be a non-empty string or an array of them");
     }
   }
-  if (auto ignore = body.find("ignore_eos"); ignore != body.end() && ignore->is_boolean()) {
-    s->set_ignore_eos(ignore->get<bool>());
+
+  ASSIGN_OR_RETURN(std::optional<int64_t> n, Int(body, "n", 1, kMaxChoices));
+  out.n = static_cast<int>(n.value_or(1));
+  ASSIGN_OR_RETURN(std::optional<int64_t> best_of, Int(body, "best_of", 1, kMaxBestOf));
+  out.best_of = static_cast<int>(best_of.value_or(out.n));
+  if (out.best_of < out.n) {
+    return Invalid("best_of", absl::StrCat("must be at least n (", out.n, "), not ", out.best_of));
   }
-  *stream = false;
-  if (auto st_it = body.find("stream"); st_it != body.end() && !st_it->is_null()) {
-    if (!st_it->is_boolean()) return Invalid("'stream' must be a boolean");
-    *stream = st_it->get<bool>();
+
+  ASSIGN_OR_RETURN(std::optional<bool> stream, Bool(body, "stream"));
+  out.stream = stream.value_or(false);
+  if (out.stream && out.best_of > out.n) {
+    return Invalid("best_of", "above n cannot be streamed: the best are known only at the end");
   }
-  *include_usage = false;
-  if (auto so = body.find("stream_options"); so != body.end() && so->is_object()) {
-    *include_usage = so->value("include_usage", false);
+  if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
+    if (!out.stream) return Invalid("stream_options", "is only allowed with 'stream': true");
+    if (!so->is_object()) return Invalid("stream_options", "must be an object");
+    for (const auto& [key, v] : so->items()) {
+      if (key != "include_usage") {
+        return Invalid(absl::StrCat("stream_options.", key), "is not supported (include_usage)");
+      }
+      if (!v.is_null() && !v.is_boolean()) {
+        return Invalid("stream_options.include_usage", "must be a boolean");
+      }
+      out.include_usage = v.is_boolean() && v.get<bool>();
+    }
   }
-  return r;
+
+  // Log-probabilities: completions' integer "logprobs"; chat's boolean "logprobs" with
+  // "top_logprobs".
+  if (chat) {
+    ASSIGN_OR_RETURN(std::optional<bool> logprobs, Bool(body, "logprobs"));
+    ASSIGN_OR_RETURN(std::optional<int64_t> top, Int(body, "top_logprobs", 0, kMaxTopLogprobs));
+    if (top.has_value() && !logprobs.value_or(false)) {
+      return Invalid("top_logprobs", "needs 'logprobs': true");
+    }
+    if (logprobs.value_or(false)) out.logprobs = static_cast<int>(top.value_or(0));
+  } else {
+    ASSIGN_OR_RETURN(std::optional<int64_t> logprobs, Int(body, "logprobs", 0, kMaxTopLogprobs));
+    if (logprobs.has_value()) out.logprobs = static_cast<int>(*logprobs);
+  }
+  // The engine returns the sampled token's log-probability only beside at least one alternative;
+  // best_of ranks candidates by them.
+  if (out.logprobs.has_value() || out.best_of > out.n) {
+    s->set_logprobs(static_cast<uint32_t>(std::max(1, out.logprobs.value_or(0))));
+  }
+  return out;
+}
+
+json Parse(absl::string_view body) {
+  return json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+}
+
+absl::Status NotJson() {
+  return WithParam(absl::InvalidArgumentError("the body is not valid JSON"), "body");
+}
+
+// Refuses fields of `body` outside `known`.
+absl::Status OnlyFields(const json& body, std::initializer_list<absl::string_view> known,
+                        absl::string_view path) {
+  if (!body.is_object()) {
+    return WithParam(absl::InvalidArgumentError("the body must be a JSON object"), "body");
+  }
+  for (const auto& [key, value] : body.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      return Invalid(key, absl::StrCat("is not a parameter of ", path));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat) {
-  const json parsed = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) return Invalid("the body is not valid JSON");
-  OpenAiRequest out;
-  absl::StatusOr<v1::GenerateRequest> request =
-      ParseBody(parsed, chat, &out.stream, &out.include_usage);
-  if (!request.ok()) return request.status();
-  out.request = *std::move(request);
-  return out;
+  const json parsed = Parse(body);
+  if (parsed.is_discarded()) return NotJson();
+  return ParseBody(parsed, chat);
+}
+
+absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(absl::string_view raw) {
+  const json body = Parse(raw);
+  if (body.is_discarded()) return NotJson();
+  RETURN_IF_ERROR(OnlyFields(body,
+                             {"model", "prompt", "messages", "add_special_tokens",
+                              "add_generation_prompt", "return_token_strs"},
+                             "/tokenize"));
+  v1::TokenizeRequest r;
+  if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
+    if (!m->is_string()) return Invalid("model", "must be a string");
+    r.set_model(m->get<std::string>());
+  }
+  const bool has_prompt = Present(body, "prompt");
+  const bool has_messages = Present(body, "messages");
+  if (has_prompt == has_messages) return Invalid("prompt", "or 'messages' is required (one)");
+  if (has_prompt) {
+    if (!body["prompt"].is_string()) return Invalid("prompt", "must be a string");
+    r.set_prompt(body["prompt"].get<std::string>());
+    if (Present(body, "add_generation_prompt")) {
+      return Invalid("add_generation_prompt", "goes with 'messages'");
+    }
+  } else {
+    const json& messages = body["messages"];
+    if (!messages.is_array() || messages.empty()) {
+      return Invalid("messages", "must be a non-empty array");
+    }
+    for (size_t i = 0; i < messages.size(); ++i) {
+      RETURN_IF_ERROR(ParseMessage(messages[i], i, r.mutable_chat()->add_messages()));
+    }
+    ASSIGN_OR_RETURN(std::optional<bool> gen, Bool(body, "add_generation_prompt"));
+    r.set_add_generation_prompt(gen.value_or(true));
+  }
+  ASSIGN_OR_RETURN(std::optional<bool> special, Bool(body, "add_special_tokens"));
+  // vLLM's defaults: special tokens for a prompt, none for a chat (its template has them).
+  r.set_add_special_tokens(special.value_or(has_prompt));
+  ASSIGN_OR_RETURN(std::optional<bool> strs, Bool(body, "return_token_strs"));
+  r.set_return_pieces(strs.value_or(false));
+  return r;
+}
+
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view raw) {
+  const json body = Parse(raw);
+  if (body.is_discarded()) return NotJson();
+  RETURN_IF_ERROR(OnlyFields(body, {"model", "tokens"}, "/detokenize"));
+  DetokenizeRequest r;
+  if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
+    if (!m->is_string()) return Invalid("model", "must be a string");
+    r.model = m->get<std::string>();
+  }
+  auto tokens = body.find("tokens");
+  if (tokens == body.end() || !tokens->is_array()) {
+    return Invalid("tokens", "must be an array of token ids");
+  }
+  for (const json& t : *tokens) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return Invalid("tokens", absl::StrCat("must hold token ids, not ", t.dump()));
+    }
+    r.tokens.push_back(t.get<int32_t>());
+  }
+  return r;
 }
 
 std::string OpenAiFinishReason(v1::FinishReason reason) {
@@ -232,9 +601,11 @@ std::string OpenAiErrorBody(const absl::Status& status) {
   const char* type = http == 400 || http == 404 || http == 413 ? "invalid_request_error"
                      : http == 429                             ? "rate_limit_error"
                                                                : "server_error";
+  const std::optional<std::string> param = ParamOf(status);
   return json{{"error",
                {{"message", std::string(status.message())},
                 {"type", type},
+                {"param", param.has_value() ? json(*param) : json(nullptr)},
                 {"code", absl::StatusCodeToString(status.code())}}}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -252,6 +623,60 @@ std::string OpenAiModelList(const v1::ListModelsResponse& models) {
   }
   return json{{"object", "list"}, {"data", data}}.dump(-1, ' ', false,
                                                        json::error_handler_t::replace);
+}
+
+int64_t CountCharacters(absl::string_view utf8) {
+  return std::count_if(utf8.begin(), utf8.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  });
+}
+
+json CompletionLogprobs(const std::vector<TokenWithLogprobs>& tokens, int top_n,
+                        int64_t offset) {
+  json out = {{"tokens", json::array()},
+              {"token_logprobs", json::array()},
+              {"top_logprobs", json::array()},
+              {"text_offset", json::array()}};
+  for (const TokenWithLogprobs& t : tokens) {
+    out["tokens"].push_back(t.token);
+    out["token_logprobs"].push_back(t.logprob);
+    if (top_n > 0) {
+      json top = json::object();
+      for (size_t i = 0; i < t.top.size() && i < static_cast<size_t>(top_n); ++i) {
+        // Two alternatives spelled alike (distinct ids, same bytes) keep the more likely.
+        if (!top.contains(t.top[i].first)) top[t.top[i].first] = t.top[i].second;
+      }
+      out["top_logprobs"].push_back(top);
+    } else {
+      out["top_logprobs"].push_back(nullptr);
+    }
+    out["text_offset"].push_back(offset);
+    offset += CountCharacters(t.token);
+  }
+  return out;
+}
+
+namespace {
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (char c : s) b.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+  return b;
+}
+}  // namespace
+
+json ChatLogprobs(const std::vector<TokenWithLogprobs>& tokens, int top_n) {
+  json content = json::array();
+  for (const TokenWithLogprobs& t : tokens) {
+    json top = json::array();
+    for (size_t i = 0; i < t.top.size() && i < static_cast<size_t>(top_n); ++i) {
+      top.push_back({{"token", t.top[i].first},
+                     {"logprob", t.top[i].second},
+                     {"bytes", Bytes(t.top[i].first)}});
+    }
+    content.push_back(
+        {{"token", t.token}, {"logprob", t.logprob}, {"bytes", Bytes(t.token)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
 }
 
 }  // namespace tandem::router

@@ -1,34 +1,75 @@
-// The OpenAI-compatible HTTP API's JSON (docs/api.md): request bodies of /v1/completions and
-// /v1/chat/completions read into tandem.v1.GenerateRequest, and error bodies and finish reasons
-// in OpenAI's shapes. Pure functions, no I/O: the HTTP server (http_server.cc) does the rest.
+// The OpenAI-compatible HTTP API's JSON (docs/api.md): request bodies of /v1/completions,
+// /v1/chat/completions, /tokenize and /detokenize read into Tandem's protos, and the pieces of
+// answers in OpenAI's shapes (errors, finish reasons, log-probabilities, the model list). Pure
+// functions, no I/O: the HTTP server (http_server.cc) does the rest.
+//
+// Strictness: a request field is either applied, or accepted only with the value that changes
+// nothing (e.g. "logit_bias": {}), or refused with INVALID_ARGUMENT whose message and param
+// (common/status_conversion.h WithParam) name it. Nothing is ignored.
 #ifndef TANDEM_ROUTER_SERVER_OPENAI_JSON_H_
 #define TANDEM_ROUTER_SERVER_OPENAI_JSON_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
 #include "tandem/v1/inference.pb.h"
 
 namespace tandem::router {
 
+// The most choices (n) and candidates (best_of) one request may ask for, as OpenAI's API.
+inline constexpr int kMaxChoices = 128;
+inline constexpr int kMaxBestOf = 20;
+// The most alternatives per token (completions' logprobs, chat's top_logprobs), as OpenAI's API
+// and the engine's limit (SamplingParams.logprobs).
+inline constexpr int kMaxTopLogprobs = 20;
+// The most stop strings, as OpenAI's API.
+inline constexpr int kMaxStops = 4;
+
 // What an OpenAI request asks for.
 struct OpenAiRequest {
+  // The request of one candidate. Its SamplingParams.logprobs is what the engine must return
+  // (at least 1 when log-probabilities are asked for or best_of > n needs them to rank).
   v1::GenerateRequest request;
   bool stream = false;         // "stream": server-sent events
   bool include_usage = false;  // "stream_options": {"include_usage": true}
+  // "n": choices returned; "best_of" (completions): candidates generated, >= n. With best_of > n
+  // the n candidates with the highest cumulative log-probability are returned (not streamed).
+  int n = 1;
+  int best_of = 1;
+  // The alternatives per token the client asked for: completions' "logprobs" (0..20), chat's
+  // "top_logprobs" (with "logprobs": true; 0 when absent); nullopt: no log-probabilities.
+  std::optional<int> logprobs;
 };
 
 // Reads the body of a completions (`chat` false) or chat completions request. INVALID_ARGUMENT
-// with a message naming the field for anything malformed: not JSON, not an object, a missing
-// prompt or messages, a field of the wrong type or out of range, n other than 1, content parts
-// other than text. Completions default max_tokens to 16 (OpenAI's default); chat leaves it unset
-// (up to the context), and takes max_completion_tokens over max_tokens.
+// with the field as param (and in the message) for anything refused: not JSON, not an object, a
+// missing prompt or messages, a message without content, a field of the wrong type or out of
+// range, a field Tandem does not know or support. Completions default max_tokens to 16
+// (OpenAI's default); chat leaves it unset (up to the context).
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat);
 
-// {"error": {"message", "type", "code"}} for `status`; type invalid_request_error (HTTP 400,
-// 404, 413), rate_limit_error (429) or server_error.
+// Reads a /tokenize body (vLLM's shape): {"model", "prompt", "add_special_tokens"} or
+// {"model", "messages", "add_generation_prompt", "add_special_tokens"}. INVALID_ARGUMENT naming
+// the field otherwise.
+absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
+
+// A /detokenize body: {"model", "tokens": [ids]}.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body);
+
+// {"error": {"message", "type", "param", "code"}} for `status`; type invalid_request_error
+// (HTTP 400, 404, 413), rate_limit_error (429) or server_error; param from ParamOf(status), or
+// null.
 std::string OpenAiErrorBody(const absl::Status& status);
 
 // The body of GET /v1/models: {"object": "list", "data": [...]}, one OpenAI model object per
@@ -38,6 +79,28 @@ std::string OpenAiModelList(const v1::ListModelsResponse& models);
 
 // "stop", "length", "abort", "error", or "" while the stream goes on.
 std::string OpenAiFinishReason(v1::FinishReason reason);
+
+// One generated token with its log-probability and alternatives, their texts already looked up
+// (the token's bytes as they appear in decoded text; may be part of a UTF-8 character).
+struct TokenWithLogprobs {
+  std::string token;
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;  // most likely first
+};
+
+// Completions' "logprobs" object for `tokens`: {"tokens", "token_logprobs", "top_logprobs" (one
+// {token: logprob} object per position; of `top_n` entries, or null for top_n 0),
+// "text_offset"}. Offsets count characters (code points) from the start of the choice's text,
+// `offset` being that of the first token (the text before it, in a stream).
+nlohmann::json CompletionLogprobs(const std::vector<TokenWithLogprobs>& tokens, int top_n,
+                                  int64_t offset);
+
+// Chat's "logprobs" object: {"content": [{"token", "logprob", "bytes", "top_logprobs":
+// [{"token", "logprob", "bytes"}, ...]}]}, `top_n` alternatives per token.
+nlohmann::json ChatLogprobs(const std::vector<TokenWithLogprobs>& tokens, int top_n);
+
+// Characters (code points) in `utf8`: the bytes that are not UTF-8 continuation bytes.
+int64_t CountCharacters(absl::string_view utf8);
 
 }  // namespace tandem::router
 

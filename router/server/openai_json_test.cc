@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/status_conversion.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem::router {
@@ -12,52 +13,245 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A body that must be refused, and a word its message must contain (the field it names).
+// A body that must be refused, the field its error names (param), and a word of its message.
 struct Bad {
   const char* body;
   bool chat;
+  const char* param;
   const char* says;
 };
 
 TEST(OpenAiJsonTest, InvalidBodiesAreRefusedNamingTheField) {
   const std::vector<Bad> cases = {
-      {"not json", false, "not valid JSON"},
-      {"[1, 2]", false, "JSON object"},
-      {"{}", false, "'prompt' is required"},
-      {R"({"prompt": null})", false, "'prompt' is required"},
-      {R"({"prompt": {"text": "hi"}})", false, "'prompt' must be"},
-      {R"({"prompt": ["a", "b"]})", false, "'prompt' must be"},
-      {R"({"prompt": [1, "b"]})", false, "'prompt' must be"},
-      {R"({"prompt": "hi", "model": 7})", false, "'model'"},
-      {R"({"prompt": "hi", "max_tokens": 0})", false, "'max_tokens' must be at least 1"},
-      {R"({"prompt": "hi", "max_tokens": 1.5})", false, "'max_tokens' must be an integer"},
-      {R"({"prompt": "hi", "max_tokens": "8"})", false, "'max_tokens' must be a number"},
-      {R"({"prompt": "hi", "max_tokens": 4294967296})", false, "'max_tokens' must be at least 1"},
-      {R"({"prompt": "hi", "temperature": "hot"})", false, "'temperature'"},
-      {R"({"prompt": "hi", "top_k": 2.5})", false, "'top_k' must be an integer"},
-      {R"({"prompt": "hi", "seed": "s"})", false, "'seed'"},
-      {R"({"prompt": "hi", "n": 2})", false, "n = 1"},
-      {R"({"prompt": "hi", "stop": 3})", false, "'stop'"},
-      {R"({"prompt": "hi", "stop": ["a", 1]})", false, "'stop'"},
-      {R"({"prompt": "hi", "stream": "yes"})", false, "'stream' must be a boolean"},
-      {R"({"prompt": "hi", "slo": 5})", false, "'slo' must be an object"},
-      {R"({"prompt": "hi", "slo": {"ttft_ms": -1}})", false, "'slo.ttft_ms'"},
-      {R"({"prompt": "hi", "slo": {"tpot_ms": 1e9}})", false, "'slo.tpot_ms'"},
-      {R"({})", true, "'messages' must be a non-empty array"},
-      {R"({"messages": []})", true, "'messages' must be a non-empty array"},
-      {R"({"messages": ["hi"]})", true, "'role'"},
-      {R"({"messages": [{"content": "hi"}]})", true, "'role'"},
-      {R"({"messages": [{"role": "user", "content": 5}]})", true, "'content'"},
+      {"not json", false, "body", "not valid JSON"},
+      {"[1, 2]", false, "body", "JSON object"},
+      {"{}", false, "prompt", "'prompt' is required"},
+      {R"({"prompt": null})", false, "prompt", "'prompt' is required"},
+      {R"({"prompt": {"text": "hi"}})", false, "prompt", "'prompt' must be"},
+      {R"({"prompt": ["a", "b"]})", false, "prompt", "several prompts"},
+      {R"({"prompt": [1, "b"]})", false, "prompt", "'prompt' must be"},
+      {R"({"prompt": [-1]})", false, "prompt", "out of range"},
+      {R"({"prompt": "hi", "model": 7})", false, "model", "'model'"},
+      {R"({"prompt": "hi", "max_tokens": 0})", false, "max_tokens", "must be in [1, "},
+      {R"({"prompt": "hi", "max_tokens": 1.5})", false, "max_tokens", "must be an integer"},
+      {R"({"prompt": "hi", "max_tokens": "8"})", false, "max_tokens", "must be an integer"},
+      {R"({"prompt": "hi", "max_tokens": 4294967296})", false, "max_tokens", "must be in"},
+      {R"({"prompt": "hi", "temperature": "hot"})", false, "temperature", "must be a number"},
+      {R"({"prompt": "hi", "temperature": 2.5})", false, "temperature", "[0, 2]"},
+      {R"({"prompt": "hi", "top_p": 0})", false, "top_p", "(0, 1]"},
+      {R"({"prompt": "hi", "top_k": 2.5})", false, "top_k", "must be an integer"},
+      {R"({"prompt": "hi", "top_k": -2})", false, "top_k", "[-1, "},
+      {R"({"prompt": "hi", "presence_penalty": 3})", false, "presence_penalty", "[-2, 2]"},
+      {R"({"prompt": "hi", "seed": "s"})", false, "seed", "'seed'"},
+      {R"({"prompt": "hi", "n": 0})", false, "n", "[1, 128]"},
+      {R"({"prompt": "hi", "n": 2, "best_of": 1})", false, "best_of", "at least n"},
+      {R"({"prompt": "hi", "best_of": 21})", false, "best_of", "[1, 20]"},
+      {R"({"prompt": "hi", "best_of": 2, "stream": true})", false, "best_of", "streamed"},
+      {R"({"prompt": "hi", "logprobs": 21})", false, "logprobs", "[0, 20]"},
+      {R"({"prompt": "hi", "logprobs": true})", false, "logprobs", "must be an integer"},
+      {R"({"prompt": "hi", "echo": true})", false, "echo", "not supported"},
+      {R"({"prompt": "hi", "suffix": "end"})", false, "suffix", "not supported"},
+      {R"({"prompt": "hi", "logit_bias": {"1": 5}})", false, "logit_bias", "not supported"},
+      {R"({"prompt": "hi", "response_format": {"type": "yaml"}})", false, "response_format.type",
+       "must be 'text', 'json_object' or 'json_schema'"},
+      {R"({"prompt": "hi", "frobnicate": 1})", false, "frobnicate", "not a parameter"},
+      {R"({"prompt": "hi", "stop": 3})", false, "stop", "'stop'"},
+      {R"({"prompt": "hi", "stop": ["a", 1]})", false, "stop", "'stop'"},
+      {R"({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})", false, "stop", "at most 4"},
+      {R"({"prompt": "hi", "stop": ""})", false, "stop", "empty"},
+      {R"({"prompt": "hi", "stream": "yes"})", false, "stream", "must be a boolean"},
+      {R"({"prompt": "hi", "stream_options": {"include_usage": true}})", false,
+       "stream_options", "only allowed with 'stream'"},
+      {R"({"prompt": "hi", "stream": true, "stream_options": {"x": 1}})", false,
+       "stream_options.x", "not supported"},
+      {R"({"prompt": "hi", "ignore_eos": "yes"})", false, "ignore_eos", "boolean"},
+      {R"({"prompt": "hi", "min_tokens": 20})", false, "min_tokens", "must not exceed"},
+      {R"({"prompt": "hi", "slo": 5})", false, "slo", "'slo' must be an object"},
+      {R"({"prompt": "hi", "slo": {"ttft_ms": -1}})", false, "slo.ttft_ms", "'slo.ttft_ms'"},
+      {R"({"prompt": "hi", "slo": {"tpot_ms": 1e9}})", false, "slo.tpot_ms", "'slo.tpot_ms'"},
+      {R"({"prompt": "hi", "slo": {"e2e_ms": 5}})", false, "slo.e2e_ms", "not a field"},
+      {R"({})", true, "messages", "'messages' must be a non-empty array"},
+      {R"({"messages": []})", true, "messages", "'messages' must be a non-empty array"},
+      {R"({"messages": ["hi"]})", true, "messages[0]", "must be an object"},
+      {R"({"messages": [{"content": "hi"}]})", true, "messages[0].role", "must be a string"},
+      {R"({"messages": [{"role": "robot", "content": "hi"}]})", true, "messages[0].role",
+       "'robot'"},
+      {R"({"messages": [{"role": "tool", "content": "hi"}]})", true, "messages[0].role",
+       "not supported"},
+      {R"({"messages": [{"role": "user", "content": 5}]})", true, "messages[0].content",
+       "'messages[0].content'"},
+      {R"({"messages": [{"role": "user"}]})", true, "messages[0].content", "is required"},
+      {R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": null}]})",
+       true, "messages[1].content", "is required for a assistant"},
+      {R"({"messages": [{"role": "user", "content": "hi", "name": "bob"}]})", true,
+       "messages[0].name", "not supported"},
+      {R"({"messages": [{"role": "user", "content": "hi", "mood": 1}]})", true,
+       "messages[0].mood", "not a field"},
       {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", true,
-       "text content parts"},
+       "messages[0].content[0].type", "only text content parts"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})", true,
+       "messages[0].content[0].text", "must be a string"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0})", true,
-       "'max_completion_tokens'"},
+       "max_completion_tokens", "'max_completion_tokens'"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+           "max_completion_tokens": 9})", true, "max_tokens", "differs"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": 5})", true, "logprobs",
+       "must be a boolean"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})", true,
+       "top_logprobs", "needs 'logprobs': true"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+           "top_logprobs": 21})", true, "top_logprobs", "[0, 20]"},
+      {R"({"messages": [{"role": "user", "content": "hi"}],
+           "response_format": {"type": "json_object", "schema": {}}})", true,
+       "response_format.schema", "is not a field of a 'json_object' response_format"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "response_format":
+           {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "format": 1}}})",
+       true, "response_format.json_schema.format", "is not a field of a json_schema"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]})",
+       true, "tools", "not supported"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"})", true,
+       "tool_choice", "not supported"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "store": true})", true, "store",
+       "not supported"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "modalities": ["audio"]})", true,
+       "modalities", "not supported"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "best_of": 2})", true, "best_of",
+       "not a parameter of /v1/chat/completions"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "user": 5})", true, "user",
+       "must be a string"},
   };
   for (const Bad& c : cases) {
     absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(c.body, c.chat);
     ASSERT_FALSE(r.ok()) << c.body;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
     EXPECT_THAT(r.status().message(), HasSubstr(c.says)) << c.body;
+    EXPECT_EQ(ParamOf(r.status()), c.param) << c.body;
+    const nlohmann::json error = nlohmann::json::parse(OpenAiErrorBody(r.status()))["error"];
+    EXPECT_EQ(error["param"], c.param) << c.body;
+    EXPECT_EQ(error["type"], "invalid_request_error") << c.body;
+  }
+}
+
+TEST(OpenAiJsonTest, NoOpValuesOfUnsupportedFieldsAreAccepted) {
+  for (const char* body : {
+           R"({"prompt": "hi", "user": "u1", "n": 1, "echo": false, "suffix": null,
+               "logit_bias": {}, "presence_penalty": 0, "best_of": 1, "stream": false})",
+           R"({"prompt": [[1, 2]], "top_k": -1, "stop_token_ids": [3]})",
+       }) {
+    absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(body, /*chat=*/false);
+    EXPECT_TRUE(r.ok()) << body << ": " << r.status();
+  }
+  absl::StatusOr<OpenAiRequest> chat = ParseOpenAiRequest(
+      R"({"messages": [{"role": "developer", "content": "Be brief."},
+                       {"role": "user", "content": "hi", "tool_calls": []}],
+          "user": "u", "store": false, "metadata": {}, "service_tier": "auto",
+          "modalities": ["text"], "response_format": {"type": "text"}, "tools": [],
+          "tool_choice": "none", "logit_bias": null, "logprobs": false})",
+      /*chat=*/true);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->request.chat().messages(0).role(), "system");  // developer is system
+  EXPECT_FALSE(chat->logprobs.has_value());
+  EXPECT_FALSE(chat->request.sampling().has_max_tokens());
+}
+
+TEST(OpenAiJsonTest, LogprobsNAndBestOf) {
+  absl::StatusOr<OpenAiRequest> none = ParseOpenAiRequest(R"({"prompt": "x"})", false);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->logprobs.has_value());
+  EXPECT_EQ(none->request.sampling().logprobs(), 0u);
+  EXPECT_EQ(none->n, 1);
+  EXPECT_EQ(none->best_of, 1);
+
+  // logprobs 0: the sampled token's only, which the engine gives beside one alternative.
+  absl::StatusOr<OpenAiRequest> zero = ParseOpenAiRequest(R"({"prompt": "x", "logprobs": 0})", false);
+  ASSERT_TRUE(zero.ok());
+  EXPECT_EQ(zero->logprobs, 0);
+  EXPECT_EQ(zero->request.sampling().logprobs(), 1u);
+
+  absl::StatusOr<OpenAiRequest> five =
+      ParseOpenAiRequest(R"({"prompt": "x", "logprobs": 5, "n": 2, "best_of": 3})", false);
+  ASSERT_TRUE(five.ok());
+  EXPECT_EQ(five->logprobs, 5);
+  EXPECT_EQ(five->request.sampling().logprobs(), 5u);
+  EXPECT_EQ(five->n, 2);
+  EXPECT_EQ(five->best_of, 3);
+
+  // best_of > n ranks candidates by log-probability: asked of the engine even when the client
+  // did not ask for them.
+  absl::StatusOr<OpenAiRequest> ranked =
+      ParseOpenAiRequest(R"({"prompt": "x", "best_of": 3})", false);
+  ASSERT_TRUE(ranked.ok());
+  EXPECT_FALSE(ranked->logprobs.has_value());
+  EXPECT_EQ(ranked->request.sampling().logprobs(), 1u);
+
+  absl::StatusOr<OpenAiRequest> chat = ParseOpenAiRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 3,
+          "n": 4})",
+      true);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->logprobs, 3);
+  EXPECT_EQ(chat->request.sampling().logprobs(), 3u);
+  EXPECT_EQ(chat->n, 4);
+  EXPECT_EQ(chat->best_of, 4);
+}
+
+TEST(OpenAiJsonTest, LogprobsHaveOpenAisShapes) {
+  const std::vector<TokenWithLogprobs> tokens = {
+      {.token = " Par", .logprob = -0.5f, .top = {{" Par", -0.5f}, {" Lyon", -1.5f}}},
+      {.token = "\xC3\xA9", .logprob = -0.25f, .top = {{"\xC3\xA9", -0.25f}, {"is", -2.0f}}},
+  };
+  const nlohmann::json completion = CompletionLogprobs(tokens, 2, /*offset=*/10);
+  EXPECT_EQ(completion["tokens"], nlohmann::json({" Par", "\xC3\xA9"}));
+  EXPECT_EQ(completion["token_logprobs"], nlohmann::json({-0.5, -0.25}));
+  EXPECT_EQ(completion["top_logprobs"][0], nlohmann::json({{" Par", -0.5}, {" Lyon", -1.5}}));
+  EXPECT_EQ(completion["text_offset"], nlohmann::json({10, 14}));  // characters, not bytes
+  EXPECT_EQ(CompletionLogprobs(tokens, 1, 0)["top_logprobs"][1].size(), 1u);
+  EXPECT_TRUE(CompletionLogprobs(tokens, 0, 0)["top_logprobs"][0].is_null());
+
+  const nlohmann::json chat = ChatLogprobs(tokens, 1);
+  ASSERT_EQ(chat["content"].size(), 2u);
+  EXPECT_EQ(chat["content"][1]["token"], "\xC3\xA9");
+  EXPECT_EQ(chat["content"][1]["bytes"], nlohmann::json({0xC3, 0xA9}));
+  EXPECT_EQ(chat["content"][1]["logprob"], -0.25);
+  ASSERT_EQ(chat["content"][0]["top_logprobs"].size(), 1u);
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][0]["token"], " Par");
+  EXPECT_EQ(ChatLogprobs(tokens, 0)["content"][0]["top_logprobs"].size(), 0u);
+  EXPECT_EQ(CountCharacters("a\xC3\xA9\xE2\x82\xAC"), 3);
+}
+
+TEST(OpenAiJsonTest, TokenizeAndDetokenizeBodies) {
+  absl::StatusOr<v1::TokenizeRequest> prompt =
+      ParseTokenizeRequest(R"({"model": "m", "prompt": "hi"})");
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_EQ(prompt->prompt(), "hi");
+  EXPECT_TRUE(prompt->add_special_tokens());  // vLLM's default for a prompt
+  absl::StatusOr<v1::TokenizeRequest> chat = ParseTokenizeRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false})");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->chat().messages_size(), 1);
+  EXPECT_FALSE(chat->add_special_tokens());  // the template has them
+  EXPECT_FALSE(chat->add_generation_prompt());
+  for (const auto& [body, param] : std::vector<std::pair<const char*, const char*>>{
+           {"{}", "prompt"},
+           {R"({"prompt": "a", "messages": []})", "prompt"},
+           {R"({"prompt": 5})", "prompt"},
+           {R"({"prompt": "a", "add_generation_prompt": true})", "add_generation_prompt"},
+           {R"({"prompt": "a", "add_special_tokens": 1})", "add_special_tokens"},
+           {R"({"prompt": "a", "extra": 1})", "extra"},
+           {R"({"messages": [{"role": "user"}]})", "messages[0].content"},
+       }) {
+    absl::StatusOr<v1::TokenizeRequest> r = ParseTokenizeRequest(body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(ParamOf(r.status()), param) << body;
+  }
+  absl::StatusOr<DetokenizeRequest> ids = ParseDetokenizeRequest(R"({"tokens": [1, 2]})");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_THAT(ids->tokens, ::testing::ElementsAre(1, 2));
+  for (const char* body : {"{}", R"({"tokens": "12"})", R"({"tokens": [-1]})",
+                           R"({"tokens": [1.5]})"}) {
+    absl::StatusOr<DetokenizeRequest> r = ParseDetokenizeRequest(body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(ParamOf(r.status()), "tokens") << body;
   }
 }
 
@@ -120,8 +314,8 @@ TEST(OpenAiJsonTest, AChatBodyBecomesARequest) {
       R"({"messages": [{"role": "system", "content": "Be brief."},
                        {"role": "user", "content": [{"type": "text", "text": "Name "},
                                                      {"type": "text", "text": "a river."}]},
-                       {"role": "assistant", "content": null}],
-          "max_tokens": 4, "max_completion_tokens": 9})",
+                       {"role": "assistant", "content": ""}],
+          "max_tokens": 9, "max_completion_tokens": 9})",
       /*chat=*/true);
   ASSERT_TRUE(r.ok()) << r.status();
   const v1::ChatMessages& chat = r->request.chat();
@@ -130,7 +324,7 @@ TEST(OpenAiJsonTest, AChatBodyBecomesARequest) {
   EXPECT_EQ(chat.messages(0).content(), "Be brief.");
   EXPECT_EQ(chat.messages(1).content(), "Name a river.");
   EXPECT_EQ(chat.messages(2).content(), "");
-  EXPECT_EQ(r->request.sampling().max_tokens(), 9u);  // max_completion_tokens wins
+  EXPECT_EQ(r->request.sampling().max_tokens(), 9u);
 
   absl::StatusOr<OpenAiRequest> unset =
       ParseOpenAiRequest(R"({"messages": [{"role": "user", "content": "hi"}]})", true);
@@ -140,7 +334,7 @@ TEST(OpenAiJsonTest, AChatBodyBecomesARequest) {
 
 TEST(OpenAiJsonTest, ErrorBodiesAndFinishReasonsHaveOpenAisShape) {
   EXPECT_EQ(OpenAiErrorBody(absl::InvalidArgumentError("bad \"x\"")),
-            R"({"error":{"code":"INVALID_ARGUMENT","message":"bad \"x\"","type":"invalid_request_error"}})");
+            R"({"error":{"code":"INVALID_ARGUMENT","message":"bad \"x\"","param":null,"type":"invalid_request_error"}})");
   EXPECT_THAT(OpenAiErrorBody(absl::ResourceExhaustedError("busy")), HasSubstr("rate_limit_error"));
   EXPECT_THAT(OpenAiErrorBody(absl::UnavailableError("gone")), HasSubstr("server_error"));
   EXPECT_THAT(OpenAiErrorBody(absl::NotFoundError("no model")), HasSubstr("invalid_request_error"));

@@ -88,26 +88,43 @@ std::string RequestRouter::ModelId() {
   return model.has_value() ? model->model_id : file_model_id_;
 }
 
+absl::StatusOr<std::string> RequestRouter::RenderChat(const v1::ChatMessages& chat,
+                                                      bool add_generation_prompt) const {
+  if (!chat_template_.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model has no usable chat template: ", chat_template_.status().message()));
+  }
+  std::vector<ChatMessage> messages;
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const v1::ChatMessage& m = chat.messages(i);
+    const std::string at = absl::StrCat("messages[", i, "]");
+    if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
+      return WithParam(absl::InvalidArgumentError(absl::StrCat(
+                           "chat.", at, ".role '", m.role(), "' is not system, user or assistant")),
+                       at + ".role");
+    }
+    // A system or user message says something; an assistant's may be empty (an empty reply).
+    if (m.content().empty() && m.role() != "assistant") {
+      return WithParam(absl::InvalidArgumentError(absl::StrCat("chat.", at, ".content of a ",
+                                                               m.role(), " message is empty")),
+                       at + ".content");
+    }
+    messages.push_back({m.role(), m.content()});
+  }
+  if (messages.empty()) {
+    return WithParam(absl::InvalidArgumentError("the chat has no messages"), "messages");
+  }
+  ChatTemplate::RenderOptions options = ChatTemplate::OptionsFor(*tokenizer_);
+  options.add_generation_prompt = add_generation_prompt;
+  return chat_template_->Render(messages, options);
+}
+
 absl::StatusOr<std::vector<int32_t>> RequestRouter::Encode(const v1::GenerateRequest& r) const {
   switch (r.input_case()) {
     case v1::GenerateRequest::kPrompt:
       return tokenizer_->Encode(r.prompt(), {.add_special = true, .parse_special = true});
     case v1::GenerateRequest::kChat: {
-      if (!chat_template_.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the model has no usable chat template: ", chat_template_.status().message()));
-      }
-      std::vector<ChatMessage> messages;
-      for (const v1::ChatMessage& m : r.chat().messages()) {
-        if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
-          return absl::InvalidArgumentError(
-              absl::StrCat("chat role '", m.role(), "' is not system, user or assistant"));
-        }
-        messages.push_back({m.role(), m.content()});
-      }
-      if (messages.empty()) return absl::InvalidArgumentError("the chat has no messages");
-      ASSIGN_OR_RETURN(std::string text,
-                       chat_template_->Render(messages, ChatTemplate::OptionsFor(*tokenizer_)));
+      ASSIGN_OR_RETURN(std::string text, RenderChat(r.chat(), /*add_generation_prompt=*/true));
       return tokenizer_->Encode(text, {.add_special = false, .parse_special = true});
     }
     case v1::GenerateRequest::kTokenIds:
@@ -123,18 +140,22 @@ absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::Generat
   const std::optional<Registry::ModelInfo> model = registry_->Model();
   const std::string model_id = model.has_value() ? model->model_id : file_model_id_;
   if (!request.model().empty() && request.model() != model_id) {
-    return absl::NotFoundError(
-        absl::StrCat("model '", request.model(), "' does not exist; this cluster serves '",
-                     model_id, "'"));
+    return WithParam(absl::NotFoundError(absl::StrCat("model '", request.model(),
+                                                      "' does not exist; this cluster serves '",
+                                                      model_id, "'")),
+                     "model");
   }
   Prepared p{.request = request, .tokens = {}, .trace = trace};
   ASSIGN_OR_RETURN(p.tokens, Encode(request));
-  if (p.tokens.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (p.tokens.empty()) {
+    return WithParam(absl::InvalidArgumentError("the prompt is empty"), "prompt");
+  }
   const int64_t vocab = tokenizer_->vocab_size();
   for (int32_t t : p.tokens) {
     if (t < 0 || t >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", t, " is outside the vocabulary [0, ", vocab, ")"));
+      return WithParam(absl::InvalidArgumentError(absl::StrCat(
+                           "prompt token id ", t, " is outside the vocabulary [0, ", vocab, ")")),
+                       "prompt");
     }
   }
   const int64_t context = model.has_value() ? model->max_context : file_max_context_;
@@ -144,8 +165,13 @@ absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::Generat
   }
   RETURN_IF_ERROR(
       sampling::ValidateSamplingOptions(s, static_cast<int>(vocab), static_cast<int>(context)));
-  RETURN_IF_ERROR(sampling::ValidatePromptLength(s, static_cast<int64_t>(p.tokens.size()),
-                                                 static_cast<int>(context)));
+  if (absl::Status length = sampling::ValidatePromptLength(
+          s, static_cast<int64_t>(p.tokens.size()), static_cast<int>(context));
+      !length.ok()) {
+    // Over the context: the prompt alone, or with the tokens asked for.
+    const bool alone = static_cast<int64_t>(p.tokens.size()) >= context;
+    return WithParam(length, alone ? "prompt" : "max_tokens");
+  }
   if (request.request_id().empty()) {
     static std::atomic<uint64_t> next{1};
     p.request.set_request_id(
@@ -364,20 +390,22 @@ absl::StatusOr<Route> RequestRouter::PlaceLocked(const placement::Request& reque
 }
 
 absl::StatusOr<v1::TokenizeResponse> RequestRouter::Tokenize(const v1::TokenizeRequest& request) {
-  v1::GenerateRequest g;
-  g.set_model(request.model());
-  if (request.has_chat()) {
-    *g.mutable_chat() = request.chat();
-  } else {
-    g.set_prompt(request.prompt());
-  }
   const std::string model_id = ModelId();
   if (!request.model().empty() && request.model() != model_id) {
-    return absl::NotFoundError(absl::StrCat("model '", request.model(), "' does not exist"));
+    return WithParam(
+        absl::NotFoundError(absl::StrCat("model '", request.model(), "' does not exist")),
+        "model");
   }
   std::vector<int32_t> ids;
   if (request.has_chat()) {
-    ASSIGN_OR_RETURN(ids, Encode(g));
+    ASSIGN_OR_RETURN(std::string text,
+                     RenderChat(request.chat(), request.has_add_generation_prompt()
+                                                    ? request.add_generation_prompt()
+                                                    : true));
+    // The template writes the special tokens it wants: none added by default.
+    ids = tokenizer_->Encode(text, {.add_special = request.has_add_special_tokens() &&
+                                                   request.add_special_tokens(),
+                                    .parse_special = true});
   } else {
     ids = tokenizer_->Encode(request.prompt(),
                              {.add_special = request.has_add_special_tokens() ? request.add_special_tokens() : true,

@@ -134,6 +134,10 @@ class RequestRouter final : public RelayHost, public Drainable {
   friend class WaitingCall;
   RequestRouter(const RouterOptions& options, Registry* registry);
   absl::StatusOr<std::vector<int32_t>> Encode(const v1::GenerateRequest& request) const;
+  // The chat's prompt text through the model's template. INVALID_ARGUMENT naming the message for
+  // a role other than system/user/assistant, or empty content of a system or user message.
+  absl::StatusOr<std::string> RenderChat(const v1::ChatMessages& chat,
+                                         bool add_generation_prompt) const;
   absl::StatusOr<Route> PlaceLocked(const placement::Request& request,
                                     const absl::flat_hash_set<std::string>& avoid,
                                     v1::Decode::Stub** stub) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

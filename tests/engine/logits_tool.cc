@@ -1,7 +1,7 @@
 // Test tool: runs Tandem's CPU forward pass on a token sequence and writes what a reference
 // implementation is compared against.
 //
-//   logits_tool MODEL TOKENS OUT [GREEDY_STEPS] [BLOCK_SIZE] [KV_DTYPE] [CHUNK]
+//   logits_tool MODEL TOKENS OUT [GREEDY_STEPS] [BLOCK_SIZE] [KV_DTYPE] [CHUNK] [MLP_ROWS]
 //
 // MODEL is a GGUF file or a Hugging Face model directory (config.json and *.safetensors).
 // KV_DTYPE is the cache's element type, f16 (the engine's default) or f32.
@@ -11,6 +11,7 @@
 // paged KV cache) and prints one line of JSON, {"vocab": V, "greedy": [ids...]}, with
 // GREEDY_STEPS greedy tokens continuing TOKENS. With CHUNK > 1 the tokens are fed CHUNK per step
 // (a prefill in chunks); only each chunk's last row of OUT holds logits, the others are NaN.
+// MLP_ROWS is CpuBackend::Options::mlp_rows_per_pass (0: the default).
 #include <cstdio>
 #include <algorithm>
 #include <fstream>
@@ -49,9 +50,15 @@ absl::Status Run(int argc, char** argv) {
     return absl::InvalidArgumentError("CHUNK");
   }
 
+  int mlp_rows = 0;
+  if (argc > 8 && !absl::SimpleAtoi(argv[8], &mlp_rows)) {
+    return absl::InvalidArgumentError("MLP_ROWS");
+  }
+
   ASSIGN_OR_RETURN(LoadedModel model, LoadModel(argv[1]));
   ASSIGN_OR_RETURN(auto forward,
-                   CpuBackend::Create(&model, {.block_size = block_size, .kv_dtype = kv_dtype}));
+                   CpuBackend::Create(&model, {.block_size = block_size, .kv_dtype = kv_dtype,
+                                               .mlp_rows_per_pass = mlp_rows}));
   const int64_t total = static_cast<int64_t>(tokens.size()) + greedy;
   ASSIGN_OR_RETURN(auto kv, KvStorage::Create(forward->KvLayoutFor(total / block_size + 1)));
   std::vector<int32_t> blocks(static_cast<size_t>(total / block_size + 1));

@@ -45,15 +45,18 @@ def reference(model_path, tokens, greedy_steps, **llama_options):
     return logits, generated
 
 
-def tandem(model_path, tokens, greedy_steps, tmp_path, block_size=16, kv_dtype="f16", chunk=1):
+def tandem(model_path, tokens, greedy_steps, tmp_path, block_size=16, kv_dtype="f16", chunk=1,
+           mlp_rows=0):
     """Tandem's logits [len(tokens), vocab] (one token per step through the paged KV cache, whose
     elements are `kv_dtype`: "f16", the engine's default, or "f32") and its greedy continuation,
     from logits_tool. `model_path` is a GGUF file or a Hugging Face model directory. With
     `chunk` > 1 the tokens go `chunk` per step (a chunked prefill) and only each chunk's last row
-    holds logits (the others are NaN)."""
+    holds logits (the others are NaN). `mlp_rows` > 0 runs each step's output projection and MLP
+    in passes of that many rows (CpuBackend::Options::mlp_rows_per_pass)."""
     out = tmp_path / "logits.bin"
     p = subprocess.run([str(BIN / "logits_tool"), str(model_path), ",".join(map(str, tokens)),
-                        str(out), str(greedy_steps), str(block_size), kv_dtype, str(chunk)],
+                        str(out), str(greedy_steps), str(block_size), kv_dtype, str(chunk),
+                        str(mlp_rows)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     info = json.loads(p.stdout)
