@@ -16,6 +16,16 @@
 namespace tandem {
 namespace {
 
+void ToProto(const sampling::SampledToken& t, v1::TokenLogprobs* lp) {
+  lp->set_token_id(t.id);
+  lp->set_logprob(t.logprob.value_or(0.0f));
+  for (const sampling::TokenLogprob& alt : t.top_logprobs) {
+    v1::TopLogprob* top = lp->add_top_logprobs();
+    top->set_token_id(alt.id);
+    top->set_logprob(alt.logprob);
+  }
+}
+
 // The delta's token and log-probabilities appended to `ids` / `logprobs`.
 void AppendDelta(const GenerationDelta& d, google::protobuf::RepeatedField<int32_t>* ids,
                  google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* logprobs) {
@@ -73,6 +83,11 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     r.sampling = SamplingFromProto(request_.sampling());
     r.prior_output_tokens = prior_;  // the engine checks them against max_tokens
     r.priority = request_.priority();
+    // A request that resumes here (prior output) had its prompt scored where it started.
+    if (prior_ == 0) {
+      r.prompt_logprobs = static_cast<int>(
+          std::min<uint32_t>(request_.sampling().prompt_logprobs(), 1u << 20));  // checked there
+    }
     bool draining;
     {
       absl::MutexLock lock(&service_->mu_);
@@ -96,9 +111,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       registered_ = !request_.request_id().empty();
     }
     timings_.set_decode_worker(service_->options_.worker_id);
-    if (request_.prefill_targets().empty() || service_->options_.kv_pool.regions_size() == 0) {
-      return SubmitLocally(std::move(r));
-    }
+    if (PrefillsHere()) return SubmitLocally(std::move(r));
     // Kept in case the engine has no room to receive a remote prefill now.
     GenerationRequest copy = r;
     loop_->SubmitRemotePrefillAsync(
@@ -173,10 +186,18 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   }
 
  private:
+  // Whether the prompt is computed here: no prefill worker was named, this worker has no KV pool
+  // to receive one, or the request scores its prompt (the logits of every position are needed
+  // here, where they are returned).
+  bool PrefillsHere() const {
+    return request_.prefill_targets().empty() || service_->options_.kv_pool.regions_size() == 0 ||
+           request_.sampling().prompt_logprobs() > 0;
+  }
+
   // The request's first INFO line here: what it asks and where its prompt is to be computed.
   void LogStart() {
     std::string prefill;
-    if (request_.prefill_targets().empty() || service_->options_.kv_pool.regions_size() == 0) {
+    if (PrefillsHere()) {
       prefill = "prefill here";
     } else {
       for (const v1::PrefillTarget& t : request_.prefill_targets()) {
@@ -405,6 +426,9 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       cached_tokens_ = std::max(
           cached_tokens_,
           std::min<int64_t>(d.cached_prompt_tokens, request_.prompt_token_ids_size()));
+      for (const sampling::SampledToken& t : d.prompt_logprobs) {
+        ToProto(t, response_.add_prompt_logprobs());
+      }
       if (d.token >= 0) {
         AppendDelta(d, response_.mutable_token_ids(), response_.mutable_logprobs());
         ++completion_tokens_;

@@ -131,8 +131,13 @@ absl::Status PlanStep(const ModelConfig& c, const StepBatch& batch, const KvLayo
     }
     plan->seq_lens.push_back(
         static_cast<int32_t>(seq.start_position + static_cast<int64_t>(seq.tokens.size())));
-    if (seq.compute_logits) {
-      plan->logit_rows.push_back(static_cast<int64_t>(plan->token_ids.size()) - 1);
+    const auto end = static_cast<int64_t>(plan->token_ids.size());
+    if (seq.all_logits) {
+      for (int64_t row = end - static_cast<int64_t>(seq.tokens.size()); row < end; ++row) {
+        plan->logit_rows.push_back(row);
+      }
+    } else if (seq.compute_logits) {
+      plan->logit_rows.push_back(end - 1);
     }
   }
   plan->num_tokens = static_cast<int64_t>(plan->token_ids.size());

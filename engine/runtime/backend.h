@@ -64,7 +64,8 @@ struct StepPlan {
   // [S, max_blocks_per_seq]: sequence s's physical blocks in position order, zero-padded.
   std::vector<int32_t> block_tables;
   int64_t max_blocks_per_seq = 0;
-  // Rows of the step's tokens whose logits are returned (a sequence's last token, when it asks).
+  // Rows of the step's tokens whose logits are returned (a sequence's last token when it asks,
+  // every token of a sequence with all_logits).
   std::vector<int64_t> logit_rows;
   // The batch's layer callback (may be empty); valid until the step ends.
   const std::function<void(int64_t layer)>* on_layer_done = nullptr;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,31 @@ double SecondsSince(Clock::time_point start) {
 constexpr const char* kEndOfGenerationTokens[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>",
                                                   "<|endoftext|>", "</s>", "<|end|>"};
 
+// `token`'s log-probability under log_softmax(logits), in double, with the `k` most likely
+// tokens, most likely first (equal logits by lower id), as the sampler reports a sampled token's.
+sampling::SampledToken ScoreToken(absl::Span<const float> logits, int32_t token, int k) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float x : logits) mx = std::max(mx, x);
+  double z = 0;
+  for (float x : logits) z += std::exp(static_cast<double>(x - mx));
+  const double log_z = static_cast<double>(mx) + std::log(z);
+  sampling::SampledToken out{.id = token,
+                             .logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z),
+                             .top_logprobs = {}};
+  std::vector<sampling::TokenLogprob>& top = out.top_logprobs;
+  top.reserve(static_cast<size_t>(k) + 1);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float x = logits[i];
+    if (top.size() == static_cast<size_t>(k) && !(x > top.back().logprob)) continue;
+    auto pos = std::upper_bound(top.begin(), top.end(), x,
+                                [](float v, const sampling::TokenLogprob& t) { return v > t.logprob; });
+    top.insert(pos, {static_cast<int32_t>(i), x});
+    if (top.size() > static_cast<size_t>(k)) top.pop_back();
+  }
+  for (sampling::TokenLogprob& t : top) t.logprob = static_cast<float>(t.logprob - log_z);
+  return out;
+}
+
 }  // namespace
 
 struct LocalEngine::Request {
@@ -39,6 +66,10 @@ struct LocalEngine::Request {
   bool remote = false;  // waiting for a peer's prefill
   bool hold_kv = false;  // GenerationRequest::hold_kv
   bool reported_first = false;  // its first delta went out
+  // GenerationRequest::prompt_logprobs, and the prompt's scores so far: entry p for prompt token
+  // p + 1 (filled chunk by chunk; a recomputed chunk overwrites).
+  int prompt_logprobs = 0;
+  std::vector<sampling::SampledToken> prompt_scores = {};
   // Start of the first step that computed any of its prompt tokens here.
   std::optional<Clock::time_point> first_prompt_step = std::nullopt;
 };
@@ -157,6 +188,15 @@ absl::Status LocalEngine::Validate(const GenerationRequest& r) const {
       sampling::ValidateSamplingOptions(r.sampling, c.vocab_size, static_cast<int>(c.max_context)));
   RETURN_IF_ERROR(sampling::ValidatePromptLength(r.sampling, prompt_len - r.prior_output_tokens,
                                                  static_cast<int>(c.max_context)));
+  if (r.prompt_logprobs < 0 || r.prompt_logprobs > sampling::kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ",
+                                                   sampling::kMaxLogprobs, "], got ",
+                                                   r.prompt_logprobs));
+  }
+  if (r.prompt_logprobs > 0 && r.prior_output_tokens > 0) {
+    return absl::InvalidArgumentError(
+        "prompt_logprobs with prior output tokens: the prompt was scored where it started");
+  }
   if (r.sampling.response_format.constrained()) {
     RETURN_IF_ERROR(CompileFormat(r.sampling.response_format).status());
   }
@@ -182,7 +222,8 @@ absl::Status LocalEngine::Add(uint64_t id, GenerationRequest request, DeltaCallb
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Request> r, MakeRequest(id, request, std::move(on_delta)));
   RETURN_IF_ERROR(scheduler_->Add(id, std::move(request.prompt), MaxNewTokens(request),
-                                  request.priority));
+                                  request.priority,
+                                  /*reuse_prefix=*/request.prompt_logprobs == 0));
   requests_.emplace(id, std::move(r));
   return absl::OkStatus();
 }
@@ -191,6 +232,9 @@ absl::StatusOr<RemotePrefillPlan> LocalEngine::AddRemotePrefill(uint64_t id,
                                                                 GenerationRequest request,
                                                                 DeltaCallback on_delta) {
   RETURN_IF_ERROR(Validate(request));
+  if (request.prompt_logprobs > 0) {
+    return absl::InvalidArgumentError("prompt_logprobs needs the prompt computed here");
+  }
   if (requests_.contains(id)) {
     return absl::InvalidArgumentError(absl::StrCat("request id ", id, " is in use"));
   }
@@ -292,6 +336,8 @@ absl::StatusOr<std::unique_ptr<LocalEngine::Request>> LocalEngine::MakeRequest(
                                              StreamingDetokenizer(*tokenizer_), std::move(on_delta),
                                              request.on_kv_layer});
   r->hold_kv = request.hold_kv;
+  r->prompt_logprobs = request.prompt_logprobs;
+  if (r->prompt_logprobs > 0) r->prompt_scores.resize(request.prompt.size() - 1);
   if (request.sampling.response_format.constrained()) {
     ASSIGN_OR_RETURN(grammar::CompiledFormat format, CompileFormat(request.sampling.response_format));
     r->constraint.emplace(format);
@@ -360,6 +406,7 @@ absl::StatusOr<bool> LocalEngine::Deliver(Request& r, sampling::SampledToken nex
                         .finish = step.finish};
   if (!r.reported_first) {
     delta.cached_prompt_tokens = scheduler_->cached_prompt_tokens(r.id);
+    delta.prompt_logprobs = std::move(r.prompt_scores);
     if (r.first_prompt_step.has_value()) delta.prompt_seconds = SecondsSince(*r.first_prompt_step);
     r.reported_first = true;
   }
@@ -391,11 +438,20 @@ absl::Status LocalEngine::Step(StepInfo* info) {
   }
   StepBatch batch;
   batch.sequences.reserve(step.items.size());
-  for (const ScheduledItem& item : step.items) {
+  // Per item: whether it scores its prompt (logits at every token).
+  std::vector<bool> scores(step.items.size(), false);
+  for (size_t i = 0; i < step.items.size(); ++i) {
+    const ScheduledItem& item = step.items[i];
+    if (!item.is_decode) {
+      auto it = requests_.find(item.id);
+      scores[i] = it != requests_.end() && it->second->prompt_logprobs > 0 &&
+                  !it->second->reported_first;
+    }
     batch.sequences.push_back(StepSequence{.tokens = item.tokens,
                                            .start_position = item.start,
                                            .block_table = item.block_table,
-                                           .compute_logits = item.samples});
+                                           .compute_logits = item.samples,
+                                           .all_logits = scores[i]});
     const int64_t n = static_cast<int64_t>(item.tokens.size());
     in.context_tokens += item.start + n;
     const int64_t attended = n * item.start + n * (n + 1) / 2;
@@ -441,7 +497,30 @@ absl::Status LocalEngine::Step(StepInfo* info) {
   in.schedule_seconds += SecondsSince(commit_start);
   int64_t row = 0;
   absl::Status first_error;
-  for (const ScheduledItem& item : step.items) {
+  for (size_t i = 0; i < step.items.size(); ++i) {
+    const ScheduledItem& item = step.items[i];
+    if (scores[i]) {
+      // Row j predicts the token at item.start + j + 1; the last row of the prompt's last chunk
+      // is the one sampled from below.
+      Request& r = *requests_.at(item.id);
+      const auto n = static_cast<int64_t>(item.tokens.size());
+      const auto scored = static_cast<int64_t>(r.prompt_scores.size());
+      const absl::Span<const int32_t> tokens = scheduler_->tokens(item.id);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t p = item.start + j;
+        if (p < scored) {
+          r.prompt_scores[static_cast<size_t>(p)] =
+              ScoreToken(absl::MakeConstSpan(out.Logits(row + j),
+                                             static_cast<size_t>(model_.config.vocab_size)),
+                         tokens[static_cast<size_t>(p + 1)], r.prompt_logprobs);
+        }
+      }
+      row += n - 1;  // the last row is the item's own, taken below when it samples
+      if (!item.samples) {
+        ++row;
+        continue;
+      }
+    }
     if (!item.samples) continue;
     const float* logits = out.Logits(row++);
     auto it = requests_.find(item.id);

@@ -67,6 +67,13 @@ struct GenerationRequest {
   // reading them (a prefill worker's writes to a decode worker, which on_kv_layer started) never
   // read blocks another request reuses. The id stays in use until then.
   bool hold_kv = false;
+  // Score the prompt: when > 0, the log-probability of every prompt token after the first given
+  // the tokens before it, with this many most likely alternatives (at most sampling::kMaxLogprobs),
+  // comes on the request's first delta (GenerationDelta::prompt_logprobs). The prompt is then
+  // computed whole, with its logits at every position, one prefill chunk at a time: the prefix
+  // cache is not reused for it. Not with prior_output_tokens (a resumed request's first worker
+  // scored its prompt): INVALID_ARGUMENT.
+  int prompt_logprobs = 0;
 };
 
 // One new token of request `index` (the id given to Add, or the request's index in Generate). `text` holds whole UTF-8 characters only and omits stop
@@ -87,6 +94,10 @@ struct GenerationDelta {
   // (its wait before that is the caller's time to this delta minus this). 0 when no step here
   // computed its prompt (a remote prefill's first token) and on the other deltas.
   double prompt_seconds = 0;
+  // On the request's first delta when GenerationRequest::prompt_logprobs > 0: prompt tokens
+  // 1 .. n-1 (id, log-probability given the tokens before it, the most likely alternatives there,
+  // most likely first). Empty otherwise.
+  std::vector<sampling::SampledToken> prompt_logprobs = {};
 };
 
 // What Generate did.

@@ -340,5 +340,89 @@ TEST(LocalEngineTest, StepsRunOnTheBackendItWasGiven) {
   EXPECT_TRUE(status.ok());
 }
 
+// Prompt log-probabilities are those the decode path gives the same tokens: a greedy answer
+// appended to its prompt and scored (in chunks of 7, its prefix in the prefix cache) gets, at each
+// answer token, the logprob and alternatives the token had when it was generated one by one.
+TEST(LocalEngineTest, PromptLogprobsEqualTheDecodePathsForTheSameTokens) {
+  LocalEngine::Options options;
+  options.cpu.num_threads = 2;
+  options.kv_blocks = 64;
+  options.scheduler.max_prefill_chunk = 7;
+  auto engine = LocalEngine::Open(
+      absl::StrCat(kSourceDir, "/models/SmolLM2-135M-Instruct.Q4_1.gguf"), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  LocalEngine& e = **engine;
+  constexpr int kTop = 4;
+  GenerationRequest generate;
+  generate.prompt = e.EncodePrompt(
+      "The history of the Roman Empire spans more than a thousand years, from the founding of "
+      "the city to");
+  ASSERT_GT(generate.prompt.size(), 16u);  // a whole KV block, cached by this request
+  generate.sampling.temperature = 0;
+  generate.sampling.max_tokens = 12;
+  generate.sampling.ignore_eos = true;
+  generate.sampling.logprobs = kTop;
+  std::vector<GenerationDelta> decoded;
+  ASSERT_TRUE(e.Generate({generate}, [&](const GenerationDelta& d) { decoded.push_back(d); }).ok());
+  ASSERT_EQ(decoded.size(), 12u);
+
+  GenerationRequest score;
+  score.prompt = generate.prompt;
+  for (const GenerationDelta& d : decoded) score.prompt.push_back(d.token);
+  score.sampling.temperature = 0;
+  score.sampling.max_tokens = 1;
+  score.prompt_logprobs = kTop;
+  std::vector<GenerationDelta> scored;
+  ASSERT_TRUE(e.Generate(absl::MakeConstSpan(&score, 1),
+                         [&](const GenerationDelta& d) { scored.push_back(d); }).ok());
+  ASSERT_EQ(scored.size(), 1u);
+  EXPECT_EQ(scored[0].cached_prompt_tokens, 0);  // computed whole, though its prefix is cached
+  const std::vector<sampling::SampledToken>& lp = scored[0].prompt_logprobs;
+  ASSERT_EQ(lp.size(), score.prompt.size() - 1);
+  for (size_t p = 0; p < lp.size(); ++p) {
+    EXPECT_EQ(lp[p].id, score.prompt[p + 1]) << p;
+    ASSERT_TRUE(lp[p].logprob.has_value());
+    EXPECT_LE(*lp[p].logprob, 0.0f);
+    ASSERT_EQ(lp[p].top_logprobs.size(), static_cast<size_t>(kTop)) << p;
+    EXPECT_GE(lp[p].top_logprobs[0].logprob, *lp[p].logprob) << p;
+  }
+  const size_t first = generate.prompt.size() - 1;  // the entry of the first answer token
+  for (size_t i = 0; i < decoded.size(); ++i) {
+    const sampling::SampledToken& s = lp[first + i];
+    const GenerationDelta& d = decoded[i];
+    // Prefill runs the matrix products over many rows at once, decode over one: the sums differ
+    // in order and rounding only.
+    EXPECT_NEAR(*s.logprob, *d.logprob, 2e-2) << "answer token " << i;
+    ASSERT_EQ(s.top_logprobs.size(), d.top_logprobs.size());
+    EXPECT_EQ(s.top_logprobs[0].id, d.top_logprobs[0].id) << "answer token " << i;  // greedy
+    for (size_t k = 0; k < d.top_logprobs.size(); ++k) {
+      EXPECT_NEAR(s.top_logprobs[k].logprob, d.top_logprobs[k].logprob, 2e-2) << i << " " << k;
+    }
+  }
+  // Without prompt_logprobs nothing is scored.
+  std::vector<GenerationDelta> plain;
+  GenerationRequest unscored = score;
+  unscored.prompt_logprobs = 0;
+  ASSERT_TRUE(e.Generate({unscored}, [&](const GenerationDelta& d) { plain.push_back(d); }).ok());
+  ASSERT_EQ(plain.size(), 1u);
+  EXPECT_TRUE(plain[0].prompt_logprobs.empty());
+  EXPECT_GT(plain[0].cached_prompt_tokens, 0);  // and the prefix cache serves it
+  EXPECT_EQ(plain[0].token, scored[0].token);
+}
+
+TEST(LocalEngineTest, PromptLogprobsOutOfRangeOrOnAResumedRequestAreRefused) {
+  GenerationRequest r = Greedy("The capital of France is", 4);
+  r.prompt_logprobs = 21;
+  const absl::Status too_many = Engine().Add(900, r, [](const GenerationDelta&) {});
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_many.message(), HasSubstr("prompt_logprobs must be in [0, 20]"));
+  r.prompt_logprobs = 2;
+  r.prior_output_tokens = 1;
+  const absl::Status resumed = Engine().Add(900, r, [](const GenerationDelta&) {});
+  EXPECT_EQ(resumed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(resumed.message()), HasSubstr("prior output tokens"));
+  EXPECT_FALSE(Engine().HasWork());
+}
+
 }  // namespace
 }  // namespace tandem

@@ -26,6 +26,9 @@ struct StepSequence {
   // Whether to return the logits after the last token (false for a prefill chunk that is not the
   // prompt's last).
   bool compute_logits = true;
+  // Return the logits after every token of this step, not only the last (scoring a prompt:
+  // row i predicts the token after tokens[i]). Implies compute_logits.
+  bool all_logits = false;
 };
 
 struct StepBatch {
@@ -44,7 +47,8 @@ using TensorDump =
     std::function<void(absl::string_view name, const float* data, int64_t rows, int64_t cols)>;
 
 struct StepOutput {
-  // [sequences with compute_logits, vocab_size], in batch order.
+  // [rows, vocab_size], in batch order: one row per sequence with compute_logits, or one per
+  // token of a sequence with all_logits.
   std::vector<float> logits;
   int64_t vocab_size = 0;
   const float* Logits(int64_t i) const { return logits.data() + i * vocab_size; }

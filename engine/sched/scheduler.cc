@@ -36,6 +36,7 @@ struct Scheduler::Sequence {
   bool remote = false;
   // Prompt tokens taken from the prefix cache at the first admission; -1 before it.
   int64_t first_cached_tokens = -1;
+  bool reuse_prefix = true;  // Add's
 
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
 };
@@ -62,7 +63,7 @@ Scheduler::Scheduler(BlockPool* pool, const SchedulerOptions& options)
 Scheduler::~Scheduler() = default;
 
 absl::Status Scheduler::Add(SequenceId id, std::vector<int32_t> prompt, int64_t max_new_tokens,
-                            int priority) {
+                            int priority, bool reuse_prefix) {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   if (max_new_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens ", max_new_tokens, " < 0"));
@@ -82,6 +83,7 @@ absl::Status Scheduler::Add(SequenceId id, std::vector<int32_t> prompt, int64_t 
   auto seq = std::make_unique<Sequence>(id, std::move(prompt), max_total, priority,
                                         next_arrival_++, pool_);
   if (pool_->prefix_caching()) ExtendBlockHashes(pool_->model_hash(), seq->tokens, bs, &seq->hashes);
+  seq->reuse_prefix = reuse_prefix;
   waiting_.push_back(seq.get());
   sequences_.emplace(id, std::move(seq));
   return absl::OkStatus();
@@ -220,6 +222,10 @@ bool Scheduler::ScheduleRunning(Sequence* seq, bool decoding, ScheduledStep* ste
 }
 
 void Scheduler::AdoptCachedPrefix(Sequence* seq) {
+  if (!seq->reuse_prefix) {
+    seq->num_computed = seq->table.num_tokens();  // nothing: an admission starts empty
+    return;
+  }
   // At least the last token is computed, for its logits: a fully cached prompt reuses all but
   // its last block.
   const size_t reusable = std::min(seq->hashes.size(),

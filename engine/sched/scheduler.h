@@ -141,9 +141,11 @@ class Scheduler {
 
   // Queues a sequence that starts with `prompt` and may grow by `max_new_tokens`. INVALID_ARGUMENT
   // for an empty prompt, a negative max_new_tokens or an id in use; RESOURCE_EXHAUSTED when the
-  // whole pool could not hold the sequence at its longest.
+  // whole pool could not hold the sequence at its longest. With `reuse_prefix` false the
+  // sequence never starts from the prefix cache (every position is computed, for a caller that
+  // needs each one's logits); its blocks are still cached for others.
   absl::Status Add(SequenceId id, std::vector<int32_t> prompt, int64_t max_new_tokens,
-                   int priority = 0);
+                   int priority = 0, bool reuse_prefix = true);
   // Disaggregated prefill. Adds a sequence whose prompt K/V another worker writes: takes its
   // cached prefix and allocates blocks for the rest of the prompt now. The sequence takes no part
   // in steps (and is never preempted) until CompleteRemotePrefill or FallBackToLocalPrefill; it

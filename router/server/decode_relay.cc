@@ -128,6 +128,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
     *out.mutable_token_ids() = response.token_ids();
     out.set_text(response.text());
     *out.mutable_logprobs() = response.logprobs();
+    *out.mutable_prompt_logprobs() = response.prompt_logprobs();
     out.set_finish_reason(response.finish_reason());
     out.set_error_message(response.error_message());
     if (response.has_usage()) *out.mutable_usage() = response.usage();

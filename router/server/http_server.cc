@@ -45,6 +45,8 @@ struct Candidate final : public ResponseSink {
   bool done = false;  // its relay ended
   std::string text;   // not streamed: the whole text
   std::vector<TokenWithLogprobs> logprobs;  // not streamed: every token's
+  std::vector<TokenWithLogprobs> prompt_logprobs;  // not streamed, echo: the prompt's tokens'
+  bool echoed = false;                      // echo: the prompt went out (or into `text`)
   double cumulative_logprob = 0;            // of every token generated (ranks best_of)
   int64_t logprob_chars = 0;                // streamed: characters of the tokens sent (text_offset)
   int64_t completion_tokens = 0;
@@ -67,6 +69,10 @@ struct HttpCall {
   bool include_usage = false;
   int n = 1;                     // choices returned
   std::optional<int> logprobs;   // alternatives per token asked for; nullopt: no logprobs
+  bool echo = false;             // completions' echo: the prompt's text (and tokens) first
+  bool max_tokens_zero = false;  // max_tokens 0: the one generated token is dropped
+  std::string echo_text;         // the prompt as text
+  std::vector<int32_t> prompt_ids;
   std::string id;
   std::string model;
   int64_t created = 0;
@@ -135,6 +141,10 @@ struct HttpServer::Impl {
   void Finish(HttpCall& call, const absl::Status& status);
   // The log-probabilities of `response`'s tokens, with their texts.
   std::vector<TokenWithLogprobs> Logprobs(const v1::GenerateResponse& response) const;
+  // Echo: the prompt's tokens with their log-probabilities from `response` (the first message);
+  // the first token's value is a placeholder that EchoLogprobs makes null.
+  std::vector<TokenWithLogprobs> PromptLogprobs(const HttpCall& call,
+                                                const v1::GenerateResponse& response) const;
   // Sends a stream's 200 and server-sent-event headers on `req` (the call's request), once.
   static void StartStream(HttpCall& call, evhttp_request* req);
   static void StartStream(HttpCall& call) { StartStream(call, call.req); }
@@ -309,6 +319,14 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const Trac
   call->include_usage = request->include_usage;
   call->n = request->n;
   call->logprobs = request->logprobs;
+  call->echo = request->echo;
+  call->max_tokens_zero = request->max_tokens_zero;
+  if (call->echo) {
+    call->prompt_ids = prepared->tokens;
+    call->echo_text = request->request.has_prompt()
+                          ? request->request.prompt()
+                          : router->tokenizer().Decode(prepared->tokens);
+  }
   call->server = this;
   call->req = req;
   call->chat = chat;
@@ -452,27 +470,89 @@ std::vector<TokenWithLogprobs> HttpServer::Impl::Logprobs(const v1::GenerateResp
   return out;
 }
 
+std::vector<TokenWithLogprobs> HttpServer::Impl::PromptLogprobs(
+    const HttpCall& call, const v1::GenerateResponse& r) const {
+  const Tokenizer& tokenizer = router->tokenizer();
+  std::vector<TokenWithLogprobs> out;
+  if (call.prompt_ids.empty()) return out;
+  out.push_back({.token = tokenizer.TokenBytes(call.prompt_ids[0]), .logprob = 0, .top = {}});
+  for (const v1::TokenLogprobs& lp : r.prompt_logprobs()) {
+    TokenWithLogprobs t{.token = tokenizer.TokenBytes(lp.token_id()), .logprob = lp.logprob(),
+                        .top = {}};
+    for (const v1::TopLogprob& top : lp.top_logprobs()) {
+      t.top.emplace_back(tokenizer.TokenBytes(top.token_id()), top.logprob());
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+namespace {
+
+// Completions' "logprobs" of an echoed choice: the prompt's tokens (offsets from 0; the first
+// one, which has no context, with null values as OpenAI's API), then the generated ones (offsets
+// from `generated_offset`, the echoed text's length plus what was generated before).
+json EchoLogprobs(const std::vector<TokenWithLogprobs>& prompt,
+                  const std::vector<TokenWithLogprobs>& generated, int top_n,
+                  int64_t generated_offset) {
+  json out = CompletionLogprobs(prompt, top_n, 0);
+  if (!prompt.empty()) {
+    out["token_logprobs"][0] = nullptr;
+    out["top_logprobs"][0] = nullptr;
+  }
+  const json more = CompletionLogprobs(generated, top_n, generated_offset);
+  for (auto it = more.begin(); it != more.end(); ++it) {
+    for (const json& v : it.value()) out[it.key()].push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
 void HttpServer::Impl::Deliver(HttpCall& call, Candidate& c, const v1::GenerateResponse& r) {
-  c.completion_tokens += r.token_ids_size();
-  if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) c.finish = OpenAiFinishReason(r.finish_reason());
+  // max_tokens 0: the engine's one token is not part of the reply.
+  const bool keep = !call.max_tokens_zero;
+  if (keep) c.completion_tokens += r.token_ids_size();
+  if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    c.finish = keep || r.finish_reason() == v1::FINISH_REASON_ERROR
+                   ? OpenAiFinishReason(r.finish_reason())
+                   : "length";
+  }
   if (r.has_usage()) c.cached_tokens = r.usage().cached_prompt_tokens();
-  for (const v1::TokenLogprobs& lp : r.logprobs()) c.cumulative_logprob += lp.logprob();
+  if (keep) {
+    for (const v1::TokenLogprobs& lp : r.logprobs()) c.cumulative_logprob += lp.logprob();
+  }
+  std::string text;
+  std::vector<TokenWithLogprobs> prompt_logprobs;  // echo, the first message: the prompt's
+  bool echo_now = false;
+  if (call.echo && !c.echoed) {
+    c.echoed = echo_now = true;
+    text = call.echo_text;
+    if (call.logprobs.has_value()) prompt_logprobs = PromptLogprobs(call, r);
+  }
   std::vector<TokenWithLogprobs> logprobs;
-  if (call.logprobs.has_value()) logprobs = Logprobs(r);
+  if (keep) {
+    text += r.text();
+    if (call.logprobs.has_value()) logprobs = Logprobs(r);
+  }
   if (!call.stream) {
-    c.text += r.text();
+    c.text += text;
+    if (echo_now) c.prompt_logprobs = std::move(prompt_logprobs);
     for (TokenWithLogprobs& t : logprobs) c.logprobs.push_back(std::move(t));
     return;
   }
   if (call.req == nullptr || !call.error.ok()) return;
   StartStream(call);
-  if (r.text().empty() && c.finish.empty() && logprobs.empty()) return;
+  if (text.empty() && c.finish.empty() && logprobs.empty() && prompt_logprobs.empty()) return;
   json choice = {{"index", c.index},
                  {"logprobs", nullptr},
                  {"finish_reason", c.finish.empty() ? json(nullptr) : json(c.finish)}};
+  if (echo_now) c.logprob_chars = CountCharacters(call.echo_text);
   if (call.logprobs.has_value()) {
-    choice["logprobs"] = call.chat ? ChatLogprobs(logprobs, *call.logprobs)
-                                   : CompletionLogprobs(logprobs, *call.logprobs, c.logprob_chars);
+    choice["logprobs"] =
+        call.chat ? ChatLogprobs(logprobs, *call.logprobs)
+        : echo_now ? EchoLogprobs(prompt_logprobs, logprobs, *call.logprobs, c.logprob_chars)
+                   : CompletionLogprobs(logprobs, *call.logprobs, c.logprob_chars);
     for (const TokenWithLogprobs& t : logprobs) c.logprob_chars += CountCharacters(t.token);
   }
   if (call.chat) {
@@ -481,7 +561,7 @@ void HttpServer::Impl::Deliver(HttpCall& call, Candidate& c, const v1::GenerateR
     c.sent_role = true;
     choice["delta"] = delta;
   } else {
-    choice["text"] = r.text();
+    choice["text"] = text;
   }
   SendChunk(call.req, Sse({{"id", call.id},
                            {"object", call.chat ? "chat.completion.chunk" : "text_completion"},
@@ -568,8 +648,12 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
       const Candidate& c = *chosen[i];
       json choice = {{"index", i}, {"logprobs", nullptr}, {"finish_reason", c.finish}};
       if (call.logprobs.has_value()) {
-        choice["logprobs"] = call.chat ? ChatLogprobs(c.logprobs, *call.logprobs)
-                                       : CompletionLogprobs(c.logprobs, *call.logprobs, 0);
+        choice["logprobs"] =
+            call.chat ? ChatLogprobs(c.logprobs, *call.logprobs)
+            : call.echo
+                ? EchoLogprobs(c.prompt_logprobs, c.logprobs, *call.logprobs,
+                               CountCharacters(call.echo_text))
+                : CompletionLogprobs(c.logprobs, *call.logprobs, 0);
       }
       if (call.chat) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};

@@ -96,15 +96,7 @@ const absl::flat_hash_set<absl::string_view>& KnownFields(bool chat) {
 // THE place for OpenAI features that other parts of Tandem will add: each is refused here unless
 // its value asks for nothing (null, or the value noted). Replace an entry when its feature lands.
 absl::Status RefuseNotYetSupported(const json& body, bool chat) {
-  if (!chat) {
-    if (auto echo = Bool(body, "echo"); !echo.ok()) {
-      return echo.status();
-    } else if (echo->value_or(false)) {
-      return Unsupported("echo", "it needs the prompt's log-probabilities, which the engine "
-                                 "does not return yet");
-    }
-    return absl::OkStatus();
-  }
+  if (!chat) return absl::OkStatus();
   for (const char* key : {"tools", "functions"}) {
     if (auto it = body.find(key); it != body.end() && !it->is_null() &&
                                   !(it->is_array() && it->empty())) {
@@ -350,9 +342,19 @@ absl::StatusOr<OpenAiRequest> ParseBody(const json& body, bool chat) {
     return Invalid("max_tokens", "differs from 'max_completion_tokens'; send one of them");
   }
   const char* max_key = chat && has_mct ? "max_completion_tokens" : "max_tokens";
+  // Completions' "echo": the prompt's text (and its log-probabilities) before the generated text;
+  // with it, max_tokens may be 0 (score the prompt only).
+  if (!chat) {
+    ASSIGN_OR_RETURN(std::optional<bool> echo, Bool(body, "echo"));
+    out.echo = echo.value_or(false);
+  }
   ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens,
-                   Int(body, max_key, 1, std::numeric_limits<uint32_t>::max()));
-  if (max_tokens.has_value()) {
+                   Int(body, max_key, out.echo ? 0 : 1, std::numeric_limits<uint32_t>::max()));
+  if (max_tokens == 0) {
+    // The engine generates at least one token: one is generated and dropped.
+    out.max_tokens_zero = true;
+    s->set_max_tokens(1);
+  } else if (max_tokens.has_value()) {
     s->set_max_tokens(static_cast<uint32_t>(*max_tokens));
   } else if (!chat) {
     s->set_max_tokens(16);  // OpenAI's default for completions
@@ -381,9 +383,10 @@ absl::StatusOr<OpenAiRequest> ParseBody(const json& body, bool chat) {
   ASSIGN_OR_RETURN(std::optional<int64_t> min_tokens,
                    Int(body, "min_tokens", 0, std::numeric_limits<uint32_t>::max()));
   if (min_tokens) {
-    if (s->has_max_tokens() && *min_tokens > s->max_tokens()) {
+    if (s->has_max_tokens() && *min_tokens > (out.max_tokens_zero ? 0 : s->max_tokens())) {
       return Invalid("min_tokens", absl::StrCat("must not exceed ", max_key, " (",
-                                                s->max_tokens(), "), not ", *min_tokens));
+                                                out.max_tokens_zero ? 0 : s->max_tokens(),
+                                                "), not ", *min_tokens));
     }
     s->set_min_tokens(static_cast<uint32_t>(*min_tokens));
   }
@@ -483,6 +486,9 @@ absl::StatusOr<OpenAiRequest> ParseBody(const json& body, bool chat) {
   // best_of ranks candidates by them.
   if (out.logprobs.has_value() || out.best_of > out.n) {
     s->set_logprobs(static_cast<uint32_t>(std::max(1, out.logprobs.value_or(0))));
+  }
+  if (out.echo && out.logprobs.has_value()) {
+    s->set_prompt_logprobs(static_cast<uint32_t>(std::max(1, *out.logprobs)));
   }
   return out;
 }

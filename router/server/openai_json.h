@@ -46,6 +46,12 @@ struct OpenAiRequest {
   // The alternatives per token the client asked for: completions' "logprobs" (0..20), chat's
   // "top_logprobs" (with "logprobs": true; 0 when absent); nullopt: no log-probabilities.
   std::optional<int> logprobs;
+  // Completions' "echo": the choices start with the prompt's text, and with logprobs, their
+  // "logprobs" with the prompt's tokens (SamplingParams.prompt_logprobs is set).
+  bool echo = false;
+  // "max_tokens": 0 (only with echo): the request asks the engine for one token (its least),
+  // which the reply drops: no text, no logprobs, no usage, finish_reason "length".
+  bool max_tokens_zero = false;
 };
 
 // Reads the body of a completions (`chat` false) or chat completions request. INVALID_ARGUMENT

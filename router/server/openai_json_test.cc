@@ -49,7 +49,10 @@ TEST(OpenAiJsonTest, InvalidBodiesAreRefusedNamingTheField) {
       {R"({"prompt": "hi", "best_of": 2, "stream": true})", false, "best_of", "streamed"},
       {R"({"prompt": "hi", "logprobs": 21})", false, "logprobs", "[0, 20]"},
       {R"({"prompt": "hi", "logprobs": true})", false, "logprobs", "must be an integer"},
-      {R"({"prompt": "hi", "echo": true})", false, "echo", "not supported"},
+      {R"({"prompt": "hi", "echo": "yes"})", false, "echo", "must be a boolean"},
+      {R"({"prompt": "hi", "echo": true, "max_tokens": -1})", false, "max_tokens", "[0, "},
+      {R"({"prompt": "hi", "echo": true, "max_tokens": 0, "min_tokens": 1})", false,
+       "min_tokens", "must not exceed max_tokens (0)"},
       {R"({"prompt": "hi", "suffix": "end"})", false, "suffix", "not supported"},
       {R"({"prompt": "hi", "logit_bias": {"1": 5}})", false, "logit_bias", "not supported"},
       {R"({"prompt": "hi", "response_format": {"type": "yaml"}})", false, "response_format.type",
@@ -193,6 +196,37 @@ TEST(OpenAiJsonTest, LogprobsNAndBestOf) {
   EXPECT_EQ(chat->request.sampling().logprobs(), 3u);
   EXPECT_EQ(chat->n, 4);
   EXPECT_EQ(chat->best_of, 4);
+}
+
+// echo scores the prompt when logprobs are asked for; max_tokens 0 (echo only) asks the engine
+// for its least, one token, which the reply drops.
+TEST(OpenAiJsonTest, EchoAndMaxTokensZero) {
+  absl::StatusOr<OpenAiRequest> plain =
+      ParseOpenAiRequest(R"({"prompt": "x", "echo": true})", false);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->echo);
+  EXPECT_FALSE(plain->max_tokens_zero);
+  EXPECT_EQ(plain->request.sampling().prompt_logprobs(), 0u);
+  EXPECT_EQ(plain->request.sampling().max_tokens(), 16u);
+
+  absl::StatusOr<OpenAiRequest> scored = ParseOpenAiRequest(
+      R"({"prompt": "x", "echo": true, "logprobs": 5, "max_tokens": 0})", false);
+  ASSERT_TRUE(scored.ok()) << scored.status();
+  EXPECT_TRUE(scored->max_tokens_zero);
+  EXPECT_EQ(scored->request.sampling().max_tokens(), 1u);
+  EXPECT_EQ(scored->request.sampling().prompt_logprobs(), 5u);
+  EXPECT_EQ(scored->request.sampling().logprobs(), 5u);
+
+  absl::StatusOr<OpenAiRequest> zero =
+      ParseOpenAiRequest(R"({"prompt": "x", "echo": true, "logprobs": 0})", false);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->request.sampling().prompt_logprobs(), 1u);  // the engine's least, as logprobs
+
+  absl::StatusOr<OpenAiRequest> off =
+      ParseOpenAiRequest(R"({"prompt": "x", "echo": false, "logprobs": 2})", false);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->echo);
+  EXPECT_EQ(off->request.sampling().prompt_logprobs(), 0u);
 }
 
 TEST(OpenAiJsonTest, LogprobsHaveOpenAisShapes) {

@@ -165,6 +165,11 @@ absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::Generat
   }
   RETURN_IF_ERROR(
       sampling::ValidateSamplingOptions(s, static_cast<int>(vocab), static_cast<int>(context)));
+  if (request.sampling().prompt_logprobs() > sampling::kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ",
+                                                   sampling::kMaxLogprobs, "], got ",
+                                                   request.sampling().prompt_logprobs()));
+  }
   if (absl::Status length = sampling::ValidatePromptLength(
           s, static_cast<int64_t>(p.tokens.size()), static_cast<int>(context));
       !length.ok()) {

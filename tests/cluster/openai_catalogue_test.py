@@ -78,7 +78,8 @@ CATALOGUE = [
     (CHAT, ch(suffix="x"), 400, "suffix"),
     (CHAT, ch(frobnicate=True), 400, "frobnicate"),
     # Features Tandem does not have (yet), refused unless they ask for nothing.
-    (C, c(echo=True), 400, "echo"),
+    (C, c(echo="yes"), 400, "echo"),
+    (C, c(echo=True, max_tokens=-1), 400, "max_tokens"),
     (C, c(suffix="the end"), 400, "suffix"),
     (C, c(logit_bias={"50256": -100}), 400, "logit_bias"),
     (CHAT, ch(logit_bias={"1": 1}), 400, "logit_bias"),
@@ -222,6 +223,7 @@ def test_grpc_refuses_the_same_naming_the_field(cluster):
     chat = lambda *m: pb.inference.ChatMessages(messages=list(m))  # noqa: E731
     cases = [
         (dict(prompt="hi", sampling=SP(logprobs=21)), "logprobs"),
+        (dict(prompt="hi", sampling=SP(max_tokens=1, prompt_logprobs=21)), "prompt_logprobs"),
         (dict(prompt="hi", sampling=SP(temperature=-1)), "temperature"),
         (dict(prompt="hi", sampling=SP(top_p=1.5)), "top_p"),
         (dict(prompt="hi", sampling=SP(max_tokens=0)), "max_tokens"),
