@@ -455,18 +455,25 @@ void HttpServer::Impl::DeliverPending() {
   }
 }
 
+namespace {
+
+// One token's log-probabilities with the tokens' bytes for their ids.
+TokenWithLogprobs WithText(const Tokenizer& tokenizer, const v1::TokenLogprobs& lp) {
+  TokenWithLogprobs t{.token = tokenizer.TokenBytes(lp.token_id()), .logprob = lp.logprob(),
+                      .top = {}};
+  for (const v1::TopLogprob& top : lp.top_logprobs()) {
+    t.top.emplace_back(tokenizer.TokenBytes(top.token_id()), top.logprob());
+  }
+  return t;
+}
+
+}  // namespace
+
 std::vector<TokenWithLogprobs> HttpServer::Impl::Logprobs(const v1::GenerateResponse& r) const {
   const Tokenizer& tokenizer = router->tokenizer();
   std::vector<TokenWithLogprobs> out;
   out.reserve(static_cast<size_t>(r.logprobs_size()));
-  for (const v1::TokenLogprobs& lp : r.logprobs()) {
-    TokenWithLogprobs t{.token = tokenizer.TokenBytes(lp.token_id()), .logprob = lp.logprob(),
-                        .top = {}};
-    for (const v1::TopLogprob& top : lp.top_logprobs()) {
-      t.top.emplace_back(tokenizer.TokenBytes(top.token_id()), top.logprob());
-    }
-    out.push_back(std::move(t));
-  }
+  for (const v1::TokenLogprobs& lp : r.logprobs()) out.push_back(WithText(tokenizer, lp));
   return out;
 }
 
@@ -476,14 +483,7 @@ std::vector<TokenWithLogprobs> HttpServer::Impl::PromptLogprobs(
   std::vector<TokenWithLogprobs> out;
   if (call.prompt_ids.empty()) return out;
   out.push_back({.token = tokenizer.TokenBytes(call.prompt_ids[0]), .logprob = 0, .top = {}});
-  for (const v1::TokenLogprobs& lp : r.prompt_logprobs()) {
-    TokenWithLogprobs t{.token = tokenizer.TokenBytes(lp.token_id()), .logprob = lp.logprob(),
-                        .top = {}};
-    for (const v1::TopLogprob& top : lp.top_logprobs()) {
-      t.top.emplace_back(tokenizer.TokenBytes(top.token_id()), top.logprob());
-    }
-    out.push_back(std::move(t));
-  }
+  for (const v1::TokenLogprobs& lp : r.prompt_logprobs()) out.push_back(WithText(tokenizer, lp));
   return out;
 }
 
