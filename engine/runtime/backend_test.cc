@@ -53,14 +53,24 @@ TEST(CheckSupportTest, ABackendThatLacksWhatTheModelNeedsSaysWhat) {
   EXPECT_EQ(CpuBackend::Create(&model, {.kv_dtype = DType::kQ4_0}).status().code(),
             absl::StatusCode::kUnimplemented);
 
+  // The CPU backend's support less one capability, and the default model made another family.
+  auto lacking = [](bool BackendSupport::*capability) {
+    BackendSupport support = CpuBackend::Support();
+    support.name = "test";
+    support.*capability = false;
+    return support;
+  };
+  auto as = [&](const char* architecture) {
+    LoadedModel variant;
+    variant.config = model.config;
+    variant.config.architecture = architecture;
+    return variant;
+  };
+
   // A backend without Gemma's layer (the CUDA kernels have none) names what a Gemma model needs.
-  BackendSupport no_gemma = CpuBackend::Support();
-  no_gemma.name = "test";
-  no_gemma.gemma_layers = false;
+  const BackendSupport no_gemma = lacking(&BackendSupport::gemma_layers);
   EXPECT_TRUE(CheckSupport(no_gemma, model, DType::kF16).ok());
-  LoadedModel gemma;
-  gemma.config = model.config;
-  gemma.config.architecture = "gemma2";
+  LoadedModel gemma = as("gemma2");
   gemma.config.attn_logit_softcap = 50.0f;
   s = CheckSupport(no_gemma, gemma, DType::kF16);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
@@ -68,13 +78,9 @@ TEST(CheckSupportTest, ABackendThatLacksWhatTheModelNeedsSaysWhat) {
   EXPECT_THAT(s.message(), HasSubstr("attention logit soft-capping"));
 
   // Nor LongRoPE (Phi-3 128k) without the backend saying it applies it.
-  BackendSupport no_long_rope = CpuBackend::Support();
-  no_long_rope.name = "test";
-  no_long_rope.long_rope = false;
+  const BackendSupport no_long_rope = lacking(&BackendSupport::long_rope);
   EXPECT_TRUE(CheckSupport(no_long_rope, model, DType::kF16).ok());
-  LoadedModel phi3;
-  phi3.config = model.config;
-  phi3.config.architecture = "phi3";
+  LoadedModel phi3 = as("phi3");
   phi3.config.rope_scaling.type = RopeScaling::Type::kLongRope;
   EXPECT_TRUE(CheckSupport(CpuBackend::Support(), phi3, DType::kF16).ok());
   s = CheckSupport(no_long_rope, phi3, DType::kF16);
