@@ -115,6 +115,7 @@ v1::SamplingParams SampleSamplingParams() {
   sampling.set_ignore_eos(true);
   sampling.set_min_tokens(0);  // Set to zero.
   sampling.set_logprobs(5);
+  sampling.set_prompt_logprobs(3);
   return sampling;
 }
 
@@ -151,6 +152,7 @@ v1::GenerateResponse SampleGenerateResponse() {
     response.add_token_ids(id);
     *response.add_logprobs() = SampleTokenLogprobs(id);
   }
+  for (int32_t id : {15043, 0}) *response.add_prompt_logprobs() = SampleTokenLogprobs(id);
   response.set_text("The end. \u2713");
   response.set_finish_reason(v1::FINISH_REASON_ERROR);
   *response.mutable_usage() = SampleUsage();
@@ -330,6 +332,7 @@ v1::DecodeResponse SampleDecodeResponse() {
     response.add_token_ids(id);
     *response.add_logprobs() = SampleTokenLogprobs(id);
   }
+  *response.add_prompt_logprobs() = SampleTokenLogprobs(15043);
   response.set_text(" end");
   response.set_finish_reason(v1::FINISH_REASON_ERROR);
   *response.mutable_usage() = SampleUsage();

@@ -84,7 +84,7 @@ def sampling_params(g):
         max_tokens=256, temperature=0.75, top_p=0.5, min_p=0.0, top_k=40,
         repetition_penalty=1.25, frequency_penalty=-0.5, presence_penalty=1.5, seed=2**64 - 1,
         stop=["\n\n", "Ende \U0001F6D1"], stop_token_ids=[2, 128009], ignore_eos=True,
-        min_tokens=0, logprobs=5)
+        min_tokens=0, logprobs=5, prompt_logprobs=3)
 
 
 def token_logprobs(g, token_id):
@@ -112,6 +112,7 @@ def generate_response(g):
     return pb.GenerateResponse(
         request_id=REQUEST_ID, token_ids=token_ids, text="The end. \u2713",
         logprobs=[token_logprobs(g, t) for t in token_ids],
+        prompt_logprobs=[token_logprobs(g, t) for t in (15043, 0)],
         finish_reason=pb.FINISH_REASON_ERROR,
         usage=pb.Usage(prompt_tokens=17, completion_tokens=3, cached_prompt_tokens=16),
         timings=pb.Timings(queue_us=1200, ttft_us=45000, e2e_us=9000000000, prefill_us=30000,
