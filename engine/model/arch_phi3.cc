@@ -125,13 +125,7 @@ absl::StatusOr<ModelWeights> Phi3Weights(const GgufFile& f, const ModelConfig& c
   };
 
   ModelWeights w;
-  ASSIGN_OR_RETURN(w.token_embd, require("token_embd.weight", {h, c.vocab_size}));
-  ASSIGN_OR_RETURN(w.output_norm, require("output_norm.weight", {h}));
-  if (c.tie_word_embeddings) {
-    w.output = w.token_embd;
-  } else {
-    ASSIGN_OR_RETURN(w.output, require("output.weight", {h, c.vocab_size}));
-  }
+  RETURN_IF_ERROR(GgufTopLevelWeights(f, c, &w));
   w.layers.resize(static_cast<size_t>(c.num_layers));
   for (int64_t i = 0; i < c.num_layers; ++i) {
     LayerWeights& l = w.layers[static_cast<size_t>(i)];

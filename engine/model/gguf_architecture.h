@@ -64,6 +64,10 @@ absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(
 // token_embd even when a file has an output.weight).
 void ApplyGemmaCommon(ModelConfig* config);
 
+// Sets w->token_embd, w->output_norm and w->output (token_embd when the config ties them), each
+// checked by RequireGgufTensor.
+absl::Status GgufTopLevelWeights(const GgufFile& file, const ModelConfig& config, ModelWeights* w);
+
 // The tensor `name` of `file`, or NOT_FOUND naming it and `shape` (ggml order), or
 // INVALID_ARGUMENT naming it, `shape` and its actual shape.
 absl::StatusOr<const GgufTensor*> RequireGgufTensor(const GgufFile& file,

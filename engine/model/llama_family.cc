@@ -194,6 +194,18 @@ absl::StatusOr<const GgufTensor*> RequireGgufTensor(const GgufFile& f, const Mod
   return t;
 }
 
+absl::Status GgufTopLevelWeights(const GgufFile& f, const ModelConfig& c, ModelWeights* w) {
+  const int64_t h = c.hidden_size;
+  ASSIGN_OR_RETURN(w->token_embd, RequireGgufTensor(f, c, "token_embd.weight", {h, c.vocab_size}));
+  ASSIGN_OR_RETURN(w->output_norm, RequireGgufTensor(f, c, "output_norm.weight", {h}));
+  if (c.tie_word_embeddings) {
+    w->output = w->token_embd;
+  } else {
+    ASSIGN_OR_RETURN(w->output, RequireGgufTensor(f, c, "output.weight", {h, c.vocab_size}));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(
     const GgufFile& f, const ModelConfig& c, std::vector<std::shared_ptr<const void>>* /*owners*/) {
   auto require = [&](const std::string& name,
@@ -204,13 +216,7 @@ absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(
   const int64_t dq = c.num_heads * c.head_dim;
   const int64_t dkv = c.num_kv_heads * c.head_dim;
   ModelWeights w;
-  ASSIGN_OR_RETURN(w.token_embd, require("token_embd.weight", {h, c.vocab_size}));
-  ASSIGN_OR_RETURN(w.output_norm, require("output_norm.weight", {h}));
-  if (c.tie_word_embeddings) {
-    w.output = w.token_embd;
-  } else {
-    ASSIGN_OR_RETURN(w.output, require("output.weight", {h, c.vocab_size}));
-  }
+  RETURN_IF_ERROR(GgufTopLevelWeights(f, c, &w));
   if (f.FindTensor("rope_freqs.weight") != nullptr) {
     ASSIGN_OR_RETURN(w.rope_freqs, require("rope_freqs.weight", {c.head_dim / 2}));
   }
