@@ -43,7 +43,8 @@ import pytest
 
 # tokenizer_metadata is a module-scoped fixture: imported here, pytest uses it for these tests too.
 from random_models_test import (bf16_round, check_logits, random_makers,  # noqa: F401
-                                tokenizer_metadata, vocab_size, write_safetensors)
+                                shape_writer, tokenizer_metadata, vocab_size,
+                                write_safetensors)
 from reference_common import GGML_TYPE_F32, reference, tandem
 
 NUM_TOKENS = 64
@@ -143,15 +144,7 @@ def random_weights(shape, vocab, seed):
 def write_gguf(path, shape, weights, type_name, tokenizer_metadata):
     qtype = TYPES[type_name]
     a = shape.arch
-    writer = gguf.GGUFWriter(path, a)
-    writer.add_block_count(shape.layers)
-    writer.add_context_length(2048)
-    writer.add_embedding_length(shape.hidden)
-    writer.add_feed_forward_length(shape.ffn)
-    writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_key_length(shape.head_dim)
-    writer.add_value_length(shape.head_dim)
+    writer = shape_writer(path, a, shape, 2048)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(shape.rope_theta)
     if shape.attn_softcap is not None:

@@ -285,13 +285,10 @@ def fuse_for_phi3(weights):
     return out
 
 
-def write_gguf(path, shape, weights, type_name, tokenizer_metadata, extra_kv=None,
-               context_length=2048, extra_tensors=None):
-    """Writes `weights` (Hugging Face names and orientation) as a GGUF file whose matrices are in
-    `type_name`; norms and biases stay F32. `extra_kv`: more metadata, {key: str | float | int}
-    (a key already written is replaced). `extra_tensors`: {GGUF name: float32 array}, as is."""
-    qtype = GGUF_TYPES[type_name]
-    writer = gguf.GGUFWriter(path, shape.arch)
+def shape_writer(path, arch, shape, context_length):
+    """A GGUFWriter for `arch` with the shape keys every test model has: layers, context, hidden,
+    ffn, heads, KV heads, key and value lengths."""
+    writer = gguf.GGUFWriter(path, arch)
     writer.add_block_count(shape.layers)
     writer.add_context_length(context_length)
     writer.add_embedding_length(shape.hidden)
@@ -300,6 +297,16 @@ def write_gguf(path, shape, weights, type_name, tokenizer_metadata, extra_kv=Non
     writer.add_head_count_kv(shape.kv_heads)
     writer.add_key_length(shape.head_dim)
     writer.add_value_length(shape.head_dim)
+    return writer
+
+
+def write_gguf(path, shape, weights, type_name, tokenizer_metadata, extra_kv=None,
+               context_length=2048, extra_tensors=None):
+    """Writes `weights` (Hugging Face names and orientation) as a GGUF file whose matrices are in
+    `type_name`; norms and biases stay F32. `extra_kv`: more metadata, {key: str | float | int}
+    (a key already written is replaced). `extra_tensors`: {GGUF name: float32 array}, as is."""
+    qtype = GGUF_TYPES[type_name]
+    writer = shape_writer(path, shape.arch, shape, context_length)
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
     if "llama.rope.freq_base" not in (extra_kv or {}):
