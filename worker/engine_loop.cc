@@ -191,9 +191,15 @@ LocalEngine::DeltaCallback EngineLoop::Counted(LocalEngine::DeltaCallback on_del
   };
 }
 
+absl::Status EngineLoop::CompileFormat(const GenerationRequest& request) const {
+  if (!request.sampling.response_format.constrained()) return absl::OkStatus();
+  return engine_->CompileFormat(request.sampling.response_format).status();
+}
+
 void EngineLoop::SubmitAsync(uint64_t id, GenerationRequest request,
                              LocalEngine::DeltaCallback on_delta,
                              absl::AnyInvocable<void(absl::Status) &&> done) {
+  if (absl::Status s = CompileFormat(request); !s.ok()) return std::move(done)(std::move(s));
   if (absl::Status s = Admit(); !s.ok()) return std::move(done)(std::move(s));
   const Posted posted = {.sequences = 1,
                          .prompt_tokens = static_cast<int64_t>(request.prompt.size()),
@@ -217,6 +223,7 @@ void EngineLoop::SubmitAsync(uint64_t id, GenerationRequest request,
 void EngineLoop::SubmitRemotePrefillAsync(
     uint64_t id, GenerationRequest request, LocalEngine::DeltaCallback on_delta,
     absl::AnyInvocable<void(absl::StatusOr<RemotePrefillPlan>) &&> done) {
+  if (absl::Status s = CompileFormat(request); !s.ok()) return std::move(done)(std::move(s));
   if (absl::Status s = Admit(); !s.ok()) return std::move(done)(std::move(s));
   const Posted posted = {.remote_prefills = 1};
   AddPosted(posted);

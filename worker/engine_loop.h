@@ -91,7 +91,9 @@ class EngineLoop {
   // callback API): `done` gets the result on the engine thread and must not block either, or on
   // the calling thread before the call returns when the engine has stopped or Submit* refuses at
   // once (RESOURCE_EXHAUSTED, UNAVAILABLE). Each `done` runs exactly once; results are as in the
-  // blocking forms.
+  // blocking forms. A request's response_format is compiled on the calling thread first (a
+  // large schema takes tens of milliseconds; compiled formats are kept), so that it never stalls
+  // the engine's step; a format that does not compile is refused there, as Submit* would.
   void SubmitAsync(uint64_t id, GenerationRequest request, LocalEngine::DeltaCallback on_delta,
                    absl::AnyInvocable<void(absl::Status) &&> done);
   void SubmitRemotePrefillAsync(uint64_t id, GenerationRequest request,
@@ -144,6 +146,8 @@ class EngineLoop {
  private:
   EngineLoop(std::unique_ptr<LocalEngine> engine, const Options& options);
   void Loop();
+  // The request's response_format compiled (OK when it has none), for the engine to find kept.
+  absl::Status CompileFormat(const GenerationRequest& request) const;
   friend struct EngineLoopTestPeer;  // engine_loop_test.cc: holds the engine thread
 
   // Runs `task` once: on the engine thread with the engine, or on this thread with nullptr once

@@ -251,6 +251,45 @@ TEST(EngineLoopTest, AsyncFormsReportOnTheEngineThreadOrAtOnceWhenRefused) {
   EXPECT_EQ(c.Wait().size(), 3u);
 }
 
+// A response_format compiles on the submitting thread, never in the engine's step: with the
+// engine thread held by another task, a schema that does not compile is refused at once, and one
+// that does is compiled before SubmitAsync returns (the engine later finds it kept).
+TEST(EngineLoopTest, AResponseFormatCompilesOnTheSubmittingThread) {
+  auto loop = StartLoop();
+  absl::Notification held, release;
+  EngineLoopTestPeer::Post(*loop, [&](LocalEngine*) {
+    held.Notify();
+    release.WaitForNotification();
+  });
+  held.WaitForNotification();
+
+  GenerationRequest bad = Greedy(loop->EncodePrompt("a"), 8);
+  bad.sampling.ignore_eos = false;
+  bad.sampling.response_format = {.kind = sampling::ResponseFormat::Kind::kJsonSchema,
+                                  .text = R"({"type": "no-such-type"})"};
+  bool refused = false;
+  Stream a;
+  loop->SubmitAsync(1, bad, a.Callback(), [&](absl::Status s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    refused = true;
+  });
+  EXPECT_TRUE(refused);  // while the engine thread is still held
+
+  GenerationRequest good = bad;
+  good.sampling.response_format.text =
+      R"({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})";
+  absl::Notification admitted;
+  Stream b;
+  loop->SubmitAsync(2, good, b.Callback(), [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    admitted.Notify();
+  });
+  EXPECT_FALSE(admitted.HasBeenNotified());  // it waits for the engine thread, compiled
+  release.Notify();
+  admitted.WaitForNotification();
+  EXPECT_FALSE(b.Wait().empty());
+}
+
 // Calibration leaves steps of the shapes a cost model needs: big prefills, and decode batches of
 // one and of many sequences, timed; and nothing running.
 TEST(EngineLoopTest, CalibrationRunsPrefillAndDecodeStepsOfKnownShapes) {

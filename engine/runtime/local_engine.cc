@@ -301,19 +301,24 @@ int64_t LocalEngine::MaxNewTokens(const GenerationRequest& request) const {
 
 absl::StatusOr<grammar::CompiledFormat> LocalEngine::CompileFormat(
     const sampling::ResponseFormat& format) const {
-  if (formats_ == nullptr) {
-    // What each token adds to the output text; control tokens and ids past the tokenizer's
-    // vocabulary add nothing and are never allowed.
-    grammar::GrammarVocabulary vocabulary;
-    vocabulary.stop_token_ids = eos_ids_;
-    vocabulary.token_bytes.resize(static_cast<size_t>(model_.config.vocab_size));
-    for (int32_t id = 0; id < tokenizer_->vocab_size() && id < model_.config.vocab_size; ++id) {
-      vocabulary.token_bytes[static_cast<size_t>(id)] =
-          tokenizer_->TokenBytes(id, {.skip_special = true});
+  grammar::ResponseFormatCompiler* compiler;
+  {
+    absl::MutexLock lock(&formats_mu_);
+    if (formats_ == nullptr) {
+      // What each token adds to the output text; control tokens and ids past the tokenizer's
+      // vocabulary add nothing and are never allowed.
+      grammar::GrammarVocabulary vocabulary;
+      vocabulary.stop_token_ids = eos_ids_;
+      vocabulary.token_bytes.resize(static_cast<size_t>(model_.config.vocab_size));
+      for (int32_t id = 0; id < tokenizer_->vocab_size() && id < model_.config.vocab_size; ++id) {
+        vocabulary.token_bytes[static_cast<size_t>(id)] =
+            tokenizer_->TokenBytes(id, {.skip_special = true});
+      }
+      ASSIGN_OR_RETURN(formats_, grammar::ResponseFormatCompiler::Create(vocabulary));
     }
-    ASSIGN_OR_RETURN(formats_, grammar::ResponseFormatCompiler::Create(vocabulary));
+    compiler = formats_.get();
   }
-  return formats_->Compile(format);
+  return compiler->Compile(format);  // thread-safe, outside the lock: compiles run in parallel
 }
 
 absl::StatusOr<std::unique_ptr<LocalEngine::Request>> LocalEngine::MakeRequest(

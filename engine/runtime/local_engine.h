@@ -21,8 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "engine/grammar/token_constraint.h"
 #include "engine/kv/block_pool.h"
@@ -211,6 +213,13 @@ class LocalEngine {
   Backend& backend() { return *backend_; }
   const std::string& model_id() const { return model_id_; }
 
+  // `format` compiled for this model's vocabulary (the compiler is made at the first constrained
+  // request); compiled formats are kept, so compiling one again costs a lookup. INVALID_ARGUMENT
+  // with the compiler's message. Thread-safe: callers on other threads compile a request's format
+  // before handing it to the stepping thread, so that a large schema never stalls a step.
+  absl::StatusOr<grammar::CompiledFormat> CompileFormat(
+      const sampling::ResponseFormat& format) const;
+
  private:
   struct Request;
   LocalEngine(LoadedModel model, const Options& options);
@@ -226,11 +235,6 @@ class LocalEngine {
                                                        DeltaCallback on_delta) const;
   // How many tokens the request may add to its prompt.
   int64_t MaxNewTokens(const GenerationRequest& request) const;
-  // The request's response_format compiled for this model's vocabulary (the compiler is made at
-  // the first constrained request). INVALID_ARGUMENT with the compiler's message.
-  absl::StatusOr<grammar::CompiledFormat> CompileFormat(
-      const sampling::ResponseFormat& format) const;
-
   LoadedModel model_;
   Options options_;
   std::string model_id_;
@@ -241,8 +245,9 @@ class LocalEngine {
   std::unique_ptr<Scheduler> scheduler_;
   RequestMap requests_;
   std::vector<int32_t> eos_ids_;
-  // Compiles response formats (and keeps them); made on first use, by the stepping thread.
-  mutable std::unique_ptr<grammar::ResponseFormatCompiler> formats_;
+  // Compiles response formats (and keeps them); made by whichever thread compiles first.
+  mutable absl::Mutex formats_mu_;
+  mutable std::unique_ptr<grammar::ResponseFormatCompiler> formats_ ABSL_GUARDED_BY(formats_mu_);
   StepOutput step_out_;  // reused by every step (a batch's logits are megabytes)
 };
 
