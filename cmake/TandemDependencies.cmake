@@ -17,6 +17,9 @@ tandem_require_package(gRPC libgrpc++-dev)
 tandem_require_package(prometheus-cpp prometheus-cpp-dev)
 tandem_require_package(ucx libucx-dev)
 tandem_require_package(nlohmann_json nlohmann-json3-dev)
+# OpenSSL's libcrypto: the router's API keys (SHA-256 digests, constant-time compare, CSPRNG for
+# `tandem apikey`). gRPC links it already.
+tandem_require_package(OpenSSL libssl-dev)
 # libevent's HTTP server carries the router's OpenAI API: one event loop for thousands of
 # streaming connections. Debian ships it with pkg-config files only.
 find_package(PkgConfig REQUIRED)

@@ -53,6 +53,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev nlohmann-json3-dev libevent-dev
   libutf8proc-dev  # Unicode NFC for tokenizer.json normalizers
+  libssl-dev  # libcrypto for the router's API keys (SHA-256, CRYPTO_memcmp, RAND_bytes)
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus  # promtool checks /metrics output and the rules; the monitoring test runs the server
   # Hugging Face transformers' forward pass, the reference for HF folders
