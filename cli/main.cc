@@ -2,6 +2,7 @@
 //
 //   tandem up        start a local cluster (router + prefill + decode workers) on loopback
 //   tandem generate  generate text in this process (single-process mode), or on a cluster (--url)
+//   tandem apikey    make an API key for the router's --api_keys_file
 //   tandem bench     load-test a running cluster or OpenAI-compatible server (bench/tandem_bench)
 //   tandem version   print the version, build and accelerators
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "engine/model/model_path.h"
+#include "cli/apikey.h"
 #include "cli/generate.h"
 #include "cli/up.h"
 #include "common/device.h"
@@ -40,6 +42,8 @@ commands:
   up        start a local cluster (router, prefill and decode workers) on the default model
   generate  generate text from --prompt in this process (--chat for the chat template), or on
             a running cluster with --url=HOST:PORT (its gRPC API, as `tandem up` prints it)
+  apikey    print a fresh API key for --tenant=NAME [--rps=N] [--concurrency=N] and the line
+            of the router's --api_keys_file that lets it in (docs/security.md)
   bench     load-test a running cluster or any OpenAI-compatible server: open-loop arrivals,
             latency percentiles, SLO attainment and goodput, plots (`tandem bench --help`)
   version   print the version, the build and the accelerators this binary can use
@@ -126,6 +130,7 @@ int Main(int argc, char** argv) {
   }
   if (command == "version" || command == "--version") return Version();
   if (command == "up") return Up();
+  if (command == "apikey") return RunApiKey();
   if (command == "generate") {
     if (!absl::GetFlag(FLAGS_url).empty()) return RunGenerate("");
     const auto model =

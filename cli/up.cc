@@ -36,6 +36,9 @@ ABSL_FLAG(int64_t, decode_max_prefill_tokens, 32,
           "`tandem up`: most prompt tokens per engine step on decode workers beside prefill "
           "workers (0: the step budget); they compute the prompts the router keeps local between "
           "their streams' tokens, and smaller pieces keep those streams' TPOT steady");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "`tandem up`: the router's --api_keys_file (docs/security.md): clients then need "
+          "'Authorization: Bearer <key>'; `tandem apikey` makes keys. Empty: no keys needed");
 ABSL_FLAG(std::string, worker_kv_dtype, "f16",
           "`tandem up`: KV cache element type of every worker, f16 or f32");
 
@@ -217,15 +220,17 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
                                    "/metrics)"));
   }
   const std::string host = absl::GetFlag(FLAGS_host);
-  Child* router = start("router", {absl::StrCat(bin_dir, "/tandem-router"),
-                                   absl::StrCat("--model=", model_path),
-                                   absl::StrCat("--workers=", absl::StrJoin(addresses, ",")),
-                                   absl::StrCat("--listen=", host, ":", absl::GetFlag(FLAGS_grpc_port)),
-                                   absl::StrCat("--http_listen=", host, ":",
-                                                absl::GetFlag(FLAGS_http_port)),
-                                   absl::StrCat("--policy=", absl::GetFlag(FLAGS_policy)),
-                                   // Like the workers' (StopAll gives every process 10 s).
-                                   "--drain_timeout_ms=5000"});
+  std::vector<std::string> router_args = {
+      absl::StrCat(bin_dir, "/tandem-router"), absl::StrCat("--model=", model_path),
+      absl::StrCat("--workers=", absl::StrJoin(addresses, ",")),
+      absl::StrCat("--listen=", host, ":", absl::GetFlag(FLAGS_grpc_port)),
+      absl::StrCat("--http_listen=", host, ":", absl::GetFlag(FLAGS_http_port)),
+      absl::StrCat("--policy=", absl::GetFlag(FLAGS_policy)),
+      // Like the workers' (StopAll gives every process 10 s).
+      "--drain_timeout_ms=5000"};
+  const std::string api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
+  if (!api_keys_file.empty()) router_args.push_back(absl::StrCat("--api_keys_file=", api_keys_file));
+  Child* router = start("router", router_args);
   if (router == nullptr) return fail("the router did not start");
   while (router->port == 0 && !stop_requested && absl::Now() < until) {
     if (!Alive(*router)) return fail("the router exited during start-up");
@@ -252,14 +257,15 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
       "  gRPC API:        %s:%d (tandem.v1.Inference)\n"
       "  workers:         %s\n\n"
       "try:\n"
-      "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+      "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"
       "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France? "
       "Answer in one sentence.\"}], \"max_tokens\": 32}'\n\n"
       "Ctrl-C stops the cluster.\n",
       prefill, decode, absl::GetFlag(FLAGS_aggregated) ? " (aggregated)" : "",
       absl::GetFlag(FLAGS_policy).c_str(), host.c_str(), http_port, host.c_str(), http_port,
       host.c_str(), router->port.load(), absl::StrJoin(listing, "\n                   ").c_str(),
-      host.c_str(), http_port);
+      host.c_str(), http_port,
+      api_keys_file.empty() ? "" : " \\\n    -H \"Authorization: Bearer $API_KEY\"");
   std::fflush(stdout);
   while (!stop_requested) {
     for (const auto& c : children) {
