@@ -84,6 +84,7 @@ struct HttpCall {
   // Fires when the client closes its side, even while nothing reads the socket (a non-streamed
   // request writes only at the end, so a write error would come too late).
   event* closed_watch = nullptr;
+  auth::TenantLease lease;  // the tenant's place among its concurrent requests, until the end
 
   void CancelAll() {
     for (auto& c : candidates) {
@@ -129,7 +130,8 @@ struct HttpServer::Impl {
 
   void Handle(evhttp_request* req);
   // `span`: the router's span of the request (SpanForHttp).
-  void HandleGenerate(evhttp_request* req, bool chat, const TraceContext& span);
+  void HandleGenerate(evhttp_request* req, bool chat, const TraceContext& span,
+                      auth::TenantLease lease);
   // POST /tokenize and /detokenize.
   void HandleTokenize(evhttp_request* req);
   void HandleDetokenize(evhttp_request* req);
@@ -184,6 +186,9 @@ void Reply(evhttp_request* req, int code, const std::string& content_type, const
 
 void ReplyError(evhttp_request* req, const absl::Status& status) {
   CountRejected();
+  if (status.code() == absl::StatusCode::kUnauthenticated) {  // RFC 6750
+    evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+  }
   if (std::optional<absl::Duration> after = RetryAfter(status); after.has_value()) {
     evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After",
                       absl::StrCat(RetryAfterSeconds(*after)).c_str());
@@ -262,6 +267,18 @@ void HttpServer::Impl::Handle(evhttp_request* req) {
   if (draining_now) {
     evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
   }
+  // The door (router/auth): a key unless the path is open; the lease holds the tenant's place
+  // until the reply is written (the call's, for a generation).
+  auth::TenantLease lease;
+  if (options.api_keys != nullptr) {
+    const char* authorization =
+        evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    absl::StatusOr<auth::TenantLease> admitted = options.api_keys->AdmitHttp(
+        path, authorization != nullptr ? std::optional<absl::string_view>(authorization)
+                                       : std::nullopt);
+    if (!admitted.ok()) return ReplyError(req, admitted.status());
+    lease = *std::move(admitted);
+  }
   if (path == "/health" || path == "/metrics" || path == "/v1/models") {
     if (!get) return ReplyWrongMethod(req, path, "GET");
   }
@@ -293,13 +310,14 @@ void HttpServer::Impl::Handle(evhttp_request* req) {
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     const TraceContext span = SpanForHttp(req);  // before any reply: errors carry it too
     if (method != EVHTTP_REQ_POST) return ReplyWrongMethod(req, path, "POST");
-    HandleGenerate(req, path == "/v1/chat/completions", span);
+    HandleGenerate(req, path == "/v1/chat/completions", span, std::move(lease));
     return;
   }
   ReplyError(req, absl::NotFoundError(absl::StrCat("no such path: ", path)));
 }
 
-void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const TraceContext& span) {
+void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const TraceContext& span,
+                                      auth::TenantLease lease) {
   auto refuse = [req, &span](const absl::Status& status) {
     LOG(INFO) << TraceTag(span) << "request refused: " << status;
     ReplyError(req, status);
@@ -315,6 +333,7 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const Trac
     return refuse(prepared.status());
   }
   auto call = std::make_shared<HttpCall>();
+  call->lease = std::move(lease);
   call->stream = request->stream;
   call->include_usage = request->include_usage;
   call->n = request->n;

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/serve.h"
+#include "router/auth/tenant_gate.h"
 #include "router/server/request_router.h"
 
 namespace tandem::router {
@@ -30,6 +31,9 @@ class HttpServer final : public Drainable {
   struct Options {
     std::string listen = "0.0.0.0:8000";  // port 0: any
     int64_t max_body_bytes = 8 << 20;
+    // API keys and tenant limits (router/auth): every path but the gate's open ones needs a key
+    // (401 without, 429 over a tenant's limit). Not owned; outlives the server. Null: no keys.
+    auth::ApiKeyGate* api_keys = nullptr;
   };
   // UNAVAILABLE when the address cannot be bound; INVALID_ARGUMENT when it is malformed.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(RequestRouter* router,

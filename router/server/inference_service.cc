@@ -29,6 +29,14 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
                 << rejected.message() << "); a new trace starts";
     }
     context->AddInitialMetadata(std::string(kTraceparentKey), span.traceparent());
+    absl::StatusOr<auth::TenantLease> admitted = service->Admit(*context);
+    if (!admitted.ok()) {
+      LOG(INFO) << TraceTag(span) << "request refused: " << admitted.status();
+      CountRejected();
+      Refuse(admitted.status());
+      return;
+    }
+    lease_ = *std::move(admitted);
     absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(request, span);
     if (!prepared.ok()) {
       LOG(INFO) << TraceTag(span) << "request refused: " << prepared.status();
@@ -152,6 +160,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
 
   InferenceService* const service_;
   grpc::CallbackServerContext* const context_;  // valid until gRPC's OnDone
+  auth::TenantLease lease_;  // the tenant's place among its concurrent requests, until the end
   std::atomic<int> refs_{2};  // gRPC's OnDone and the relay's
   absl::Mutex mu_;
   std::shared_ptr<RelayedCall> relay_ ABSL_GUARDED_BY(mu_);
@@ -184,9 +193,38 @@ bool InferenceService::AwaitIdle(absl::Time deadline) {
   return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
+absl::StatusOr<auth::TenantLease> InferenceService::Admit(
+    const grpc::CallbackServerContext& context) {
+  if (api_keys_ == nullptr) return auth::TenantLease();
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  return api_keys_->Admit(it == metadata.end()
+                              ? std::nullopt
+                              : std::optional<absl::string_view>(absl::string_view(
+                                    it->second.data(), it->second.size())));
+}
+
+namespace {
+
+// A unary call refused at the door, its retry-after hint in the trailing metadata.
+grpc::ServerUnaryReactor* RefuseUnary(grpc::CallbackServerContext* context,
+                                      const absl::Status& status) {
+  CountRejected();
+  if (std::optional<absl::Duration> after = RetryAfter(status); after.has_value()) {
+    context->AddTrailingMetadata(kRetryAfterKey, absl::StrCat(RetryAfterSeconds(*after)));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* context,
                                                      const v1::TokenizeRequest* request,
                                                      v1::TokenizeResponse* response) {
+  absl::StatusOr<auth::TenantLease> lease = Admit(*context);
+  if (!lease.ok()) return RefuseUnary(context, lease.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<v1::TokenizeResponse> r = router_->Tokenize(*request);
   if (r.ok()) *response = *std::move(r);
@@ -197,6 +235,8 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* InferenceService::ListModels(grpc::CallbackServerContext* context,
                                                        const v1::ListModelsRequest* /*request*/,
                                                        v1::ListModelsResponse* response) {
+  absl::StatusOr<auth::TenantLease> lease = Admit(*context);
+  if (!lease.ok()) return RefuseUnary(context, lease.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   *response = router_->ListModels();
   reactor->Finish(grpc::Status::OK);

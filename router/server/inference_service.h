@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/serve.h"
+#include "router/auth/tenant_gate.h"
 #include "router/server/request_router.h"
 #include "tandem/v1/inference.grpc.pb.h"
 
@@ -22,7 +23,12 @@ namespace tandem::router {
 
 class InferenceService final : public v1::Inference::CallbackService, public Drainable {
  public:
-  explicit InferenceService(RequestRouter* router) : router_(router) {}
+  // `api_keys` (not owned, outlives the service; null: no keys): every call needs the
+  // "authorization" metadata "Bearer <key>" (UNAUTHENTICATED without one, RESOURCE_EXHAUSTED with
+  // retry-after over its tenant's limits); a Generate stream holds its tenant's place until it
+  // ends.
+  explicit InferenceService(RequestRouter* router, auth::ApiKeyGate* api_keys = nullptr)
+      : router_(router), api_keys_(api_keys) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
@@ -43,8 +49,11 @@ class InferenceService final : public v1::Inference::CallbackService, public Dra
   friend class GenerateCall;
   void StreamOpened();
   void StreamClosed();
+  // The call's admission by api_keys_ (an empty lease when there is none).
+  absl::StatusOr<auth::TenantLease> Admit(const grpc::CallbackServerContext& context);
 
   RequestRouter* const router_;
+  auth::ApiKeyGate* const api_keys_;
   absl::Mutex mu_;
   int64_t open_streams_ ABSL_GUARDED_BY(mu_) = 0;  // Generate streams gRPC is not done with
 };

@@ -17,6 +17,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/serve.h"
+#include "router/auth/tenant_gate.h"
 #include "router/server/http_server.h"
 #include "router/server/inference_service.h"
 #include "router/server/registry.h"
@@ -76,6 +77,15 @@ ABSL_FLAG(int64_t, drain_timeout_ms, 20000,
           "After SIGTERM or SIGINT: how long the requests in flight may run on before the router "
           "cuts them and exits (it exits as soon as none is left); new requests are refused "
           "meanwhile, and GET /health answers 503. A second signal cuts them at once, ms");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "API keys per tenant (docs/security.md): one '<tenant> sha256:<hex of the key's "
+          "SHA-256> [rps=N] [concurrency=N]' a line, '#' comments; `tandem apikey` makes a key "
+          "and its line. Every request then needs 'Authorization: Bearer <key>' (gRPC: the "
+          "'authorization' metadata). Re-read when it changes. Empty: no keys needed");
+ABSL_FLAG(std::string, auth_open_paths, "/health,/metrics",
+          "With --api_keys_file: comma-separated HTTP paths that need no key (empty: none)");
+ABSL_FLAG(int64_t, api_keys_reload_ms, 1000,
+          "With --api_keys_file: how often the file is checked for changes, ms");
 ABSL_FLAG(int64_t, worker_liveness_timeout_ms, 3000,
           "A worker whose WatchState stream brings nothing (load samples come every 100 ms) for "
           "this long takes no requests until it answers again with a fresh snapshot, ms");
@@ -163,15 +173,33 @@ absl::Status Run() {
       absl::GetFlag(FLAGS_local_prefill_threshold);
   absl::StatusOr<std::unique_ptr<RequestRouter>> router = RequestRouter::Create(options, &registry);
   if (!router.ok()) return router.status();
+  std::unique_ptr<auth::ApiKeyGate> api_keys;
+  if (const std::string file = absl::GetFlag(FLAGS_api_keys_file); !file.empty()) {
+    if (absl::GetFlag(FLAGS_api_keys_reload_ms) <= 0) {
+      return absl::InvalidArgumentError("--api_keys_reload_ms must be positive");
+    }
+    absl::StatusOr<std::unique_ptr<auth::ApiKeyGate>> gate = auth::ApiKeyGate::Create(
+        {.keys_file = file,
+         .reload_period = absl::Milliseconds(absl::GetFlag(FLAGS_api_keys_reload_ms)),
+         .open_paths = absl::StrSplit(absl::GetFlag(FLAGS_auth_open_paths), ',',
+                                      absl::SkipWhitespace())});
+    if (!gate.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--api_keys_file: ", gate.status().message()));
+    }
+    api_keys = *std::move(gate);
+    LOG(INFO) << "API keys from " << file << "; open HTTP paths: '"
+              << absl::GetFlag(FLAGS_auth_open_paths) << "'";
+  }
   std::unique_ptr<HttpServer> http;
   if (!absl::GetFlag(FLAGS_http_listen).empty()) {
     absl::StatusOr<std::unique_ptr<HttpServer>> started = HttpServer::Start(
         router->get(), {.listen = absl::GetFlag(FLAGS_http_listen),
-                        .max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes)});
+                        .max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes),
+                        .api_keys = api_keys.get()});
     if (!started.ok()) return started.status();
     http = *std::move(started);
   }
-  InferenceService inference(router->get());
+  InferenceService inference(router->get(), api_keys.get());
   // The drain (docs/failures.md, "Planned shutdown"): the request router refuses new requests
   // and waits for those in flight, from both frontends; then each frontend for their ends to be
   // written out. After that no call is left but idle connections, which the server's shutdown

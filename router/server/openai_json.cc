@@ -604,15 +604,17 @@ std::string OpenAiFinishReason(v1::FinishReason reason) {
 
 std::string OpenAiErrorBody(const absl::Status& status) {
   const int http = HttpStatusFromCode(status.code());
-  const char* type = http == 400 || http == 404 || http == 413 ? "invalid_request_error"
-                     : http == 429                             ? "rate_limit_error"
-                                                               : "server_error";
+  const char* type = http == 400 || http == 401 || http == 404 || http == 413
+                         ? "invalid_request_error"
+                     : http == 429 ? "rate_limit_error"
+                                   : "server_error";
   const std::optional<std::string> param = ParamOf(status);
   return json{{"error",
                {{"message", std::string(status.message())},
                 {"type", type},
                 {"param", param.has_value() ? json(*param) : json(nullptr)},
-                {"code", absl::StatusCodeToString(status.code())}}}}
+                // OpenAI's code for a missing or wrong key, which clients look for.
+                {"code", http == 401 ? "invalid_api_key" : absl::StatusCodeToString(status.code())}}}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

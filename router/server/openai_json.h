@@ -74,8 +74,8 @@ struct DetokenizeRequest {
 absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body);
 
 // {"error": {"message", "type", "param", "code"}} for `status`; type invalid_request_error
-// (HTTP 400, 404, 413), rate_limit_error (429) or server_error; param from ParamOf(status), or
-// null.
+// (HTTP 400, 401, 404, 413), rate_limit_error (429) or server_error; param from ParamOf(status),
+// or null; code the gRPC code's name, but OpenAI's "invalid_api_key" for a 401.
 std::string OpenAiErrorBody(const absl::Status& status);
 
 // The body of GET /v1/models: {"object": "list", "data": [...]}, one OpenAI model object per

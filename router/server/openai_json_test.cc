@@ -372,6 +372,9 @@ TEST(OpenAiJsonTest, ErrorBodiesAndFinishReasonsHaveOpenAisShape) {
   EXPECT_THAT(OpenAiErrorBody(absl::ResourceExhaustedError("busy")), HasSubstr("rate_limit_error"));
   EXPECT_THAT(OpenAiErrorBody(absl::UnavailableError("gone")), HasSubstr("server_error"));
   EXPECT_THAT(OpenAiErrorBody(absl::NotFoundError("no model")), HasSubstr("invalid_request_error"));
+  // A missing or wrong API key: OpenAI's type and code for it.
+  EXPECT_EQ(OpenAiErrorBody(absl::UnauthenticatedError("invalid API key")),
+            R"({"error":{"code":"invalid_api_key","message":"invalid API key","param":null,"type":"invalid_request_error"}})");
   EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_STOP), "stop");
   EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_STOP_STRING), "stop");
   EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_LENGTH), "length");
