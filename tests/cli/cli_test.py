@@ -222,3 +222,62 @@ def test_generate_on_a_malformed_model_names_the_file(tmp_path):
     not_gguf.write_text("this is not a model\n" * 10)
     p = run("generate", f"--model={not_gguf}", "--prompt=hi")
     assert p.returncode != 0 and "text.gguf" in p.stderr
+
+
+def test_apikey_prints_a_fresh_key_and_its_line():
+    """The line holds the key's SHA-256 (checked with hashlib) and the limits, never the key."""
+    import hashlib
+    keys = set()
+    for _ in range(2):
+        p = run("apikey", "--tenant=team-a", "--rps=2.5", "--concurrency=3")
+        assert p.returncode == 0, p.stderr
+        key = re.search(r"^  (tdm-[A-Za-z0-9_-]{43})$", p.stdout, re.M).group(1)
+        line = re.search(r"^  (team-a sha256:.*)$", p.stdout, re.M).group(1)
+        assert line == f"team-a sha256:{hashlib.sha256(key.encode()).hexdigest()} rps=2.5 " \
+                       "concurrency=3", p.stdout
+        keys.add(key)
+    assert len(keys) == 2
+    for bad in (["--tenant=bad name"], [], ["--tenant=a", "--rps=-1"],
+                ["--tenant=a", "--concurrency=-2"]):
+        p = run("apikey", *bad)
+        assert p.returncode == 2 and p.stderr.startswith("error: --"), (bad, p.stderr)
+
+
+def test_up_takes_api_keys_to_the_router(tmp_path):
+    """`tandem up --api_keys_file`: its router wants a key on the API and leaves /health open."""
+    p = run("apikey", "--tenant=me")
+    key = re.search(r"^  (tdm-\S+)$", p.stdout, re.M).group(1)
+    keys = tmp_path / "keys"
+    keys.write_text(re.search(r"^  (me sha256:.*)$", p.stdout, re.M).group(1) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    up = subprocess.Popen([str(BIN), "up", "--http_port=0", "--grpc_port=0", "--aggregated",
+                           f"--api_keys_file={keys}"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    try:
+        port = None
+        for line in up.stdout:
+            lines.append(line)
+            if "OpenAI HTTP API: http://127.0.0.1:" in line:
+                port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+            if "Ctrl-C stops the cluster" in line:
+                break
+        assert port, "".join(lines)
+        assert 'Authorization: Bearer $API_KEY' in "".join(lines)
+
+        def get(headers):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    return response.status
+            except urllib.error.HTTPError as error:
+                return error.code
+        assert get({}) == 401
+        assert get({"Authorization": f"Bearer {key}"}) == 200
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=30)
+        assert up.returncode == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
