@@ -2,16 +2,20 @@
 
 #include <cstdio>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/status_conversion.h"
 #include "engine/runtime/local_engine.h"
 #include "grpcpp/create_channel.h"
+#include "nlohmann/json.hpp"
 #include "tandem/v1/inference.grpc.pb.h"
 
 ABSL_FLAG(std::string, prompt, "", "Prompt text (generate)");
@@ -31,6 +35,18 @@ ABSL_FLAG(std::string, url, "",
           "A cluster's gRPC API (host:port or grpc://host:port, as `tandem up` prints it): "
           "generate there instead of in this process");
 ABSL_FLAG(int32_t, priority, 0, "Scheduling priority of the request with --url (higher first)");
+ABSL_FLAG(std::string, prompt_ids, "",
+          "The prompt as comma-separated token ids, used as given (no BOS added), instead of "
+          "--prompt (generate in this process)");
+ABSL_FLAG(int32_t, logprobs, 0,
+          "With --json: the log-probability of every generated token and this many most likely "
+          "alternatives, 0-20");
+ABSL_FLAG(int32_t, prompt_logprobs, 0,
+          "With --json: the log-probability of every prompt token after the first given the "
+          "tokens before it, and this many most likely alternatives, 0-20");
+ABSL_FLAG(bool, json, false,
+          "Print one JSON object when done (token ids, text, finish reason, log-probabilities) "
+          "instead of streaming the text (generate in this process)");
 
 namespace tandem {
 namespace {
@@ -63,6 +79,12 @@ absl::StatusOr<std::string> GrpcTarget(absl::string_view url) {
 int RunRemoteGenerate(absl::string_view url) {
   absl::StatusOr<std::string> target = GrpcTarget(url);
   if (!target.ok()) return ExitCode(target.status());
+  if (absl::GetFlag(FLAGS_json) || !absl::GetFlag(FLAGS_prompt_ids).empty() ||
+      absl::GetFlag(FLAGS_logprobs) != 0 || absl::GetFlag(FLAGS_prompt_logprobs) != 0) {
+    return ExitCode(absl::InvalidArgumentError(
+        "--json, --prompt_ids, --logprobs and --prompt_logprobs work in this process only, not "
+        "with --url (the OpenAI API's /v1/completions has logprobs and echo)"));
+  }
   v1::GenerateRequest request;
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
   if (absl::GetFlag(FLAGS_chat)) {
@@ -137,6 +159,61 @@ int RunRemoteGenerate(absl::string_view url) {
   return 0;
 }
 
+// --prompt_ids: "1,2,3" as token ids (the engine checks them against the vocabulary).
+absl::StatusOr<std::vector<int32_t>> ParsePromptIds(absl::string_view text) {
+  std::vector<int32_t> ids;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prompt_ids must be comma-separated token ids, got '", part, "'"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+nlohmann::json TopJson(const std::vector<sampling::TokenLogprob>& top) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const sampling::TokenLogprob& t : top) out.push_back({{"id", t.id}, {"logprob", t.logprob}});
+  return out;
+}
+
+// What --json prints, gathered from the deltas.
+struct JsonResult {
+  std::vector<int32_t> prompt;
+  nlohmann::json prompt_logprobs = nlohmann::json::array();
+  nlohmann::json tokens = nlohmann::json::array();
+  std::string text = {};
+
+  void Add(const GenerationDelta& d) {
+    for (const sampling::SampledToken& t : d.prompt_logprobs) {
+      prompt_logprobs.push_back(
+          {{"id", t.id}, {"logprob", t.logprob.value_or(0.0f)}, {"top", TopJson(t.top_logprobs)}});
+    }
+    nlohmann::json token = {{"id", d.token}};
+    if (d.logprob.has_value()) {
+      token["logprob"] = *d.logprob;
+      token["top"] = TopJson(d.top_logprobs);
+    }
+    // The last delta of a request that ends on a stop token or string carries no new token text;
+    // it is still a sampled token.
+    tokens.push_back(std::move(token));
+    text += d.text;
+  }
+
+  std::string Dump(sampling::FinishReason finish) const {
+    nlohmann::json out = {{"prompt_ids", prompt},
+                          {"prompt_logprobs", prompt_logprobs},
+                          {"tokens", tokens},
+                          {"text", text},
+                          {"finish_reason", std::string(sampling::FinishReasonName(finish))}};
+    // Invalid UTF-8 cannot come out of the detokenizer (whole characters only); replace anyway
+    // rather than throw.
+    return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+};
+
 }  // namespace
 
 int RunGenerate(const std::string& model_path) {
@@ -150,7 +227,18 @@ int RunGenerate(const std::string& model_path) {
   if (!engine.ok()) return ExitCode(engine.status());
 
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
-  absl::StatusOr<std::vector<int32_t>> tokens = (*engine)->EncodePrompt(prompt);
+  const std::string prompt_ids = absl::GetFlag(FLAGS_prompt_ids);
+  if (!prompt_ids.empty() && (!prompt.empty() || absl::GetFlag(FLAGS_chat))) {
+    return ExitCode(
+        absl::InvalidArgumentError("--prompt_ids replaces --prompt and --chat; give one"));
+  }
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!json && (absl::GetFlag(FLAGS_logprobs) != 0 || absl::GetFlag(FLAGS_prompt_logprobs) != 0)) {
+    return ExitCode(absl::InvalidArgumentError(
+        "--logprobs and --prompt_logprobs are printed with --json only; add --json"));
+  }
+  absl::StatusOr<std::vector<int32_t>> tokens =
+      prompt_ids.empty() ? (*engine)->EncodePrompt(prompt) : ParsePromptIds(prompt_ids);
   if (absl::GetFlag(FLAGS_chat)) {
     std::vector<ChatMessage> messages;
     if (!absl::GetFlag(FLAGS_system).empty()) {
@@ -172,18 +260,26 @@ int RunGenerate(const std::string& model_path) {
   s.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
   if (absl::GetFlag(FLAGS_seed) >= 0) s.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   s.stop = absl::GetFlag(FLAGS_stop);
+  s.logprobs = absl::GetFlag(FLAGS_logprobs);
+  request.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs);
 
   GenerationStats stats;
   sampling::FinishReason finish = sampling::FinishReason::kNone;
+  JsonResult result{.prompt = request.prompt};
   const absl::Status status = (*engine)->Generate(
       {request},
       [&](const GenerationDelta& d) {
-        std::fwrite(d.text.data(), 1, d.text.size(), stdout);
-        std::fflush(stdout);
+        if (json) {
+          result.Add(d);
+        } else {
+          std::fwrite(d.text.data(), 1, d.text.size(), stdout);
+          std::fflush(stdout);
+        }
         finish = d.finish;
       },
       &stats);
   if (!status.ok()) return ExitCode(status);
+  if (json) std::fputs(result.Dump(finish).c_str(), stdout);
   std::printf("\n");
   std::fprintf(stderr,
                "[%s] prompt: %lld tokens in %.3f s (%.1f tokens/s); generated: %lld tokens in "

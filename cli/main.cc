@@ -41,7 +41,9 @@ usage: tandem <command> [flags]
 commands:
   up        start a local cluster (router, prefill and decode workers) on the default model
   generate  generate text from --prompt in this process (--chat for the chat template), or on
-            a running cluster with --url=HOST:PORT (its gRPC API, as `tandem up` prints it)
+            a running cluster with --url=HOST:PORT (its gRPC API, as `tandem up` prints it);
+            in this process, --json prints token ids and log-probabilities (--logprobs,
+            --prompt_logprobs) and --prompt_ids takes the prompt as token ids
   apikey    print a fresh API key for --tenant=NAME [--rps=N] [--concurrency=N] and the line
             of the router's --api_keys_file that lets it in (docs/security.md)
   bench     load-test a running cluster or any OpenAI-compatible server: open-loop arrivals,

@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 BIN = Path(os.environ["TANDEM_BIN_DIR"]) / "tandem"
+MODEL = Path(os.environ["TANDEM_SOURCE_DIR"]) / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def run(*args, env=None, timeout=60):
@@ -176,6 +177,48 @@ def test_generate_same_seed_same_text():
     assert a.stdout == b.stdout
 
 
+def test_generate_json_gives_token_ids_and_log_probabilities():
+    """--json with --logprobs/--prompt_logprobs (how lm-evaluation-harness's scores are computed
+    from the engine alone, tests/eval): the prompt's log-probabilities against llama.cpp's on the
+    same ids, and --prompt_ids taking those ids back as given."""
+    import llama_cpp  # in .venv, from scripts/setup.sh
+    import numpy as np
+
+    prompt = "The capital of France is"
+    common = ("--max_tokens=4", "--threads=2", "--json", "--logprobs=2", "--prompt_logprobs=3")
+    p = run("generate", f"--prompt={prompt}", *common)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    plain = run("generate", f"--prompt={prompt}", "--max_tokens=4", "--threads=2")
+    assert out["text"] + "\n" == plain.stdout
+    assert out["finish_reason"] == "length" and len(out["tokens"]) == 4
+    for t in out["tokens"]:  # greedy: the chosen token is the most likely one
+        assert len(t["top"]) == 2 and t["top"][0] == {"id": t["id"], "logprob": t["logprob"]}
+    ids = out["prompt_ids"]
+    again = run("generate", "--prompt_ids=" + ",".join(map(str, ids)), *common)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == out
+
+    llm = llama_cpp.Llama(model_path=str(MODEL), n_ctx=64, logits_all=True, n_threads=2,
+                          verbose=False)
+    assert ids == llm.tokenize(prompt.encode(), add_bos=False)
+    llm.eval(ids)
+    logits = np.array(llm.scores[: len(ids)], dtype=np.float64)
+    logits -= logits.max(-1, keepdims=True)
+    ref = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    scored = out["prompt_logprobs"]
+    assert [s["id"] for s in scored] == ids[1:]
+    diffs = []
+    for pos, s in enumerate(scored, start=1):
+        assert len(s["top"]) == 3
+        assert [t["logprob"] for t in s["top"]] == sorted((t["logprob"] for t in s["top"]),
+                                                         reverse=True)
+        assert s["logprob"] <= s["top"][0]["logprob"] + 1e-6
+        diffs.append(abs(s["logprob"] - ref[pos - 1, ids[pos]]))
+    # Quantization noise between the two engines on this Q4_1 model (as openai_echo_test).
+    assert np.mean(diffs) <= 0.35, diffs
+
+
 def test_bench_runs_the_load_generator_with_its_own_flags():
     """`tandem bench` hands its arguments to bench/tandem_bench in the project's environment."""
     p = run("bench", "--help")
@@ -204,6 +247,13 @@ def test_generate_bad_input_is_a_clear_error():
         (("--prompt=hi", "--top_p=0"), "top_p"),
         (("--prompt=hi", "--max_tokens=0"), "max_tokens"),
         (("--prompt=hi", "--max_tokens=100000"), "context"),
+        (("--prompt_ids=1,x",), "prompt_ids"),
+        (("--prompt_ids=1,2", "--prompt=hi"), "prompt_ids"),
+        (("--prompt_ids=1,99999999",), "vocabulary"),
+        (("--prompt=hi", "--logprobs=2"), "--json"),
+        (("--prompt=hi", "--json", "--logprobs=21"), "logprobs"),
+        (("--prompt=hi", "--json", "--prompt_logprobs=-1"), "prompt_logprobs"),
+        (("--prompt=hi", "--json", "--url=127.0.0.1:1"), "--url"),
     ]
     for args, word in cases:
         p = run("generate", *args)
