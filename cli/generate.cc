@@ -196,8 +196,8 @@ struct JsonResult {
       token["logprob"] = *d.logprob;
       token["top"] = TopJson(d.top_logprobs);
     }
-    // The last delta of a request that ends on a stop token or string carries no new token text;
-    // it is still a sampled token.
+    // Every sampled token, the EOS token or the one that completed a stop string included
+    // (whose text `text` omits).
     tokens.push_back(std::move(token));
     text += d.text;
   }
@@ -218,6 +218,17 @@ struct JsonResult {
 
 int RunGenerate(const std::string& model_path) {
   if (!absl::GetFlag(FLAGS_url).empty()) return RunRemoteGenerate(absl::GetFlag(FLAGS_url));
+  // The flags that go together, before the model loads.
+  const std::string prompt_ids = absl::GetFlag(FLAGS_prompt_ids);
+  if (!prompt_ids.empty() && (!absl::GetFlag(FLAGS_prompt).empty() || absl::GetFlag(FLAGS_chat))) {
+    return ExitCode(
+        absl::InvalidArgumentError("--prompt_ids replaces --prompt and --chat; give one"));
+  }
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!json && (absl::GetFlag(FLAGS_logprobs) != 0 || absl::GetFlag(FLAGS_prompt_logprobs) != 0)) {
+    return ExitCode(absl::InvalidArgumentError(
+        "--logprobs and --prompt_logprobs are printed with --json only; add --json"));
+  }
   LocalEngine::Options options;
   options.cpu.num_threads = absl::GetFlag(FLAGS_threads);
   absl::StatusOr<DType> kv_dtype = ParseKvDType(absl::GetFlag(FLAGS_kv_dtype));
@@ -227,16 +238,6 @@ int RunGenerate(const std::string& model_path) {
   if (!engine.ok()) return ExitCode(engine.status());
 
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
-  const std::string prompt_ids = absl::GetFlag(FLAGS_prompt_ids);
-  if (!prompt_ids.empty() && (!prompt.empty() || absl::GetFlag(FLAGS_chat))) {
-    return ExitCode(
-        absl::InvalidArgumentError("--prompt_ids replaces --prompt and --chat; give one"));
-  }
-  const bool json = absl::GetFlag(FLAGS_json);
-  if (!json && (absl::GetFlag(FLAGS_logprobs) != 0 || absl::GetFlag(FLAGS_prompt_logprobs) != 0)) {
-    return ExitCode(absl::InvalidArgumentError(
-        "--logprobs and --prompt_logprobs are printed with --json only; add --json"));
-  }
   absl::StatusOr<std::vector<int32_t>> tokens =
       prompt_ids.empty() ? (*engine)->EncodePrompt(prompt) : ParsePromptIds(prompt_ids);
   if (absl::GetFlag(FLAGS_chat)) {

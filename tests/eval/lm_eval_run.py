@@ -43,17 +43,20 @@ def write_hf_tokenizer(gguf_path, out_dir):
     """A Hugging Face tokenizer folder for a GGUF file with SmolLM2's byte-level BPE."""
     reader = gguf.GGUFReader(str(gguf_path))
 
-    def field(key):
-        f = reader.fields[key]
-        return [f.contents(i) for i in range(len(f.data))] if len(f.data) > 1 else f.contents()
+    def scalar(key):
+        return reader.fields[key].contents()
 
-    pre = field("tokenizer.ggml.pre")
-    if field("tokenizer.ggml.model") != "gpt2" or pre != "smollm":
+    def array(key):
+        f = reader.fields[key]
+        return [f.contents(i) for i in range(len(f.data))]
+
+    pre = scalar("tokenizer.ggml.pre")
+    if scalar("tokenizer.ggml.model") != "gpt2" or pre != "smollm":
         sys.exit(f"{gguf_path}: only SmolLM2's byte-level BPE (pre-tokenizer smollm) is built here, "
                  f"got {pre!r}")
-    tokens = field("tokenizer.ggml.tokens")
-    types = field("tokenizer.ggml.token_type")
-    merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
+    tokens = array("tokenizer.ggml.tokens")
+    types = array("tokenizer.ggml.token_type")
+    merges = [tuple(m.split(" ", 1)) for m in array("tokenizer.ggml.merges")]
     tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
     tk.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -62,8 +65,8 @@ def write_hf_tokenizer(gguf_path, out_dir):
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
                            for t, ty in zip(tokens, types) if ty == 3])
     fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tk, bos_token=tokens[field("tokenizer.ggml.bos_token_id")],
-        eos_token=tokens[field("tokenizer.ggml.eos_token_id")])
+        tokenizer_object=tk, bos_token=tokens[scalar("tokenizer.ggml.bos_token_id")],
+        eos_token=tokens[scalar("tokenizer.ggml.eos_token_id")])
     fast.save_pretrained(str(out_dir))
 
 

@@ -11,8 +11,8 @@ The log-likelihoods are also compared with llama.cpp's (llama_cpp) on the same t
 Opt-in: lm-eval and its dependencies (~0.9 GB: datasets, pyarrow, pandas, scipy, scikit-learn,
 transformers) live in .venv-lmeval, which scripts/setup_lmeval.sh makes (not scripts/setup.sh).
 Without it the test skips, saying so; TANDEM_LM_EVAL=1 makes a missing environment a failure.
-TANDEM_LMEVAL_VENV names another environment. About 2 minutes on 2 cores (the `tandem generate`
-side starts one process per request).
+TANDEM_LMEVAL_VENV names another environment. About 3 minutes on 2 cores (the `tandem generate`
+side starts one process per request, about a second each).
 """
 import json
 import os
