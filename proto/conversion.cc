@@ -41,6 +41,9 @@ sampling::SamplingOptions SamplingFromProto(const v1::SamplingParams& p) {
       case v1::ResponseFormat::kEbnf:
         out = {.kind = Kind::kEbnf, .text = f.ebnf()};
         break;
+      case v1::ResponseFormat::kStructuralTag:
+        out = {.kind = Kind::kStructuralTag, .text = f.structural_tag()};
+        break;
       case v1::ResponseFormat::FORMAT_NOT_SET:
         break;
     }

@@ -79,6 +79,10 @@ TEST(SamplingFromProtoTest, EveryResponseFormatIsCarried) {
   p.mutable_response_format()->set_ebnf("root ::= \"a\"");
   EXPECT_EQ(SamplingFromProto(p).response_format,
             (sampling::ResponseFormat{.kind = Kind::kEbnf, .text = "root ::= \"a\""}));
+  p.mutable_response_format()->set_structural_tag(R"({"type":"structural_tag"})");
+  EXPECT_EQ(SamplingFromProto(p).response_format,
+            (sampling::ResponseFormat{.kind = Kind::kStructuralTag,
+                                      .text = R"({"type":"structural_tag"})"}));
 }
 
 TEST(FinishReasonToProtoTest, EveryReasonMapsToItsNamesake) {

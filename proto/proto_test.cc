@@ -307,8 +307,8 @@ TEST(OneofTest, CaseSurvivesRoundTripEvenWithEmptyValue) {
     }
   }
   // GenerateRequest.input (3), TokenizeRequest.input (2), WorkerStateUpdate.update (3),
-  // KvEvent.kind (3), ResponseFormat.format (4).
-  EXPECT_EQ(cases, 15);
+  // KvEvent.kind (3), ResponseFormat.format (5).
+  EXPECT_EQ(cases, 16);
 
   v1::GenerateRequest request;
   request.set_prompt("");

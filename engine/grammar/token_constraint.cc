@@ -95,6 +95,10 @@ absl::StatusOr<CompiledFormat> ResponseFormatCompiler::Compile(const ResponseFor
     case ResponseFormat::Kind::kEbnf:
       compiled = Guard("response_format grammar", [&] { return c.CompileGrammar(format.text); });
       break;
+    case ResponseFormat::Kind::kStructuralTag:
+      compiled = Guard("tool call structural tag",
+                       [&] { return c.CompileStructuralTag(format.text); });
+      break;
   }
   if (!compiled.ok()) return compiled.status();
   return CompiledFormat(std::make_shared<const CompiledFormat::Impl>(

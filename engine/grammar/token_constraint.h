@@ -72,7 +72,7 @@ class ResponseFormatCompiler {
   ResponseFormatCompiler(const ResponseFormatCompiler&) = delete;
   ResponseFormatCompiler& operator=(const ResponseFormatCompiler&) = delete;
 
-  // Compiles `format` (kJsonObject, kJsonSchema, kRegex or kEbnf), or finds it compiled before.
+  // Compiles `format` (kJsonObject, kJsonSchema, kRegex, kEbnf or kStructuralTag), or finds it compiled before.
   // INVALID_ARGUMENT with the compiler's message when the schema, regex or grammar is not valid
   // (or uses what it does not support), or for kText.
   //

@@ -193,6 +193,44 @@ TEST(TokenConstraintTest, StopTokenOnlyWhenCompleteAndNothingAfterIt) {
   EXPECT_EQ(c.Accept(id("a")).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A tool call's structural tag (what the router writes for tool_choice "required"): every output
+// is "<tool_call>" + {"name": ..., "arguments": <JSON valid against the schema>} + "</tool_call>".
+TEST(TokenConstraintTest, StructuralTagOutputsAreToolCallsWithValidArguments) {
+  const TestVocab v = MakeVocab();
+  auto compiler = MakeCompiler(v);
+  const std::string tag = R"({"type": "structural_tag", "format": {
+      "type": "tags_with_separator", "separator": "\n", "at_least_one": true,
+      "stop_after_first": true, "tags": [{"type": "tag",
+        "begin": "<tool_call>\n{\"name\": \"f\", \"arguments\": ",
+        "content": {"type": "json_schema", "max_whitespace_cnt": 1, "json_schema": {
+          "type": "object",
+          "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 150}},
+          "required": ["age"]}},
+        "end": "}\n</tool_call>"}]}})";
+  absl::StatusOr<CompiledFormat> format =
+      compiler->Compile({.kind = ResponseFormat::Kind::kStructuralTag, .text = tag});
+  ASSERT_TRUE(format.ok()) << format.status();
+  const std::regex call(R"(<tool_call>\n(\{[\s\S]*\})\n</tool_call>)");
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    bool terminated = false;
+    const std::string text = Generate(v, *format, seed, 400, &terminated);
+    ASSERT_TRUE(terminated) << "seed " << seed << ": " << text;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(text, m, call)) << text;
+    const nlohmann::json j = nlohmann::json::parse(m[1].str(), nullptr, false);
+    ASSERT_TRUE(j.is_object()) << text;
+    EXPECT_EQ(j["name"], "f") << text;
+    ASSERT_TRUE(j["arguments"].is_object() && j["arguments"].contains("age")) << text;
+    EXPECT_TRUE(j["arguments"]["age"].is_number_integer()) << text;
+    EXPECT_GE(j["arguments"]["age"].get<int64_t>(), 0) << text;
+    EXPECT_LE(j["arguments"]["age"].get<int64_t>(), 150) << text;
+  }
+  EXPECT_EQ(compiler->Compile({.kind = ResponseFormat::Kind::kStructuralTag, .text = "{}"})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TokenConstraintTest, InvalidFormatsAreInvalidArgumentWithTheCompilersMessage) {
   const TestVocab v = MakeVocab();
   auto compiler = MakeCompiler(v);

@@ -88,7 +88,8 @@ absl::Status ValidateSamplingOptions(const SamplingOptions& o, int vocab_size, i
   const ResponseFormat& f = o.response_format;
   const bool wants_text = f.kind == ResponseFormat::Kind::kJsonSchema ||
                           f.kind == ResponseFormat::Kind::kRegex ||
-                          f.kind == ResponseFormat::Kind::kEbnf;
+                          f.kind == ResponseFormat::Kind::kEbnf ||
+                          f.kind == ResponseFormat::Kind::kStructuralTag;
   if (wants_text && f.text.empty()) {
     return absl::InvalidArgumentError("response_format: the schema, regex or grammar is empty");
   }

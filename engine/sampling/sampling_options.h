@@ -39,6 +39,7 @@ struct ResponseFormat {
     kJsonSchema,  // JSON valid against the JSON Schema in `text`
     kRegex,       // text matching the regular expression in `text` (whole output)
     kEbnf,        // text of the EBNF grammar in `text` (xgrammar's dialect, root rule `root`)
+    kStructuralTag,  // xgrammar's structural-tag JSON in `text` (tool calls, docs/api.md)
   };
   Kind kind = Kind::kText;
   // The schema, regex or grammar; empty for kText and kJsonObject. At most

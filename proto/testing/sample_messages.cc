@@ -67,6 +67,14 @@ v1::Timings SampleTimings() {
   return timings;
 }
 
+v1::ToolCall SampleToolCall() {
+  v1::ToolCall call;
+  call.set_id("call_0");
+  call.set_name("get_weather");
+  call.set_arguments("{\"city\": \"M\u00fcnchen\"}");
+  return call;
+}
+
 v1::ChatMessages SampleChat() {
   v1::ChatMessages chat;
   v1::ChatMessage* message = chat.add_messages();
@@ -75,7 +83,24 @@ v1::ChatMessages SampleChat() {
   message = chat.add_messages();
   message->set_role("user");
   message->set_content("Hi \u2014 how are you? \U0001F600");
+  message = chat.add_messages();
+  message->set_role("assistant");
+  *message->add_tool_calls() = SampleToolCall();
+  message = chat.add_messages();
+  message->set_role("tool");
+  message->set_tool_call_id("call_0");
+  message->set_name("get_weather");
+  message->set_content("{\"celsius\": -3.5}");
   return chat;
+}
+
+v1::Tool SampleTool() {
+  v1::Tool tool;
+  tool.set_name("get_weather");
+  tool.set_description("The weather in a city \u2600");
+  tool.set_parameters(R"({"type": "object", "properties": {"city": {"type": "string"}}})");
+  tool.set_strict(true);
+  return tool;
 }
 
 v1::StepTiming SampleStepTiming(uint32_t batch_size, uint32_t prefill_tokens) {
@@ -129,6 +154,10 @@ v1::GenerateRequest SampleGenerateRequest(v1::GenerateRequest::InputCase input) 
       break;
     case v1::GenerateRequest::kChat:
       *request.mutable_chat() = SampleChat();
+      *request.add_tools() = SampleTool();
+      request.mutable_tool_choice()->set_mode(v1::ToolChoice::MODE_FUNCTION);
+      request.mutable_tool_choice()->set_function_name("get_weather");
+      request.set_parallel_tool_calls(false);  // Set to false: present, unlike unset.
       break;
     case v1::GenerateRequest::kTokenIds:
       for (int32_t id : {1, 15043, 0, std::numeric_limits<int32_t>::max()}) {
@@ -158,6 +187,7 @@ v1::GenerateResponse SampleGenerateResponse() {
   *response.mutable_usage() = SampleUsage();
   *response.mutable_timings() = SampleTimings();
   response.set_error_message("decode worker lost");
+  *response.add_tool_calls() = SampleToolCall();
   return response;
 }
 
@@ -170,6 +200,7 @@ v1::TokenizeRequest SampleTokenizeRequest(v1::TokenizeRequest::InputCase input) 
       break;
     case v1::TokenizeRequest::kChat:
       *request.mutable_chat() = SampleChat();
+      *request.add_tools() = SampleTool();
       request.set_add_generation_prompt(false);  // Set to false: present, unlike unset.
       break;
     case v1::TokenizeRequest::INPUT_NOT_SET:
@@ -406,6 +437,9 @@ std::vector<SampleMessage> AllSampleMessages() {
   samples.push_back(Sample("sampling_response_format_regex", formatted));
   formatted.mutable_response_format()->set_ebnf("root ::= \"yes\" | \"no\"");
   samples.push_back(Sample("sampling_response_format_ebnf", formatted));
+  formatted.mutable_response_format()->set_structural_tag(
+      R"({"type": "structural_tag", "format": {"type": "const_string", "value": "\u00e9"}})");
+  samples.push_back(Sample("sampling_response_format_structural_tag", formatted));
 
   samples.push_back(Sample("decode_request", SampleDecodeRequest()));
   samples.push_back(Sample("decode_response", SampleDecodeResponse()));

@@ -101,9 +101,22 @@ def generate_request_chat(g):
         chat=pb.ChatMessages(messages=[
             pb.ChatMessage(role="system", content="You are terse."),
             pb.ChatMessage(role="user", content="Hi \u2014 how are you? \U0001F600"),
+            pb.ChatMessage(role="assistant", tool_calls=[tool_call(g)]),
+            pb.ChatMessage(role="tool", tool_call_id="call_0", name="get_weather",
+                           content='{"celsius": -3.5}'),
         ]),
         sampling=sampling_params(g), slo=pb.Slo(ttft_ms=500, tpot_ms=50), priority=-3,
-        omit_text=True)
+        omit_text=True,
+        tools=[pb.Tool(name="get_weather", description="The weather in a city \u2600",
+                       parameters='{"type": "object", "properties": {"city": {"type": "string"}}}',
+                       strict=True)],
+        tool_choice=pb.ToolChoice(mode=pb.ToolChoice.MODE_FUNCTION, function_name="get_weather"),
+        parallel_tool_calls=False)
+
+
+def tool_call(g):
+    return g.inference.ToolCall(id="call_0", name="get_weather",
+                                arguments='{"city": "M\u00fcnchen"}')
 
 
 def generate_response(g):
@@ -119,7 +132,7 @@ def generate_response(g):
                            kv_transfer_us=2500, decode_us=120000, prefill_worker="prefill-0",
                            decode_worker="decode-1", remote_prefill=True, migrations=1,
                            predicted_ttft_us=120000, predicted_tpot_us=21000),
-        error_message="decode worker lost")
+        error_message="decode worker lost", tool_calls=[tool_call(g)])
 
 
 def step_timing(g, batch_size, prefill_tokens):
