@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/tokenizer/unicode.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem {
 namespace {
@@ -41,7 +42,44 @@ std::string PythonStrip(absl::string_view s) {
   return std::string(s.substr(begin, end - begin));
 }
 
+jinja::Value FromJson(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null:
+      return jinja::Value::None();
+    case nlohmann::ordered_json::value_t::boolean:
+      return jinja::Value::Bool(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return jinja::Value::Int(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return jinja::Value::Float(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return jinja::Value::String(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      jinja::ValueList list;
+      for (const auto& item : j) list.push_back(FromJson(item));
+      return jinja::Value::List(std::move(list));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      jinja::ValueDict dict;
+      for (const auto& [key, value] : j.items()) dict.Set(key, FromJson(value));
+      return jinja::Value::Dict(std::move(dict));
+    }
+    default:
+      return jinja::Value::None();
+  }
+}
+
 }  // namespace
+
+absl::StatusOr<jinja::Value> JinjaValueFromJson(absl::string_view json) {
+  const auto j = nlohmann::ordered_json::parse(json.begin(), json.end(), nullptr,
+                                               /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat("not JSON: ", json.substr(0, 80)));
+  }
+  return FromJson(j);
+}
 
 ChatTemplate ChatTemplate::Of(ChatTemplateKind kind, std::string default_system) {
   CHECK(kind != ChatTemplateKind::kJinja) << "ChatTemplate::Of takes a built-in kind";
@@ -164,7 +202,30 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
   for (const ChatMessage& m : messages) {
     jinja::ValueDict message;
     message.Set("role", jinja::Value::String(m.role));
-    message.Set("content", jinja::Value::String(m.content));
+    message.Set("content", m.content.empty() && !m.tool_calls.empty()
+                               ? jinja::Value::None()
+                               : jinja::Value::String(m.content));
+    if (!m.tool_calls.empty()) {
+      jinja::ValueList calls;
+      for (const ChatToolCall& c : m.tool_calls) {
+        absl::StatusOr<jinja::Value> arguments = JinjaValueFromJson(c.arguments);
+        if (!arguments.ok() || !arguments->is_dict()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "chat template: the arguments of call '", c.id, "' are not a JSON object"));
+        }
+        jinja::ValueDict function;
+        function.Set("name", jinja::Value::String(c.name));
+        function.Set("arguments", *std::move(arguments));
+        jinja::ValueDict call;
+        call.Set("id", jinja::Value::String(c.id));
+        call.Set("type", jinja::Value::String("function"));
+        call.Set("function", jinja::Value::Dict(std::move(function)));
+        calls.push_back(jinja::Value::Dict(std::move(call)));
+      }
+      message.Set("tool_calls", jinja::Value::List(std::move(calls)));
+    }
+    if (!m.tool_call_id.empty()) message.Set("tool_call_id", jinja::Value::String(m.tool_call_id));
+    if (!m.name.empty()) message.Set("name", jinja::Value::String(m.name));
     list.push_back(jinja::Value::Dict(std::move(message)));
   }
   jinja::ValueDict context;

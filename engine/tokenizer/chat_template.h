@@ -38,10 +38,29 @@ namespace tandem {
 
 class Tokenizer;
 
+// A function call made by an assistant message (OpenAI's tool_calls entry).
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // the text of a JSON object
+};
+
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant" or "tool"
   std::string content;
+  // An assistant message's calls. Jinja templates get them as transformers passes them:
+  // [{"id", "type": "function", "function": {"name", "arguments": <the object>}}], and the
+  // message's content as None when it is empty.
+  std::vector<ChatToolCall> tool_calls = {};
+  // A tool message: the call it answers, and the function's name (given to Jinja templates when
+  // not empty).
+  std::string tool_call_id = {};
+  std::string name = {};
 };
+
+// The Jinja value of a JSON text (objects keep their key order), as Python's json.loads gives
+// it to a template. INVALID_ARGUMENT when the text is not JSON.
+absl::StatusOr<jinja::Value> JinjaValueFromJson(absl::string_view json);
 
 enum class ChatTemplateKind { kJinja, kChatMl, kLlama3 };
 
@@ -85,7 +104,8 @@ class ChatTemplate {
   // the tokenizer's BOS/EOS tokens (empty where it has none).
   static RenderOptions OptionsFor(const Tokenizer& tokenizer);
 
-  // Renders `messages`. INVALID_ARGUMENT for a role other than system/user/assistant/tool, and
+  // Renders `messages`. INVALID_ARGUMENT for a role other than system/user/assistant/tool, a
+  // tool call whose arguments are not a JSON object (Jinja only), and
   // for a Jinja template that fails on this conversation — raise_exception() (e.g. "roles must
   // alternate"), a type error, or a render past `limits` — with the template's message and line.
   absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,

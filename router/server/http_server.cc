@@ -29,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "engine/tokenizer/unicode.h"
 #include "router/server/openai_json.h"
+#include "router/server/tool_calls.h"
 
 namespace tandem::router {
 
@@ -53,6 +54,9 @@ struct Candidate final : public ResponseSink {
   int64_t cached_tokens = 0;
   std::string finish;
   bool sent_role = false;
+  // Streamed chat with tools: the output split into content and calls as it comes.
+  std::unique_ptr<ToolCallParser> tool_parser;
+  int tool_calls_sent = 0;
 
   void OnResponse(const v1::GenerateResponse& response) override;
   void OnDone(const absl::Status& status) override;
@@ -72,6 +76,9 @@ struct HttpCall {
   bool echo = false;             // completions' echo: the prompt's text (and tokens) first
   bool max_tokens_zero = false;  // max_tokens 0: the one generated token is dropped
   std::string echo_text;         // the prompt as text
+  // Chat with tools and tool_choice other than "none": the output is parsed for calls of these.
+  bool tools = false;
+  absl::flat_hash_set<std::string> tool_names;
   std::vector<int32_t> prompt_ids;
   std::string id;
   std::string model;
@@ -147,6 +154,10 @@ struct HttpServer::Impl {
   // the first token's value is a placeholder that EchoLogprobs makes null.
   std::vector<TokenWithLogprobs> PromptLogprobs(const HttpCall& call,
                                                 const v1::GenerateResponse& response) const;
+  // A streamed chat with tools: `text` through the candidate's parser, sent as content and
+  // tool_calls deltas (one chunk each; the first carries `choice`'s logprobs, the last its
+  // finish_reason, "tool_calls" when the output had calls).
+  void StreamToolDeltas(HttpCall& call, Candidate& c, const std::string& text, json choice);
   // Sends a stream's 200 and server-sent-event headers on `req` (the call's request), once.
   static void StartStream(HttpCall& call, evhttp_request* req);
   static void StartStream(HttpCall& call) { StartStream(call, call.req); }
@@ -340,6 +351,8 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const Trac
   call->logprobs = request->logprobs;
   call->echo = request->echo;
   call->max_tokens_zero = request->max_tokens_zero;
+  call->tools = chat && ParsesToolCalls(request->request);
+  if (call->tools) call->tool_names = ToolNames(request->request);
   if (call->echo) {
     call->prompt_ids = prepared->tokens;
     call->echo_text = request->request.has_prompt()
@@ -357,6 +370,7 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const Trac
     auto c = std::make_unique<Candidate>();
     c->call = call.get();
     c->index = i;
+    if (call->tools && call->stream) c->tool_parser = std::make_unique<ToolCallParser>(call->tool_names);
     call->candidates.push_back(std::move(c));
   }
   {
@@ -574,6 +588,7 @@ void HttpServer::Impl::Deliver(HttpCall& call, Candidate& c, const v1::GenerateR
                    : CompletionLogprobs(logprobs, *call.logprobs, c.logprob_chars);
     for (const TokenWithLogprobs& t : logprobs) c.logprob_chars += CountCharacters(t.token);
   }
+  if (c.tool_parser != nullptr) return StreamToolDeltas(call, c, r.text(), std::move(choice));
   if (call.chat) {
     json delta = {{"content", r.text()}};
     if (!c.sent_role) delta["role"] = "assistant";
@@ -587,6 +602,58 @@ void HttpServer::Impl::Deliver(HttpCall& call, Candidate& c, const v1::GenerateR
                            {"created", call.created},
                            {"model", call.model},
                            {"choices", json::array({choice})}}));
+}
+
+namespace {
+
+// A finish reason with calls in the output: "tool_calls" (unless it ended in an error or abort).
+std::string FinishWithCalls(const std::string& finish, bool calls) {
+  return calls && (finish == "stop" || finish == "length") ? "tool_calls" : finish;
+}
+
+json ToolCallJson(const ParsedToolCall& call) {
+  return {{"id", NewToolCallId()},
+          {"type", "function"},
+          {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+}
+
+}  // namespace
+
+void HttpServer::Impl::StreamToolDeltas(HttpCall& call, Candidate& c, const std::string& text,
+                                        json choice) {
+  std::vector<ToolCallParser::Piece> pieces = c.tool_parser->Feed(text);
+  if (!c.finish.empty()) {
+    for (ToolCallParser::Piece& p : c.tool_parser->Finish()) pieces.push_back(std::move(p));
+    c.finish = FinishWithCalls(c.finish, c.tool_parser->calls() > 0);
+  }
+  std::vector<json> deltas;
+  for (const ToolCallParser::Piece& p : pieces) {
+    if (p.call.has_value()) {
+      json entry = ToolCallJson(*p.call);
+      entry["index"] = c.tool_calls_sent++;
+      deltas.push_back({{"tool_calls", json::array({std::move(entry)})}});
+    } else {
+      deltas.push_back({{"content", p.content}});
+    }
+  }
+  const bool has_logprobs = choice.contains("logprobs") && !choice["logprobs"].is_null();
+  if (deltas.empty() && (!c.sent_role || !c.finish.empty() || has_logprobs)) {
+    deltas.push_back(json::object());
+  }
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    json one = {{"index", c.index},
+                {"logprobs", i == 0 ? choice["logprobs"] : json(nullptr)},
+                {"finish_reason", i + 1 == deltas.size() && !c.finish.empty() ? json(c.finish)
+                                                                              : json(nullptr)}};
+    if (!c.sent_role) deltas[i]["role"] = "assistant";
+    c.sent_role = true;
+    one["delta"] = std::move(deltas[i]);
+    SendChunk(call.req, Sse({{"id", call.id},
+                             {"object", "chat.completion.chunk"},
+                             {"created", call.created},
+                             {"model", call.model},
+                             {"choices", json::array({std::move(one)})}}));
+  }
 }
 
 void HttpServer::Impl::CandidateDone(HttpCall& call, Candidate& c, const absl::Status& status) {
@@ -665,7 +732,12 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
     json choices = json::array();
     for (size_t i = 0; i < chosen.size(); ++i) {
       const Candidate& c = *chosen[i];
-      json choice = {{"index", i}, {"logprobs", nullptr}, {"finish_reason", c.finish}};
+      std::optional<ParsedOutput> parsed;
+      if (call.tools) parsed = ParseToolCalls(c.text, call.tool_names);
+      json choice = {{"index", i},
+                     {"logprobs", nullptr},
+                     {"finish_reason",
+                      FinishWithCalls(c.finish, parsed.has_value() && !parsed->calls.empty())}};
       if (call.logprobs.has_value()) {
         choice["logprobs"] =
             call.chat ? ChatLogprobs(c.logprobs, *call.logprobs)
@@ -674,7 +746,16 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
                                CountCharacters(call.echo_text))
                 : CompletionLogprobs(c.logprobs, *call.logprobs, 0);
       }
-      if (call.chat) {
+      if (parsed.has_value()) {
+        choice["message"] = {{"role", "assistant"},
+                             {"content", parsed->content.has_value() ? json(*parsed->content)
+                                                                     : json(nullptr)}};
+        if (!parsed->calls.empty()) {
+          json calls = json::array();
+          for (const ParsedToolCall& t : parsed->calls) calls.push_back(ToolCallJson(t));
+          choice["message"]["tool_calls"] = std::move(calls);
+        }
+      } else if (call.chat) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       } else {
         choice["text"] = c.text;

@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/status_conversion.h"
 #include "common/trace_context.h"
+#include "router/server/tool_calls.h"
 
 namespace tandem::router {
 
@@ -21,6 +22,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
                grpc::CallbackServerContext* context, const v1::GenerateRequest& request)
       : service_(service), context_(context) {
     service_->StreamOpened();
+    if (ParsesToolCalls(request)) tool_names_ = ToolNames(request);
     // The router's span of the request, answered in the initial metadata (errors too).
     absl::Status rejected;
     const TraceContext span = SpanForCall(*context, &rejected);
@@ -71,6 +73,18 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       absl::MutexLock lock(&mu_);
       if (finished_) return;
       queue_.push_back(response);
+      if (tool_names_.has_value()) {
+        // The last message carries the calls parsed from the whole output.
+        output_ += response.text();
+        if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+          for (const ParsedToolCall& c : ParseToolCalls(output_, *tool_names_).calls) {
+            v1::ToolCall* call = queue_.back().add_tool_calls();
+            call->set_id(NewToolCallId());
+            call->set_name(c.name);
+            call->set_arguments(c.arguments);
+          }
+        }
+      }
     }
     Pump();
   }
@@ -166,6 +180,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   std::shared_ptr<RelayedCall> relay_ ABSL_GUARDED_BY(mu_);
   bool cancel_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  // A request whose output is parsed for calls: its tools' names, and the output so far.
+  std::optional<absl::flat_hash_set<std::string>> tool_names_;
+  std::string output_ ABSL_GUARDED_BY(mu_);
   v1::GenerateResponse current_;  // the response being written
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);

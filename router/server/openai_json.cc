@@ -15,6 +15,9 @@ namespace tandem::router {
 namespace {
 
 using nlohmann::json;
+// Requests are read keeping their objects' key order (a JSON Schema's properties, a tool's
+// parameters: the order the model is shown and generates).
+using ojson = nlohmann::ordered_json;
 
 // INVALID_ARGUMENT about the field `param`; the message names it.
 absl::Status Invalid(absl::string_view param, absl::string_view message) {
@@ -26,13 +29,13 @@ absl::Status Unsupported(absl::string_view param, absl::string_view why = "") {
   return Invalid(param, absl::StrCat("is not supported by Tandem", why.empty() ? "" : ": ", why));
 }
 
-bool Present(const json& body, const char* key) {
+bool Present(const ojson& body, const char* key) {
   auto it = body.find(key);
   return it != body.end() && !it->is_null();
 }
 
 // An optional integer field in [lo, hi]; nullopt when absent or null.
-absl::StatusOr<std::optional<int64_t>> Int(const json& body, const char* key, int64_t lo,
+absl::StatusOr<std::optional<int64_t>> Int(const ojson& body, const char* key, int64_t lo,
                                            int64_t hi) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
@@ -48,7 +51,7 @@ absl::StatusOr<std::optional<int64_t>> Int(const json& body, const char* key, in
 }
 
 // An optional number field in [lo, hi] (open at lo when `open_lo`); nullopt when absent or null.
-absl::StatusOr<std::optional<double>> Float(const json& body, const char* key, double lo, double hi,
+absl::StatusOr<std::optional<double>> Float(const ojson& body, const char* key, double lo, double hi,
                                             bool open_lo = false) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
@@ -61,7 +64,7 @@ absl::StatusOr<std::optional<double>> Float(const json& body, const char* key, d
   return v;
 }
 
-absl::StatusOr<std::optional<bool>> Bool(const json& body, const char* key) {
+absl::StatusOr<std::optional<bool>> Bool(const ojson& body, const char* key) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_boolean()) return Invalid(key, "must be a boolean");
@@ -93,24 +96,106 @@ const absl::flat_hash_set<absl::string_view>& KnownFields(bool chat) {
   return chat ? *chat_fields : *completions;
 }
 
-// THE place for OpenAI features that other parts of Tandem will add: each is refused here unless
-// its value asks for nothing (null, or the value noted). Replace an entry when its feature lands.
-absl::Status RefuseNotYetSupported(const json& body, bool chat) {
+// The legacy function-calling fields, which "tools" replaced: refused with the way forward.
+absl::Status RefuseLegacyFunctions(const ojson& body, bool chat) {
   if (!chat) return absl::OkStatus();
-  for (const char* key : {"tools", "functions"}) {
-    if (auto it = body.find(key); it != body.end() && !it->is_null() &&
-                                  !(it->is_array() && it->empty())) {
-      return Unsupported(key, "function calling is not available yet");
+  if (Present(body, "functions")) {
+    return Unsupported("functions", "the legacy function-calling API; send 'tools'");
+  }
+  if (Present(body, "function_call")) {
+    return Unsupported("function_call", "the legacy function-calling API; send 'tool_choice'");
+  }
+  return absl::OkStatus();
+}
+
+// A string field of `obj` at `path` into `out`; `required` refuses it absent or null.
+absl::Status StringField(const ojson& obj, const char* key, const std::string& path,
+                         bool required, std::string* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) {
+    return required ? Invalid(absl::StrCat(path, ".", key), "is required") : absl::OkStatus();
+  }
+  if (!it->is_string()) return Invalid(absl::StrCat(path, ".", key), "must be a string");
+  *out = it->get<std::string>();
+  return absl::OkStatus();
+}
+
+// Refuses keys of `obj` outside `known`, naming them under `path`.
+absl::Status KnownKeys(const ojson& obj, std::initializer_list<absl::string_view> known,
+                       const std::string& path) {
+  for (const auto& [key, value] : obj.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      return Invalid(absl::StrCat(path, ".", key),
+                     absl::StrCat("is not a field of ", path, " (", absl::StrJoin(known, ", "),
+                                  ")"));
     }
   }
-  for (const char* key : {"tool_choice", "function_call"}) {
-    if (auto it = body.find(key); it != body.end() && !it->is_null() && *it != "none") {
-      return Unsupported(key, "function calling is not available yet (only \"none\")");
+  return absl::OkStatus();
+}
+
+// Function calling: "tools", "tool_choice" and "parallel_tool_calls" into the request. Their
+// consistency (names, tool_choice naming a tool, messages' calls) is checked by ValidateTools
+// (router/server/tool_calls.h) when the router prepares the request, for gRPC clients too.
+absl::Status ParseTools(const ojson& body, v1::GenerateRequest* r) {
+  if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
+    if (!tools->is_array()) return Invalid("tools", "must be an array of tools");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const ojson& t = (*tools)[i];
+      const std::string at = absl::StrCat("tools[", i, "]");
+      if (!t.is_object()) return Invalid(at, "must be an object with 'type' and 'function'");
+      RETURN_IF_ERROR(KnownKeys(t, {"type", "function"}, at));
+      if (t.value("type", ojson()) != "function") {
+        return Invalid(at + ".type", "must be \"function\"");
+      }
+      auto f = t.find("function");
+      if (f == t.end() || !f->is_object()) {
+        return Invalid(at + ".function", "must be an object with 'name'");
+      }
+      const std::string fat = at + ".function";
+      RETURN_IF_ERROR(KnownKeys(*f, {"name", "description", "parameters", "strict"}, fat));
+      v1::Tool* tool = r->add_tools();
+      RETURN_IF_ERROR(StringField(*f, "name", fat, /*required=*/true, tool->mutable_name()));
+      RETURN_IF_ERROR(
+          StringField(*f, "description", fat, /*required=*/false, tool->mutable_description()));
+      if (auto p = f->find("parameters"); p != f->end() && !p->is_null()) {
+        if (!p->is_object()) return Invalid(fat + ".parameters", "must be a JSON Schema object");
+        tool->set_parameters(p->dump(-1, ' ', false, ojson::error_handler_t::replace));
+      }
+      if (auto strict = f->find("strict"); strict != f->end() && !strict->is_null()) {
+        if (!strict->is_boolean()) return Invalid(fat + ".strict", "must be a boolean");
+        tool->set_strict(strict->get<bool>());
+      }
     }
   }
-  if (Present(body, "parallel_tool_calls")) {
-    return Unsupported("parallel_tool_calls", "function calling is not available yet");
+  if (auto choice = body.find("tool_choice"); choice != body.end() && !choice->is_null()) {
+    v1::ToolChoice* c = r->mutable_tool_choice();
+    if (*choice == "none") {
+      c->set_mode(v1::ToolChoice::MODE_NONE);
+    } else if (*choice == "auto") {
+      c->set_mode(v1::ToolChoice::MODE_AUTO);
+    } else if (*choice == "required") {
+      c->set_mode(v1::ToolChoice::MODE_REQUIRED);
+    } else if (choice->is_object()) {
+      RETURN_IF_ERROR(KnownKeys(*choice, {"type", "function"}, "tool_choice"));
+      if (choice->value("type", ojson()) != "function") {
+        return Invalid("tool_choice.type", "must be \"function\"");
+      }
+      auto f = choice->find("function");
+      if (f == choice->end() || !f->is_object()) {
+        return Invalid("tool_choice.function", "must be an object with 'name'");
+      }
+      RETURN_IF_ERROR(KnownKeys(*f, {"name"}, "tool_choice.function"));
+      RETURN_IF_ERROR(StringField(*f, "name", "tool_choice.function", /*required=*/true,
+                                  c->mutable_function_name()));
+      c->set_mode(v1::ToolChoice::MODE_FUNCTION);
+    } else {
+      return Invalid("tool_choice",
+                     "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                     "\"function\": {\"name\": ...}}");
+    }
   }
+  ASSIGN_OR_RETURN(std::optional<bool> parallel, Bool(body, "parallel_tool_calls"));
+  if (parallel.has_value()) r->set_parallel_tool_calls(*parallel);
   return absl::OkStatus();
 }
 
@@ -118,10 +203,10 @@ absl::Status RefuseNotYetSupported(const json& body, bool chat) {
 // {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}},
 // into SamplingParams.response_format. The schema compiles on the worker, which answers
 // INVALID_ARGUMENT (a 400) with the compiler's message when it cannot.
-absl::Status ParseResponseFormat(const json& body, v1::SamplingParams* s) {
+absl::Status ParseResponseFormat(const ojson& body, v1::SamplingParams* s) {
   auto it = body.find("response_format");
   if (it == body.end() || it->is_null()) return absl::OkStatus();
-  const json& f = *it;
+  const ojson& f = *it;
   if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) {
     return Invalid("response_format", "must be an object with a string 'type'");
   }
@@ -176,7 +261,7 @@ absl::Status ParseResponseFormat(const json& body, v1::SamplingParams* s) {
 }
 
 // Fields accepted only with the value that changes nothing.
-absl::Status RefuseNonNoOps(const json& body, bool chat) {
+absl::Status RefuseNonNoOps(const ojson& body, bool chat) {
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null() &&
                                          !(it->is_object() && it->empty())) {
     return Unsupported("logit_bias", "only {} or null");
@@ -204,7 +289,7 @@ absl::Status RefuseNonNoOps(const json& body, bool chat) {
     return Unsupported("service_tier", "only \"auto\" or \"default\"");
   }
   if (auto it = body.find("modalities"); it != body.end() && !it->is_null() &&
-                                         *it != json::array({"text"})) {
+                                         *it != ojson::array({"text"})) {
     return Unsupported("modalities", "only [\"text\"]");
   }
   for (const char* key : {"audio", "prediction", "reasoning_effort", "web_search_options"}) {
@@ -214,33 +299,74 @@ absl::Status RefuseNonNoOps(const json& body, bool chat) {
 }
 
 // messages[i] into `out`.
-absl::Status ParseMessage(const json& m, size_t i, v1::ChatMessage* out) {
+absl::Status ParseMessage(const ojson& m, size_t i, v1::ChatMessage* out) {
   const std::string at = absl::StrCat("messages[", i, "]");
   if (!m.is_object()) return Invalid(at, "must be an object with 'role' and 'content'");
   auto role = m.find("role");
   if (role == m.end() || !role->is_string()) return Invalid(at + ".role", "must be a string");
   std::string r = role->get<std::string>();
   if (r == "developer") r = "system";  // OpenAI's newer name for the system role
-  if (r == "tool" || r == "function") {
-    return Unsupported(at + ".role", absl::StrCat("'", r, "' messages need function calling"));
+  if (r == "function") {
+    return Unsupported(at + ".role", "'function' messages are the legacy function-calling API; "
+                                     "send 'tool' messages");
   }
-  if (r != "system" && r != "user" && r != "assistant") {
-    return Invalid(at + ".role",
-                   absl::StrCat("must be system, developer, user or assistant, not '", r, "'"));
+  if (r != "system" && r != "user" && r != "assistant" && r != "tool") {
+    return Invalid(at + ".role", absl::StrCat("must be system, developer, user, assistant or "
+                                              "tool, not '", r, "'"));
   }
   for (const auto& [key, value] : m.items()) {
     if (key == "role" || key == "content") continue;
-    // Parts of function calling (tool_calls, tool_call_id, function_call) and the rest.
     if (value.is_null() || (key == "tool_calls" && value.is_array() && value.empty())) continue;
-    if (key == "name" || key == "tool_calls" || key == "tool_call_id" || key == "function_call" ||
-        key == "refusal" || key == "audio") {
+    if ((key == "tool_calls" && r == "assistant") ||
+        ((key == "tool_call_id" || key == "name") && r == "tool")) {
+      continue;
+    }
+    if (key == "tool_calls" || key == "tool_call_id") {
+      return Invalid(absl::StrCat(at, ".", key),
+                     key == "tool_calls" ? "belong to an assistant message"
+                                         : "belongs to a tool message");
+    }
+    if (key == "name" || key == "function_call" || key == "refusal" || key == "audio") {
       return Unsupported(absl::StrCat(at, ".", key));
     }
     return Invalid(absl::StrCat(at, ".", key), "is not a field of a chat message");
   }
   out->set_role(r);
+  if (r == "tool") {
+    RETURN_IF_ERROR(StringField(m, "tool_call_id", at, /*required=*/true,
+                                out->mutable_tool_call_id()));
+    RETURN_IF_ERROR(StringField(m, "name", at, /*required=*/false, out->mutable_name()));
+  }
+  if (auto calls = m.find("tool_calls"); r == "assistant" && calls != m.end() &&
+                                         !calls->is_null()) {
+    if (!calls->is_array()) return Invalid(at + ".tool_calls", "must be an array of tool calls");
+    for (size_t j = 0; j < calls->size(); ++j) {
+      const ojson& c = (*calls)[j];
+      const std::string call_at = absl::StrCat(at, ".tool_calls[", j, "]");
+      if (!c.is_object()) {
+        return Invalid(call_at, "must be an object with 'id', 'type' and 'function'");
+      }
+      RETURN_IF_ERROR(KnownKeys(c, {"id", "type", "function"}, call_at));
+      if (c.value("type", ojson()) != "function") {
+        return Invalid(call_at + ".type", "must be \"function\"");
+      }
+      v1::ToolCall* call = out->add_tool_calls();
+      RETURN_IF_ERROR(StringField(c, "id", call_at, /*required=*/true, call->mutable_id()));
+      auto f = c.find("function");
+      if (f == c.end() || !f->is_object()) {
+        return Invalid(call_at + ".function", "must be an object with 'name' and 'arguments'");
+      }
+      const std::string fat = call_at + ".function";
+      RETURN_IF_ERROR(KnownKeys(*f, {"name", "arguments"}, fat));
+      RETURN_IF_ERROR(StringField(*f, "name", fat, /*required=*/true, call->mutable_name()));
+      RETURN_IF_ERROR(
+          StringField(*f, "arguments", fat, /*required=*/true, call->mutable_arguments()));
+    }
+  }
   auto content = m.find("content");
   if (content == m.end() || content->is_null()) {
+    // An assistant message that only calls functions has no content.
+    if (out->tool_calls_size() > 0) return absl::OkStatus();
     return Invalid(at + ".content", absl::StrCat("is required for a ", r, " message"));
   }
   if (content->is_string()) {
@@ -248,7 +374,7 @@ absl::Status ParseMessage(const json& m, size_t i, v1::ChatMessage* out) {
   } else if (content->is_array()) {
     // [{"type": "text", "text": "..."}]: text parts only.
     for (size_t j = 0; j < content->size(); ++j) {
-      const json& part = (*content)[j];
+      const ojson& part = (*content)[j];
       const std::string part_at = absl::StrCat(at, ".content[", j, "]");
       if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
         return Invalid(part_at, "must be an object with a string 'type'");
@@ -270,7 +396,7 @@ absl::Status ParseMessage(const json& m, size_t i, v1::ChatMessage* out) {
 }
 
 // An OpenAI request body as an OpenAiRequest.
-absl::StatusOr<OpenAiRequest> ParseBody(const json& body, bool chat) {
+absl::StatusOr<OpenAiRequest> ParseBody(const ojson& body, bool chat) {
   if (!body.is_object()) {
     return WithParam(absl::InvalidArgumentError("the body must be a JSON object"), "body");
   }
@@ -281,7 +407,7 @@ absl::StatusOr<OpenAiRequest> ParseBody(const json& body, bool chat) {
                                        chat ? "/v1/chat/completions" : "/v1/completions"));
     }
   }
-  if (absl::Status s = RefuseNotYetSupported(body, chat); !s.ok()) return s;
+  if (absl::Status s = RefuseLegacyFunctions(body, chat); !s.ok()) return s;
   if (absl::Status s = RefuseNonNoOps(body, chat); !s.ok()) return s;
 
   OpenAiRequest out;
@@ -310,16 +436,16 @@ absl::StatusOr<OpenAiRequest> ParseBody(const json& body, bool chat) {
       r.set_prompt((*prompt)[0].get<std::string>());
     } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_array()) {
       // [[ids]]: one tokenized prompt.
-      const json& ids = (*prompt)[0];
+      const ojson& ids = (*prompt)[0];
       if (ids.empty() || !std::all_of(ids.begin(), ids.end(),
-                                      [](const json& t) { return t.is_number_integer(); })) {
+                                      [](const ojson& t) { return t.is_number_integer(); })) {
         return Invalid("prompt", "must be a string or token ids");
       }
-      for (const json& t : ids) r.mutable_token_ids()->add_ids(t.get<int32_t>());
+      for (const ojson& t : ids) r.mutable_token_ids()->add_ids(t.get<int32_t>());
     } else if (prompt->is_array() && !prompt->empty() &&
                std::all_of(prompt->begin(), prompt->end(),
-                           [](const json& t) { return t.is_number_integer(); })) {
-      for (const json& t : *prompt) {
+                           [](const ojson& t) { return t.is_number_integer(); })) {
+      for (const ojson& t : *prompt) {
         if (t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
           return Invalid("prompt", absl::StrCat("token id ", t.dump(), " is out of range"));
         }
@@ -327,7 +453,7 @@ absl::StatusOr<OpenAiRequest> ParseBody(const json& body, bool chat) {
       }
     } else if (prompt->is_array() && prompt->size() > 1 &&
                std::all_of(prompt->begin(), prompt->end(),
-                           [](const json& p) { return p.is_string() || p.is_array(); })) {
+                           [](const ojson& p) { return p.is_string() || p.is_array(); })) {
       return Invalid("prompt", "holds several prompts; send one per request");
     } else {
       return Invalid("prompt",
@@ -397,13 +523,13 @@ absl::StatusOr<OpenAiRequest> ParseBody(const json& body, bool chat) {
   ASSIGN_OR_RETURN(std::optional<bool> ignore_eos, Bool(body, "ignore_eos"));
   if (ignore_eos) s->set_ignore_eos(*ignore_eos);
   if (auto ids = body.find("stop_token_ids"); ids != body.end() && !ids->is_null()) {
-    if (!ids->is_array() || !std::all_of(ids->begin(), ids->end(), [](const json& t) {
+    if (!ids->is_array() || !std::all_of(ids->begin(), ids->end(), [](const ojson& t) {
           return t.is_number_integer() && t.get<int64_t>() >= 0 &&
                  t.get<int64_t>() <= std::numeric_limits<int32_t>::max();
         })) {
       return Invalid("stop_token_ids", "must be an array of token ids");
     }
-    for (const json& t : *ids) s->add_stop_token_ids(t.get<int32_t>());
+    for (const ojson& t : *ids) s->add_stop_token_ids(t.get<int32_t>());
   }
   // Tandem's latency objectives: "slo": {"ttft_ms": 500, "tpot_ms": 50}.
   if (auto slo = body.find("slo"); slo != body.end() && !slo->is_null()) {
@@ -425,18 +551,19 @@ absl::StatusOr<OpenAiRequest> ParseBody(const json& body, bool chat) {
     }
   }
   if (absl::Status f = ParseResponseFormat(body, s); !f.ok()) return f;
+  if (chat) RETURN_IF_ERROR(ParseTools(body, &r));
   if (auto stop = body.find("stop"); stop != body.end() && !stop->is_null()) {
     if (stop->is_string()) {
       if (stop->get<std::string>().empty()) return Invalid("stop", "must not be empty");
       s->add_stop(stop->get<std::string>());
-    } else if (stop->is_array() && std::all_of(stop->begin(), stop->end(), [](const json& x) {
+    } else if (stop->is_array() && std::all_of(stop->begin(), stop->end(), [](const ojson& x) {
                  return x.is_string() && !x.get<std::string>().empty();
                })) {
       if (stop->size() > kMaxStops) {
         return Invalid("stop", absl::StrCat("may hold at most ", kMaxStops, " strings, not ",
                                             stop->size()));
       }
-      for (const json& x : *stop) s->add_stop(x.get<std::string>());
+      for (const ojson& x : *stop) s->add_stop(x.get<std::string>());
     } else {
       return Invalid("stop", "must be a non-empty string or an array of them");
     }
@@ -493,8 +620,8 @@ absl::StatusOr<OpenAiRequest> ParseBody(const json& body, bool chat) {
   return out;
 }
 
-json Parse(absl::string_view body) {
-  return json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+ojson Parse(absl::string_view body) {
+  return ojson::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
 }
 
 absl::Status NotJson() {
@@ -502,7 +629,7 @@ absl::Status NotJson() {
 }
 
 // Refuses fields of `body` outside `known`.
-absl::Status OnlyFields(const json& body, std::initializer_list<absl::string_view> known,
+absl::Status OnlyFields(const ojson& body, std::initializer_list<absl::string_view> known,
                         absl::string_view path) {
   if (!body.is_object()) {
     return WithParam(absl::InvalidArgumentError("the body must be a JSON object"), "body");
@@ -518,17 +645,17 @@ absl::Status OnlyFields(const json& body, std::initializer_list<absl::string_vie
 }  // namespace
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat) {
-  const json parsed = Parse(body);
+  const ojson parsed = Parse(body);
   if (parsed.is_discarded()) return NotJson();
   return ParseBody(parsed, chat);
 }
 
 absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(absl::string_view raw) {
-  const json body = Parse(raw);
+  const ojson body = Parse(raw);
   if (body.is_discarded()) return NotJson();
   RETURN_IF_ERROR(OnlyFields(body,
                              {"model", "prompt", "messages", "add_special_tokens",
-                              "add_generation_prompt", "return_token_strs"},
+                              "add_generation_prompt", "return_token_strs", "tools"},
                              "/tokenize"));
   v1::TokenizeRequest r;
   if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
@@ -544,14 +671,19 @@ absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(absl::string_view raw) 
     if (Present(body, "add_generation_prompt")) {
       return Invalid("add_generation_prompt", "goes with 'messages'");
     }
+    if (Present(body, "tools")) return Invalid("tools", "go with 'messages'");
   } else {
-    const json& messages = body["messages"];
+    const ojson& messages = body["messages"];
     if (!messages.is_array() || messages.empty()) {
       return Invalid("messages", "must be a non-empty array");
     }
     for (size_t i = 0; i < messages.size(); ++i) {
       RETURN_IF_ERROR(ParseMessage(messages[i], i, r.mutable_chat()->add_messages()));
     }
+    // The tools a template renders (as a chat request's with tool_choice "auto").
+    v1::GenerateRequest with_tools;
+    RETURN_IF_ERROR(ParseTools(body, &with_tools));
+    *r.mutable_tools() = with_tools.tools();
     ASSIGN_OR_RETURN(std::optional<bool> gen, Bool(body, "add_generation_prompt"));
     r.set_add_generation_prompt(gen.value_or(true));
   }
@@ -564,7 +696,7 @@ absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(absl::string_view raw) 
 }
 
 absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view raw) {
-  const json body = Parse(raw);
+  const ojson body = Parse(raw);
   if (body.is_discarded()) return NotJson();
   RETURN_IF_ERROR(OnlyFields(body, {"model", "tokens"}, "/detokenize"));
   DetokenizeRequest r;
@@ -576,7 +708,7 @@ absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view raw) 
   if (tokens == body.end() || !tokens->is_array()) {
     return Invalid("tokens", "must be an array of token ids");
   }
-  for (const json& t : *tokens) {
+  for (const ojson& t : *tokens) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
         t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
       return Invalid("tokens", absl::StrCat("must hold token ids, not ", t.dump()));

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -20,6 +21,7 @@
 #include "grpcpp/create_channel.h"
 #include "router/server/decode_relay.h"
 #include "router/server/router_metrics.h"
+#include "router/server/tool_calls.h"
 
 namespace tandem::router {
 
@@ -36,6 +38,11 @@ absl::StatusOr<std::unique_ptr<RequestRouter>> RequestRouter::Create(const Route
   if (!router->chat_template_.ok()) {
     LOG(WARNING) << options.model_path << ": chat requests will be refused: "
                  << router->chat_template_.status().message();
+  } else if (const std::string& jinja = router->tokenizer_->data().chat_template;
+             router->chat_template_->kind() == ChatTemplateKind::kJinja &&
+             absl::StrContains(jinja, "tools")) {
+    router->tool_style_ = absl::StrContains(jinja, kToolCallBegin) ? ToolStyle::kTemplate
+                                                                   : ToolStyle::kUnsupported;
   }
   router->file_model_id_ = std::filesystem::path(options.model_path).stem().string();
   router->loaded_unix_s_ = absl::ToUnixSeconds(options.clock->Now());
@@ -88,34 +95,79 @@ std::string RequestRouter::ModelId() {
   return model.has_value() ? model->model_id : file_model_id_;
 }
 
-absl::StatusOr<std::string> RequestRouter::RenderChat(const v1::ChatMessages& chat,
-                                                      bool add_generation_prompt) const {
+absl::StatusOr<std::string> RequestRouter::RenderChat(
+    const v1::ChatMessages& chat, const google::protobuf::RepeatedPtrField<v1::Tool>& tools,
+    bool add_generation_prompt) const {
   if (!chat_template_.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the model has no usable chat template: ", chat_template_.status().message()));
   }
+  bool has_calls = false;
   std::vector<ChatMessage> messages;
   for (int i = 0; i < chat.messages_size(); ++i) {
     const v1::ChatMessage& m = chat.messages(i);
     const std::string at = absl::StrCat("messages[", i, "]");
-    if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
-      return WithParam(absl::InvalidArgumentError(absl::StrCat(
-                           "chat.", at, ".role '", m.role(), "' is not system, user or assistant")),
+    if (m.role() != "system" && m.role() != "user" && m.role() != "assistant" &&
+        m.role() != "tool") {
+      return WithParam(absl::InvalidArgumentError(
+                           absl::StrCat("chat.", at, ".role '", m.role(),
+                                        "' is not system, user, assistant or tool")),
                        at + ".role");
     }
-    // A system or user message says something; an assistant's may be empty (an empty reply).
-    if (m.content().empty() && m.role() != "assistant") {
+    // A system or user message says something; an assistant's may be empty (an empty reply, or
+    // only calls), and so may a function's result.
+    if (m.content().empty() && (m.role() == "system" || m.role() == "user")) {
       return WithParam(absl::InvalidArgumentError(absl::StrCat("chat.", at, ".content of a ",
                                                                m.role(), " message is empty")),
                        at + ".content");
     }
-    messages.push_back({m.role(), m.content()});
+    ChatMessage message{.role = m.role(), .content = m.content(), .tool_calls = {},
+                        .tool_call_id = m.tool_call_id(), .name = m.name()};
+    for (const v1::ToolCall& c : m.tool_calls()) {
+      message.tool_calls.push_back({.id = c.id(), .name = c.name(), .arguments = c.arguments()});
+    }
+    has_calls = has_calls || !m.tool_calls().empty() || m.role() == "tool";
+    messages.push_back(std::move(message));
   }
   if (messages.empty()) {
     return WithParam(absl::InvalidArgumentError("the chat has no messages"), "messages");
   }
   ChatTemplate::RenderOptions options = ChatTemplate::OptionsFor(*tokenizer_);
   options.add_generation_prompt = add_generation_prompt;
+  if (tool_style_ == ToolStyle::kUnsupported && (!tools.empty() || has_calls)) {
+    return WithParam(absl::InvalidArgumentError(
+                         "the model's chat template writes tool calls in a form Tandem does not "
+                         "parse (only <tool_call> JSON blocks, as Hermes / Qwen templates do)"),
+                     tools.empty() ? "messages" : "tools");
+  }
+  if (tool_style_ == ToolStyle::kTemplate) {
+    if (!tools.empty()) {
+      ASSIGN_OR_RETURN(options.tools, JinjaValueFromJson(ToolsJson(tools)));
+    }
+    return chat_template_->Render(messages, options);
+  }
+  // kFallback: the tools in a system message, calls and results as text.
+  for (ChatMessage& m : messages) {
+    if (!m.tool_calls.empty()) {
+      for (const ChatToolCall& c : m.tool_calls) {
+        if (!m.content.empty()) m.content += "\n";
+        m.content += ToolCallText(c.name, c.arguments);
+      }
+      m.tool_calls.clear();
+    }
+    if (m.role == "tool") {
+      m = {.role = "user", .content = absl::StrCat("<tool_response>\n", m.content,
+                                                    "\n</tool_response>")};
+    }
+  }
+  if (!tools.empty()) {
+    const std::string prompt = FallbackToolsPrompt(tools);
+    if (messages[0].role == "system") {
+      messages[0].content = absl::StrCat(messages[0].content, "\n\n", prompt);
+    } else {
+      messages.insert(messages.begin(), ChatMessage{.role = "system", .content = prompt});
+    }
+  }
   return chat_template_->Render(messages, options);
 }
 
@@ -124,7 +176,13 @@ absl::StatusOr<std::vector<int32_t>> RequestRouter::Encode(const v1::GenerateReq
     case v1::GenerateRequest::kPrompt:
       return tokenizer_->Encode(r.prompt(), {.add_special = true, .parse_special = true});
     case v1::GenerateRequest::kChat: {
-      ASSIGN_OR_RETURN(std::string text, RenderChat(r.chat(), /*add_generation_prompt=*/true));
+      // tool_choice "none": the tools are not shown.
+      static const google::protobuf::RepeatedPtrField<v1::Tool> kNoTools;
+      ASSIGN_OR_RETURN(std::string text,
+                       RenderChat(r.chat(),
+                                  EffectiveToolChoice(r) == v1::ToolChoice::MODE_NONE ? kNoTools
+                                                                                      : r.tools(),
+                                  /*add_generation_prompt=*/true));
       return tokenizer_->Encode(text, {.add_special = false, .parse_special = true});
     }
     case v1::GenerateRequest::kTokenIds:
@@ -145,7 +203,14 @@ absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::Generat
                                                       model_id, "'")),
                      "model");
   }
+  RETURN_IF_ERROR(ValidateTools(request));
   Prepared p{.request = request, .tokens = {}, .trace = trace};
+  if (const v1::ToolChoice::Mode mode = EffectiveToolChoice(request);
+      mode == v1::ToolChoice::MODE_REQUIRED || mode == v1::ToolChoice::MODE_FUNCTION) {
+    // The call's grammar, compiled by the worker that samples.
+    p.request.mutable_sampling()->mutable_response_format()->set_structural_tag(
+        ToolCallStructuralTag(request));
+  }
   ASSIGN_OR_RETURN(p.tokens, Encode(request));
   if (p.tokens.empty()) {
     return WithParam(absl::InvalidArgumentError("the prompt is empty"), "prompt");
@@ -403,8 +468,13 @@ absl::StatusOr<v1::TokenizeResponse> RequestRouter::Tokenize(const v1::TokenizeR
   }
   std::vector<int32_t> ids;
   if (request.has_chat()) {
+    v1::GenerateRequest as_generate;
+    *as_generate.mutable_chat() = request.chat();
+    *as_generate.mutable_tools() = request.tools();
+    RETURN_IF_ERROR(ValidateTools(as_generate));
     ASSIGN_OR_RETURN(std::string text,
-                     RenderChat(request.chat(), request.has_add_generation_prompt()
+                     RenderChat(request.chat(), request.tools(),
+                                request.has_add_generation_prompt()
                                                     ? request.add_generation_prompt()
                                                     : true));
     // The template writes the special tokens it wants: none added by default.

@@ -134,9 +134,12 @@ class RequestRouter final : public RelayHost, public Drainable {
   friend class WaitingCall;
   RequestRouter(const RouterOptions& options, Registry* registry);
   absl::StatusOr<std::vector<int32_t>> Encode(const v1::GenerateRequest& request) const;
-  // The chat's prompt text through the model's template. INVALID_ARGUMENT naming the message for
-  // a role other than system/user/assistant, or empty content of a system or user message.
+  // The chat's prompt text through the model's template, with `tools` (none: empty) shown to the
+  // model as tool_style_ says. INVALID_ARGUMENT naming the message for a role other than
+  // system/user/assistant/tool, or empty content of a system or user message; and for tools or
+  // tool calls when the model's template writes calls in a form Tandem does not parse.
   absl::StatusOr<std::string> RenderChat(const v1::ChatMessages& chat,
+                                         const google::protobuf::RepeatedPtrField<v1::Tool>& tools,
                                          bool add_generation_prompt) const;
   absl::StatusOr<Route> PlaceLocked(const placement::Request& request,
                                     const absl::flat_hash_set<std::string>& avoid,
@@ -154,6 +157,13 @@ class RequestRouter final : public RelayHost, public Drainable {
   Registry* const registry_;
   std::unique_ptr<Tokenizer> tokenizer_;
   absl::StatusOr<ChatTemplate> chat_template_;
+  // How tools and tool calls reach the prompt (docs/api.md, "Function calling"): kTemplate, the
+  // model's Jinja template takes `tools` and writes <tool_call> blocks; kFallback, its template
+  // takes no tools and Tandem writes them as text (a system message, <tool_call> blocks, tool
+  // results as user messages in <tool_response>); kUnsupported, its template takes tools in
+  // another form (e.g. Llama 3.1's JSON), which is refused.
+  enum class ToolStyle { kTemplate, kFallback, kUnsupported };
+  ToolStyle tool_style_ = ToolStyle::kFallback;
   std::string file_model_id_;
   int64_t file_max_context_ = 0;
   std::string file_architecture_;  // "llama", "qwen2", ...; empty when the files do not say

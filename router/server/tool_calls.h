@@ -1,0 +1,121 @@
+// Function calling (docs/api.md, "Function calling"): a chat request's tools checked, the grammar
+// that forces a call (tool_choice "required" or a named function), the text form of calls and
+// tool definitions for models whose chat template takes no tools, and the model's output parsed
+// back into calls. Pure functions and one parser class, no I/O.
+//
+// The one text form of a call, the model's and Tandem's (Hermes / Qwen2.5 / Qwen3 style):
+//   <tool_call>\n{"name": "<function>", "arguments": {<JSON object>}}\n</tool_call>
+#ifndef TANDEM_ROUTER_SERVER_TOOL_CALLS_H_
+#define TANDEM_ROUTER_SERVER_TOOL_CALLS_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "tandem/v1/inference.pb.h"
+
+namespace tandem::router {
+
+inline constexpr absl::string_view kToolCallBegin = "<tool_call>";
+inline constexpr absl::string_view kToolCallEnd = "</tool_call>";
+// The most tools one request may carry.
+inline constexpr int kMaxTools = 128;
+
+// The request's tool_choice with its default resolved: AUTO when it has tools, NONE without.
+v1::ToolChoice::Mode EffectiveToolChoice(const v1::GenerateRequest& request);
+
+// Whether the request's output is parsed for calls: tools, and tool_choice other than NONE.
+bool ParsesToolCalls(const v1::GenerateRequest& request);
+
+// Checks the function-calling parts of a request as it came from a client: tools only with a
+// chat, names valid and unique, parameters a JSON object, tool_choice consistent with the tools,
+// parallel_tool_calls only with tools, the messages' tool_calls (id, name, arguments a JSON
+// object) and tool messages' tool_call_id. INVALID_ARGUMENT whose param (common/
+// status_conversion.h) is the OpenAI field ("tools[0].function.name", "tool_choice",
+// "messages[2].tool_calls[0].function.arguments", ...).
+absl::Status ValidateTools(const v1::GenerateRequest& request);
+
+// xgrammar's structural tag for tool_choice REQUIRED or FUNCTION: the output is one call
+// (parallel_tool_calls false) or calls separated by "\n" (true) of the allowed functions, in the
+// text form above, with arguments valid against each function's parameters; nothing else.
+// REQUIRES: ValidateTools(request) is OK and the mode is REQUIRED or FUNCTION.
+std::string ToolCallStructuralTag(const v1::GenerateRequest& request);
+
+// The tools as OpenAI's list, [{"type": "function", "function": {"name", "description",
+// "parameters"}}] (description and parameters only where given), JSON text; what a chat template
+// gets as `tools`.
+std::string ToolsJson(const google::protobuf::RepeatedPtrField<v1::Tool>& tools);
+
+// For a chat template that takes no tools: the system message text that lists the tools and asks
+// for calls in the text form above.
+std::string FallbackToolsPrompt(const google::protobuf::RepeatedPtrField<v1::Tool>& tools);
+
+// One call in the text form above ("<tool_call>\n{...}\n</tool_call>"); `arguments` is JSON text
+// (written as it is when it is not an object).
+std::string ToolCallText(absl::string_view name, absl::string_view arguments);
+
+// A fresh call id: "call_" and 24 random letters and digits.
+std::string NewToolCallId();
+
+// A call found in the output.
+struct ParsedToolCall {
+  std::string name;
+  std::string arguments;  // a JSON object's text, the model's key order kept
+  bool operator==(const ParsedToolCall&) const = default;
+};
+
+// Splits a model's output, fed in pieces as it streams, into content and calls. A complete
+// <tool_call> block whose body is a JSON object {"name": one of `names`, "arguments": object (or
+// "parameters", Llama's spelling; absent: {})} is a call; any other block (bad JSON, an unknown
+// function, unterminated at the end) stays content as it was written. Whitespace between content
+// and a call is dropped (the content before a call is right-trimmed, after a call left-trimmed),
+// so feeding the output whole or in any pieces gives the same pieces concatenated. Text that may
+// still turn out to start a call (a prefix of "<tool_call>", or whitespace) is held back until it
+// cannot or until Finish. Not thread-safe.
+class ToolCallParser {
+ public:
+  explicit ToolCallParser(absl::flat_hash_set<std::string> names) : names_(std::move(names)) {}
+
+  // One piece of output: content text, or a call.
+  struct Piece {
+    std::string content;
+    std::optional<ParsedToolCall> call;
+  };
+  // The pieces `text` completes, in order (content pieces are non-empty).
+  std::vector<Piece> Feed(absl::string_view text);
+  // The end of the output: what was held back, as content.
+  std::vector<Piece> Finish();
+
+  // Calls parsed so far.
+  int calls() const { return calls_; }
+
+ private:
+  void EmitContent(absl::string_view text, std::vector<Piece>* out);
+  // The block body between the markers as a call, or nullopt.
+  std::optional<ParsedToolCall> ParseBody(absl::string_view body) const;
+
+  const absl::flat_hash_set<std::string> names_;
+  std::string pending_;         // not yet emitted
+  bool in_call_ = false;        // pending_ follows a "<tool_call>" (not in pending_)
+  std::string ws_before_call_;  // whitespace dropped before the open call's marker
+  bool after_call_ = false;     // whitespace right after a call is dropped
+  int calls_ = 0;
+};
+
+// The whole output at once: its content (nullopt when it is empty with calls) and calls.
+struct ParsedOutput {
+  std::optional<std::string> content;
+  std::vector<ParsedToolCall> calls;
+};
+ParsedOutput ParseToolCalls(absl::string_view text, const absl::flat_hash_set<std::string>& names);
+
+// The names of the request's tools.
+absl::flat_hash_set<std::string> ToolNames(const v1::GenerateRequest& request);
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_ROUTER_SERVER_TOOL_CALLS_H_
