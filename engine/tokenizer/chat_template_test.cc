@@ -129,6 +129,32 @@ TEST(ChatTemplateTest, JinjaGetsBosEosToolsAndGenerationPrompt) {
   EXPECT_EQ(*text, "<s>||[{\"name\": \"add\"}]|</s>");
 }
 
+// An assistant's calls reach a template as transformers passes them: arguments as an object
+// (key order kept), content None; a tool message's tool_call_id and name as given.
+TEST(ChatTemplateTest, JinjaGetsToolCallsAndToolMessages) {
+  auto t = ChatTemplate::FromJinja(
+      "{% for m in messages %}{{ m.role }}:{{ m.content is none }}:"
+      "{% for c in m.tool_calls or [] %}{{ c.id }} {{ c.type }} {{ c.function.name }} "
+      "{{ c.function.arguments | tojson }} {{ c.function.arguments.b }};{% endfor %}"
+      "{{ m.tool_call_id or '' }}{{ m.name or '' }}|{% endfor %}");
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<ChatMessage> messages = {
+      {.role = "assistant",
+       .content = "",
+       .tool_calls = {{.id = "c1", .name = "add", .arguments = R"({"b": [1.5, null], "a": 2})"}}},
+      {.role = "tool", .content = "3", .tool_call_id = "c1", .name = "add"},
+      {.role = "assistant", .content = ""}};
+  auto text = t->Render(messages, Prompt(false));
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text,
+            "assistant:True:c1 function add {\"b\": [1.5, null], \"a\": 2} [1.5, None];|"
+            "tool:False:c1add|assistant:False:|");
+  messages[0].tool_calls[0].arguments = "[1]";
+  EXPECT_EQ(t->Render(messages, Prompt(false)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(JinjaValueFromJson("{oops").ok());
+}
+
 // A template that raises for a conversation (Mistral's and Gemma's "roles must alternate")
 // fails that request with INVALID_ARGUMENT carrying its message; so does one that runs away.
 TEST(ChatTemplateTest, RenderErrorsAreInvalidArgumentWithTheTemplatesMessage) {

@@ -62,8 +62,8 @@ struct OpenAiRequest {
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body, bool chat);
 
 // Reads a /tokenize body (vLLM's shape): {"model", "prompt", "add_special_tokens"} or
-// {"model", "messages", "add_generation_prompt", "add_special_tokens"}. INVALID_ARGUMENT naming
-// the field otherwise.
+// {"model", "messages", "tools", "add_generation_prompt", "add_special_tokens"}.
+// INVALID_ARGUMENT naming the field otherwise.
 absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
 
 // A /detokenize body: {"model", "tokens": [ids]}.
