@@ -205,9 +205,8 @@ absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::Generat
   }
   RETURN_IF_ERROR(ValidateTools(request));
   Prepared p{.request = request, .tokens = {}, .trace = trace};
-  if (const v1::ToolChoice::Mode mode = EffectiveToolChoice(request);
-      mode == v1::ToolChoice::MODE_REQUIRED || mode == v1::ToolChoice::MODE_FUNCTION) {
-    // The call's grammar, compiled by the worker that samples.
+  if (ConstrainsToolCalls(request)) {
+    // The calls' grammar, compiled by the worker that samples.
     p.request.mutable_sampling()->mutable_response_format()->set_structural_tag(
         ToolCallStructuralTag(request));
   }

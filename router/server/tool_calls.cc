@@ -51,6 +51,19 @@ bool ParsesToolCalls(const v1::GenerateRequest& request) {
   return !request.tools().empty() && EffectiveToolChoice(request) != v1::ToolChoice::MODE_NONE;
 }
 
+bool ConstrainsToolCalls(const v1::GenerateRequest& request) {
+  switch (EffectiveToolChoice(request)) {
+    case v1::ToolChoice::MODE_REQUIRED:
+    case v1::ToolChoice::MODE_FUNCTION:
+      return true;
+    case v1::ToolChoice::MODE_AUTO:
+      return std::any_of(request.tools().begin(), request.tools().end(),
+                         [](const v1::Tool& t) { return t.strict(); });
+    default:
+      return false;
+  }
+}
+
 absl::flat_hash_set<std::string> ToolNames(const v1::GenerateRequest& request) {
   absl::flat_hash_set<std::string> names;
   for (const v1::Tool& t : request.tools()) names.insert(t.name());
@@ -100,12 +113,12 @@ absl::Status ValidateTools(const v1::GenerateRequest& request) {
   if (request.has_parallel_tool_calls() && request.tools().empty()) {
     return Invalid("parallel_tool_calls", "is only allowed with 'tools'");
   }
-  if ((mode == v1::ToolChoice::MODE_REQUIRED || mode == v1::ToolChoice::MODE_FUNCTION) &&
-      request.sampling().has_response_format() &&
+  if (ConstrainsToolCalls(request) && request.sampling().has_response_format() &&
       request.sampling().response_format().format_case() !=
           v1::ResponseFormat::FORMAT_NOT_SET) {
-    return Invalid("response_format", "cannot be combined with tool_choice \"required\" or a "
-                                      "named function (the call's grammar is the format)");
+    return Invalid("response_format", "cannot be combined with tool_choice \"required\", a "
+                                      "named function or strict tools (the calls' grammar is the "
+                                      "format)");
   }
   for (int i = 0; i < request.chat().messages_size(); ++i) {
     const v1::ChatMessage& m = request.chat().messages(i);
@@ -150,14 +163,22 @@ std::string ToolCallStructuralTag(const v1::GenerateRequest& request) {
                     {"end", absl::StrCat("}\n", kToolCallEnd)}});
   }
   const bool parallel = !request.has_parallel_tool_calls() || request.parallel_tool_calls();
-  const ojson tag = {{"type", "structural_tag"},
-                     {"format",
-                      {{"type", "tags_with_separator"},
-                       {"tags", std::move(tags)},
-                       {"separator", "\n"},
-                       {"at_least_one", true},
-                       {"stop_after_first", !parallel}}}};
-  return Dump(tag);
+  if (EffectiveToolChoice(request) == v1::ToolChoice::MODE_AUTO) {
+    return Dump(ojson{{"type", "structural_tag"},
+                      {"format",
+                       {{"type", "triggered_tags"},
+                        {"triggers", ojson::array({std::string(kToolCallBegin)})},
+                        {"tags", std::move(tags)},
+                        {"at_least_one", false},
+                        {"stop_after_first", !parallel}}}});
+  }
+  return Dump(ojson{{"type", "structural_tag"},
+                    {"format",
+                     {{"type", "tags_with_separator"},
+                      {"tags", std::move(tags)},
+                      {"separator", "\n"},
+                      {"at_least_one", true},
+                      {"stop_after_first", !parallel}}}});
 }
 
 std::string ToolsJson(const google::protobuf::RepeatedPtrField<v1::Tool>& tools) {

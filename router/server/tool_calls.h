@@ -39,10 +39,16 @@ bool ParsesToolCalls(const v1::GenerateRequest& request);
 // "messages[2].tool_calls[0].function.arguments", ...).
 absl::Status ValidateTools(const v1::GenerateRequest& request);
 
-// xgrammar's structural tag for tool_choice REQUIRED or FUNCTION: the output is one call
-// (parallel_tool_calls false) or calls separated by "\n" (true) of the allowed functions, in the
-// text form above, with arguments valid against each function's parameters; nothing else.
-// REQUIRES: ValidateTools(request) is OK and the mode is REQUIRED or FUNCTION.
+// Whether the request's calls are enforced by a grammar (ToolCallStructuralTag): tool_choice
+// REQUIRED or FUNCTION, or AUTO with a tool marked strict.
+bool ConstrainsToolCalls(const v1::GenerateRequest& request);
+
+// xgrammar's structural tag of a request that ConstrainsToolCalls. REQUIRED or FUNCTION: the
+// output is one call (parallel_tool_calls false) or calls separated by "\n" (true) of the allowed
+// functions, in the text form above, with arguments valid against each function's parameters;
+// nothing else. AUTO: free text, in which "<tool_call>" starts such a call (of any tool); with
+// parallel_tool_calls false the output ends after the first call.
+// REQUIRES: ValidateTools(request) is OK and ConstrainsToolCalls(request).
 std::string ToolCallStructuralTag(const v1::GenerateRequest& request);
 
 // The tools as OpenAI's list, [{"type": "function", "function": {"name", "description",

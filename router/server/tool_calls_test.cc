@@ -230,6 +230,17 @@ TEST(ToolCallStructuralTagTest, NamesTheAllowedFunctionsWithTheirSchemas) {
   const nlohmann::json all = nlohmann::json::parse(ToolCallStructuralTag(r));
   EXPECT_EQ(all["format"]["tags"].size(), 2u);
   EXPECT_EQ(all["format"]["stop_after_first"], false);
+  // "auto" is constrained only with a strict tool: free text, calls after the trigger.
+  r.mutable_tool_choice()->set_mode(v1::ToolChoice::MODE_AUTO);
+  EXPECT_FALSE(ConstrainsToolCalls(r));
+  r.mutable_tools(1)->set_strict(true);
+  EXPECT_TRUE(ConstrainsToolCalls(r));
+  const nlohmann::json triggered = nlohmann::json::parse(ToolCallStructuralTag(r));
+  EXPECT_EQ(triggered["format"]["type"], "triggered_tags");
+  EXPECT_EQ(triggered["format"]["triggers"], nlohmann::json::array({"<tool_call>"}));
+  EXPECT_EQ(triggered["format"]["tags"].size(), 2u);
+  r.mutable_tool_choice()->set_mode(v1::ToolChoice::MODE_NONE);
+  EXPECT_FALSE(ConstrainsToolCalls(r));
   // A call written as ToolCallText parses back.
   const ParsedOutput out =
       ParseToolCalls(ToolCallText("add", R"({"a": 1})"), {"add"});

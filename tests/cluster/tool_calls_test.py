@@ -5,12 +5,14 @@ against a router in front of a prefill and a decode worker.
   ChatML template takes no tools: Tandem's fallback form): the grammar makes the output one call
   (or several) of the allowed functions; the arguments parse as JSON and validate with PyPI
   `jsonschema`; streamed (the deltas accumulated) equals not streamed with the same seed; n > 1
-  and logprobs keep working; gRPC's last message carries the same calls.
+  and logprobs keep working; gRPC's last message carries the same calls; "auto" output (made
+  certain by a regex response_format over gRPC) is parsed into content and calls; a strict tool
+  under "auto" compiles its grammar.
 - The rendered prompt: a multi-turn chat (an assistant's tool_calls, a tool result) with tools,
   through /tokenize, against Python jinja2 (configured as transformers configures it) rendering a
   Hermes-style template with the same messages and tools, on a copy of the default GGUF whose
   tokenizer.chat_template is that template (written with PyPI `gguf`).
-About 20 s."""
+About 11 s."""
 import json
 import pathlib
 import subprocess
@@ -202,6 +204,44 @@ def test_grpc_last_message_carries_the_calls(cluster):
         list(stub.Generate(request, timeout=60))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "nope" in error.value.details()
+
+
+def test_auto_output_is_parsed_over_grpc(cluster):
+    """tool_choice auto on an output made certain by a regex response_format (gRPC takes one):
+    the text before the call is content, the good call is parsed, the malformed one is not."""
+    pb = Protos()
+    inf = pb.inference
+    stub = pb.inference_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc_address))
+    output = ('Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n'
+              '</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": }\n</tool_call>')
+    regex = "".join("\\" + ch if ch in "{}[]()|.*+?^$\\" else ch for ch in output)
+    request = inf.GenerateRequest(
+        chat=inf.ChatMessages(messages=[inf.ChatMessage(role="user", content="2 + 3?")]),
+        tools=[inf.Tool(name="add", parameters=json.dumps(ADD["function"]["parameters"]))],
+        sampling=inf.SamplingParams(max_tokens=120, temperature=1.0, seed=1,
+                                    response_format=inf.ResponseFormat(regex=regex)))
+    responses = list(stub.Generate(request, timeout=120))
+    assert "".join(r.text for r in responses) == output
+    assert responses[-1].finish_reason == inf.FINISH_REASON_STOP
+    assert [(c.name, json.loads(c.arguments)) for c in responses[-1].tool_calls] == [
+        ("add", {"a": 2, "b": 3})]
+
+
+def test_auto_with_a_strict_tool_is_constrained_and_refuses_response_format(client, model_id):
+    """A strict tool under "auto" gets a grammar that lets the model write text or calls (this
+    small model writes text); a response_format beside it is a 400."""
+    strict = json.loads(json.dumps(ADD))
+    strict["function"]["strict"] = True
+    whole = client.chat.completions.create(
+        model=model_id, messages=QUESTION, tools=[strict, WEATHER], max_tokens=16,
+        temperature=0, seed=1)
+    for call in whole.choices[0].message.tool_calls or []:
+        check_call(call, {"get_weather", "add"})
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(
+            model=model_id, messages=QUESTION, tools=[strict], max_tokens=16,
+            response_format={"type": "json_object"})
+    assert error.value.body["param"] == "response_format"
 
 
 HISTORY = [
