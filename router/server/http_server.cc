@@ -41,7 +41,8 @@ struct HttpCall;
 // out one per candidate, with distinct seeds). Its events go to the loop tagged with its index.
 struct Candidate final : public ResponseSink {
   HttpCall* call = nullptr;
-  int index = 0;
+  int index = 0;   // its choice's index when streamed (prompt · n + j; best_of is n then)
+  int prompt = 0;  // which of the call's prompts it completes
   std::shared_ptr<RelayedCall> relay;
   bool done = false;  // its relay ended
   std::string text;   // not streamed: the whole text
@@ -75,15 +76,18 @@ struct HttpCall {
   std::optional<int> logprobs;   // alternatives per token asked for; nullopt: no logprobs
   bool echo = false;             // completions' echo: the prompt's text (and tokens) first
   bool max_tokens_zero = false;  // max_tokens 0: the one generated token is dropped
-  std::string echo_text;         // the prompt as text
   // Chat with tools and tool_choice other than "none": the output is parsed for calls of these.
   bool tools = false;
   absl::flat_hash_set<std::string> tool_names;
-  std::vector<int32_t> prompt_ids;
+  // Each prompt's tokens and, for echo, its text (completions may send a batch of prompts).
+  struct Prompt {
+    std::vector<int32_t> ids;
+    std::string echo_text;
+  };
+  std::vector<Prompt> prompts;
   std::string id;
   std::string model;
   int64_t created = 0;
-  int64_t prompt_tokens = 0;
   bool headers_sent = false;  // a stream's 200 and SSE headers went out
   std::vector<std::unique_ptr<Candidate>> candidates;
   int open = 0;               // candidates whose relay has not ended
@@ -152,7 +156,7 @@ struct HttpServer::Impl {
   std::vector<TokenWithLogprobs> Logprobs(const v1::GenerateResponse& response) const;
   // Echo: the prompt's tokens with their log-probabilities from `response` (the first message);
   // the first token's value is a placeholder that EchoLogprobs makes null.
-  std::vector<TokenWithLogprobs> PromptLogprobs(const HttpCall& call,
+  std::vector<TokenWithLogprobs> PromptLogprobs(const HttpCall::Prompt& prompt,
                                                 const v1::GenerateResponse& response) const;
   // A streamed chat with tools: `text` through the candidate's parser, sent as content and
   // tool_calls deltas (one chunk each; the first carries `choice`'s logprobs, the last its
@@ -335,13 +339,21 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const Trac
   };
   absl::StatusOr<OpenAiRequest> request = ParseOpenAiRequest(BodyOf(req), chat);
   if (!request.ok()) return refuse(request.status());
-  absl::StatusOr<RequestRouter::Prepared> prepared = router->Prepare(request->request, span);
-  if (!prepared.ok()) {
-    // The router names the prompt; a chat's is its messages.
-    if (chat && ParamOf(prepared.status()) == "prompt") {
-      return refuse(WithParam(prepared.status(), "messages"));
+  // One prompt, or completions' batch of them; each is prepared (tokenized, checked) before any
+  // starts, so that a bad one refuses the whole request.
+  std::vector<v1::GenerateRequest> inputs = std::move(request->batch);
+  if (inputs.empty()) inputs.push_back(request->request);
+  std::vector<RequestRouter::Prepared> prepared;
+  for (size_t p = 0; p < inputs.size(); ++p) {
+    absl::StatusOr<RequestRouter::Prepared> one = router->Prepare(inputs[p], span);
+    if (!one.ok()) {
+      // The router names the prompt; a chat's is its messages, a batch's the one at fault.
+      std::string param = ParamOf(one.status()).value_or("");
+      if (chat && param == "prompt") param = "messages";
+      if (inputs.size() > 1 && param == "prompt") param = absl::StrCat("prompt[", p, "]");
+      return refuse(param.empty() ? one.status() : WithParam(one.status(), param));
     }
-    return refuse(prepared.status());
+    prepared.push_back(*std::move(one));
   }
   auto call = std::make_shared<HttpCall>();
   call->lease = std::move(lease);
@@ -353,44 +365,55 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const Trac
   call->max_tokens_zero = request->max_tokens_zero;
   call->tools = chat && ParsesToolCalls(request->request);
   if (call->tools) call->tool_names = ToolNames(request->request);
-  if (call->echo) {
-    call->prompt_ids = prepared->tokens;
-    call->echo_text = request->request.has_prompt()
-                          ? request->request.prompt()
-                          : router->tokenizer().Decode(prepared->tokens);
+  for (size_t p = 0; p < inputs.size(); ++p) {
+    HttpCall::Prompt& prompt = call->prompts.emplace_back();
+    prompt.ids = prepared[p].tokens;
+    if (call->echo) {
+      prompt.echo_text = inputs[p].has_prompt() ? inputs[p].prompt()
+                                                : router->tokenizer().Decode(prepared[p].tokens);
+    }
   }
   call->server = this;
   call->req = req;
   call->chat = chat;
-  call->id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", prepared->request.request_id());
+  const std::string& request_id = prepared[0].request.request_id();
+  call->id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
   call->model = router->ModelId();
   call->created = absl::ToUnixSeconds(absl::Now());
-  call->prompt_tokens = static_cast<int64_t>(prepared->tokens.size());
-  for (int i = 0; i < request->best_of; ++i) {
-    auto c = std::make_unique<Candidate>();
-    c->call = call.get();
-    c->index = i;
-    if (call->tools && call->stream) c->tool_parser = std::make_unique<ToolCallParser>(call->tool_names);
-    call->candidates.push_back(std::move(c));
+  // best_of candidates per prompt, prompt by prompt.
+  const int per_prompt = request->best_of;
+  for (size_t p = 0; p < inputs.size(); ++p) {
+    for (int i = 0; i < per_prompt; ++i) {
+      auto c = std::make_unique<Candidate>();
+      c->call = call.get();
+      c->prompt = static_cast<int>(p);
+      c->index = static_cast<int>(p) * per_prompt + i;
+      if (call->tools && call->stream) {
+        c->tool_parser = std::make_unique<ToolCallParser>(call->tool_names);
+      }
+      call->candidates.push_back(std::move(c));
+    }
   }
   {
     absl::MutexLock lock(&mu);
     calls[call.get()] = call;
   }
-  // One request per candidate: candidate i's seed is the client's plus i (distinct outputs that
-  // the same request repeats), or the workers' random one.
-  for (int i = 0; i < request->best_of; ++i) {
-    RequestRouter::Prepared one = *prepared;
-    if (request->best_of > 1) {
-      one.request.set_request_id(absl::StrCat(prepared->request.request_id(), "-", i));
+  // One request per candidate: candidate i of a prompt has the client's seed plus i (distinct
+  // outputs that the same request repeats), or the workers' random one.
+  const int total = static_cast<int>(call->candidates.size());
+  for (int k = 0; k < total; ++k) {
+    Candidate& c = *call->candidates[k];
+    const int i = k % per_prompt;
+    RequestRouter::Prepared one = prepared[static_cast<size_t>(c.prompt)];
+    if (total > 1) {
+      one.request.set_request_id(absl::StrCat(request_id, "-", k));
       if (one.request.sampling().has_seed()) {
         one.request.mutable_sampling()->set_seed(one.request.sampling().seed() + i);
       }
     }
-    Candidate& c = *call->candidates[i];
     absl::StatusOr<std::shared_ptr<RelayedCall>> relay = router->Start(std::move(one), &c);
     if (!relay.ok()) {
-      if (i == 0) {
+      if (k == 0) {
         Forget(call.get());
         return refuse(relay.status());
       }
@@ -511,11 +534,11 @@ std::vector<TokenWithLogprobs> HttpServer::Impl::Logprobs(const v1::GenerateResp
 }
 
 std::vector<TokenWithLogprobs> HttpServer::Impl::PromptLogprobs(
-    const HttpCall& call, const v1::GenerateResponse& r) const {
+    const HttpCall::Prompt& prompt, const v1::GenerateResponse& r) const {
   const Tokenizer& tokenizer = router->tokenizer();
   std::vector<TokenWithLogprobs> out;
-  if (call.prompt_ids.empty()) return out;
-  out.push_back({.token = tokenizer.TokenBytes(call.prompt_ids[0]), .logprob = 0, .top = {}});
+  if (prompt.ids.empty()) return out;
+  out.push_back({.token = tokenizer.TokenBytes(prompt.ids[0]), .logprob = 0, .top = {}});
   for (const v1::TokenLogprobs& lp : r.prompt_logprobs()) out.push_back(WithText(tokenizer, lp));
   return out;
 }
@@ -560,8 +583,8 @@ void HttpServer::Impl::Deliver(HttpCall& call, Candidate& c, const v1::GenerateR
   bool echo_now = false;
   if (call.echo && !c.echoed) {
     c.echoed = echo_now = true;
-    text = call.echo_text;
-    if (call.logprobs.has_value()) prompt_logprobs = PromptLogprobs(call, r);
+    text = call.prompts[c.prompt].echo_text;
+    if (call.logprobs.has_value()) prompt_logprobs = PromptLogprobs(call.prompts[c.prompt], r);
   }
   std::vector<TokenWithLogprobs> logprobs;
   if (keep) {
@@ -580,7 +603,7 @@ void HttpServer::Impl::Deliver(HttpCall& call, Candidate& c, const v1::GenerateR
   json choice = {{"index", c.index},
                  {"logprobs", nullptr},
                  {"finish_reason", c.finish.empty() ? json(nullptr) : json(c.finish)}};
-  if (echo_now) c.logprob_chars = CountCharacters(call.echo_text);
+  if (echo_now) c.logprob_chars = CountCharacters(call.prompts[c.prompt].echo_text);
   if (call.logprobs.has_value()) {
     choice["logprobs"] =
         call.chat ? ChatLogprobs(logprobs, *call.logprobs)
@@ -690,16 +713,22 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
         c->server->Forget(c);
       },
       &call);
-  // The prompt counts once; every candidate's tokens count (best_of's too).
+  // Each prompt counts once (its cached tokens as its best candidate found them); every
+  // candidate's tokens count (best_of's too).
+  int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
+  std::vector<int64_t> cached(call.prompts.size(), 0);
+  for (const HttpCall::Prompt& p : call.prompts) prompt_tokens += static_cast<int64_t>(p.ids.size());
   for (const auto& c : call.candidates) {
     completion_tokens += c->completion_tokens;
-    cached_tokens = std::max(cached_tokens, c->cached_tokens);
+    int64_t& best = cached[static_cast<size_t>(c->prompt)];
+    best = std::max(best, c->cached_tokens);
   }
-  const json usage = {{"prompt_tokens", call.prompt_tokens},
+  for (int64_t c : cached) cached_tokens += c;
+  const json usage = {{"prompt_tokens", prompt_tokens},
                       {"completion_tokens", completion_tokens},
-                      {"total_tokens", call.prompt_tokens + completion_tokens},
+                      {"total_tokens", prompt_tokens + completion_tokens},
                       {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
   if (call.stream && !call.headers_sent && !status.ok()) {
     ReplyError(req, status);  // refused before it started: a plain HTTP error
@@ -720,14 +749,20 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
   } else if (!status.ok()) {
     ReplyError(req, status);
   } else {
-    // best_of: the n candidates with the highest cumulative log-probability, best first.
+    // Prompt by prompt, best_of: the n candidates with the highest cumulative log-probability,
+    // best first.
     std::vector<const Candidate*> chosen;
-    for (const auto& c : call.candidates) chosen.push_back(c.get());
-    if (static_cast<int>(chosen.size()) > call.n) {
-      std::stable_sort(chosen.begin(), chosen.end(), [](const Candidate* a, const Candidate* b) {
-        return a->cumulative_logprob > b->cumulative_logprob;
-      });
-      chosen.resize(static_cast<size_t>(call.n));
+    const size_t per_prompt = call.candidates.size() / call.prompts.size();
+    for (size_t first = 0; first < call.candidates.size(); first += per_prompt) {
+      std::vector<const Candidate*> group;
+      for (size_t k = first; k < first + per_prompt; ++k) group.push_back(call.candidates[k].get());
+      if (static_cast<int>(group.size()) > call.n) {
+        std::stable_sort(group.begin(), group.end(), [](const Candidate* a, const Candidate* b) {
+          return a->cumulative_logprob > b->cumulative_logprob;
+        });
+        group.resize(static_cast<size_t>(call.n));
+      }
+      chosen.insert(chosen.end(), group.begin(), group.end());
     }
     json choices = json::array();
     for (size_t i = 0; i < chosen.size(); ++i) {
@@ -743,7 +778,7 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
             call.chat ? ChatLogprobs(c.logprobs, *call.logprobs)
             : call.echo
                 ? EchoLogprobs(c.prompt_logprobs, c.logprobs, *call.logprobs,
-                               CountCharacters(call.echo_text))
+                               CountCharacters(call.prompts[c.prompt].echo_text))
                 : CompletionLogprobs(c.logprobs, *call.logprobs, 0);
       }
       if (parsed.has_value()) {

@@ -395,6 +395,50 @@ absl::Status ParseMessage(const ojson& m, size_t i, v1::ChatMessage* out) {
   return absl::OkStatus();
 }
 
+// One prompt of completions' "prompt": a string or a non-empty array of token ids. `at` names
+// it in errors ("prompt" or "prompt[3]").
+absl::StatusOr<v1::GenerateRequest> ParseOnePrompt(const ojson& p, const std::string& at) {
+  v1::GenerateRequest r;
+  if (p.is_string()) {
+    r.set_prompt(p.get<std::string>());
+    return r;
+  }
+  if (!p.is_array() || p.empty() ||
+      !std::all_of(p.begin(), p.end(), [](const ojson& t) { return t.is_number_integer(); })) {
+    return Invalid(at, "must be a string or a non-empty array of token ids");
+  }
+  for (const ojson& t : p) {
+    if (t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return Invalid(at, absl::StrCat("token id ", t.dump(), " is out of range"));
+    }
+    r.mutable_token_ids()->add_ids(t.get<int32_t>());
+  }
+  return r;
+}
+
+// Completions' "prompt": a string, an array of token ids, or an array of several of either (a
+// batch: one request each, in order). Each request holds only its input.
+absl::StatusOr<std::vector<v1::GenerateRequest>> ParsePrompts(const ojson& prompt) {
+  const bool batch = prompt.is_array() && !prompt.empty() &&
+                     std::all_of(prompt.begin(), prompt.end(),
+                                 [](const ojson& p) { return p.is_string() || p.is_array(); });
+  if (!batch) {
+    ASSIGN_OR_RETURN(v1::GenerateRequest one, ParseOnePrompt(prompt, "prompt"));
+    return std::vector<v1::GenerateRequest>{std::move(one)};
+  }
+  if (prompt.size() > static_cast<size_t>(kMaxPrompts)) {
+    return Invalid("prompt", absl::StrCat("holds ", prompt.size(), " prompts; at most ",
+                                          kMaxPrompts, " in one request"));
+  }
+  std::vector<v1::GenerateRequest> out;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    ASSIGN_OR_RETURN(v1::GenerateRequest one,
+                     ParseOnePrompt(prompt[i], absl::StrCat("prompt[", i, "]")));
+    out.push_back(std::move(one));
+  }
+  return out;
+}
+
 // An OpenAI request body as an OpenAiRequest.
 absl::StatusOr<OpenAiRequest> ParseBody(const ojson& body, bool chat) {
   if (!body.is_object()) {
@@ -430,35 +474,9 @@ absl::StatusOr<OpenAiRequest> ParseBody(const ojson& body, bool chat) {
   } else {
     auto prompt = body.find("prompt");
     if (prompt == body.end() || prompt->is_null()) return Invalid("prompt", "is required");
-    if (prompt->is_string()) {
-      r.set_prompt(prompt->get<std::string>());
-    } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
-      r.set_prompt((*prompt)[0].get<std::string>());
-    } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_array()) {
-      // [[ids]]: one tokenized prompt.
-      const ojson& ids = (*prompt)[0];
-      if (ids.empty() || !std::all_of(ids.begin(), ids.end(),
-                                      [](const ojson& t) { return t.is_number_integer(); })) {
-        return Invalid("prompt", "must be a string or token ids");
-      }
-      for (const ojson& t : ids) r.mutable_token_ids()->add_ids(t.get<int32_t>());
-    } else if (prompt->is_array() && !prompt->empty() &&
-               std::all_of(prompt->begin(), prompt->end(),
-                           [](const ojson& t) { return t.is_number_integer(); })) {
-      for (const ojson& t : *prompt) {
-        if (t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-          return Invalid("prompt", absl::StrCat("token id ", t.dump(), " is out of range"));
-        }
-        r.mutable_token_ids()->add_ids(t.get<int32_t>());
-      }
-    } else if (prompt->is_array() && prompt->size() > 1 &&
-               std::all_of(prompt->begin(), prompt->end(),
-                           [](const ojson& p) { return p.is_string() || p.is_array(); })) {
-      return Invalid("prompt", "holds several prompts; send one per request");
-    } else {
-      return Invalid("prompt",
-                     "must be a string, a one-string array or an array of token ids");
-    }
+    ASSIGN_OR_RETURN(std::vector<v1::GenerateRequest> prompts, ParsePrompts(*prompt));
+    r.MergeFrom(prompts[0]);
+    if (prompts.size() > 1) out.batch = std::move(prompts);
   }
 
   v1::SamplingParams* s = r.mutable_sampling();
@@ -576,6 +594,13 @@ absl::StatusOr<OpenAiRequest> ParseBody(const ojson& body, bool chat) {
   if (out.best_of < out.n) {
     return Invalid("best_of", absl::StrCat("must be at least n (", out.n, "), not ", out.best_of));
   }
+  if (!out.batch.empty() &&
+      static_cast<int64_t>(out.batch.size()) * out.best_of > kMaxBatchCandidates) {
+    return Invalid(out.best_of > 1 ? "best_of" : "prompt",
+                   absl::StrCat(out.batch.size(), " prompts with ", out.best_of,
+                                " candidates each exceed ", kMaxBatchCandidates,
+                                " sequences in one request"));
+  }
 
   ASSIGN_OR_RETURN(std::optional<bool> stream, Bool(body, "stream"));
   out.stream = stream.value_or(false);
@@ -617,6 +642,14 @@ absl::StatusOr<OpenAiRequest> ParseBody(const ojson& body, bool chat) {
   if (out.echo && out.logprobs.has_value()) {
     s->set_prompt_logprobs(static_cast<uint32_t>(std::max(1, *out.logprobs)));
   }
+  // A batch: each prompt's request is the first one with its own input.
+  for (size_t i = 1; i < out.batch.size(); ++i) {
+    v1::GenerateRequest one = out.request;
+    one.clear_input();
+    one.MergeFrom(out.batch[i]);
+    out.batch[i] = std::move(one);
+  }
+  if (!out.batch.empty()) out.batch[0] = out.request;
   return out;
 }
 

@@ -26,6 +26,10 @@ namespace tandem::router {
 // The most choices (n) and candidates (best_of) one request may ask for, as OpenAI's API.
 inline constexpr int kMaxChoices = 128;
 inline constexpr int kMaxBestOf = 20;
+// Completions' "prompt" may hold a batch of at most kMaxPrompts prompts, and prompts × best_of
+// may be at most kMaxBatchCandidates sequences.
+inline constexpr int kMaxPrompts = 256;
+inline constexpr int kMaxBatchCandidates = 256;
 // The most alternatives per token (completions' logprobs, chat's top_logprobs), as OpenAI's API
 // and the engine's limit (SamplingParams.logprobs).
 inline constexpr int kMaxTopLogprobs = 20;
@@ -52,6 +56,10 @@ struct OpenAiRequest {
   // "max_tokens": 0 (only with echo): the request asks the engine for one token (its least),
   // which the reply drops: no text, no logprobs, no usage, finish_reason "length".
   bool max_tokens_zero = false;
+  // Completions whose "prompt" is a batch (several strings or token-id arrays): one request per
+  // prompt, in order, each `request` with that prompt as its input (batch[0] == request); empty
+  // for one prompt. Choices come back prompt by prompt: prompt p's n are indices p·n .. p·n+n-1.
+  std::vector<v1::GenerateRequest> batch;
 };
 
 // Reads the body of a completions (`chat` false) or chat completions request. INVALID_ARGUMENT

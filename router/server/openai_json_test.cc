@@ -5,6 +5,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_conversion.h"
 #include "nlohmann/json.hpp"
 
@@ -28,7 +30,10 @@ TEST(OpenAiJsonTest, InvalidBodiesAreRefusedNamingTheField) {
       {"{}", false, "prompt", "'prompt' is required"},
       {R"({"prompt": null})", false, "prompt", "'prompt' is required"},
       {R"({"prompt": {"text": "hi"}})", false, "prompt", "'prompt' must be"},
-      {R"({"prompt": ["a", "b"]})", false, "prompt", "several prompts"},
+      {R"({"prompt": ["a", []]})", false, "prompt[1]", "non-empty array of token ids"},
+      {R"({"prompt": [[1], [2, -3]]})", false, "prompt[1]", "out of range"},
+      {R"({"prompt": ["a", [1, "b"]]})", false, "prompt[1]", "must be a string or"},
+      {R"({"prompt": ["a", "b"], "best_of": 200})", false, "best_of", "must be in"},
       {R"({"prompt": [1, "b"]})", false, "prompt", "'prompt' must be"},
       {R"({"prompt": [-1]})", false, "prompt", "out of range"},
       {R"({"prompt": "hi", "model": 7})", false, "model", "'model'"},
@@ -350,6 +355,34 @@ TEST(OpenAiJsonTest, PromptFormsAndDefaults) {
   EXPECT_THAT(std::vector<int32_t>(ids->request.token_ids().ids().begin(),
                                    ids->request.token_ids().ids().end()),
               ::testing::ElementsAre(1, 2, 3));
+
+  EXPECT_TRUE(ids->batch.empty());
+
+  // A batch: one request per prompt, each with every parameter and its own input.
+  absl::StatusOr<OpenAiRequest> batch = ParseOpenAiRequest(
+      R"({"prompt": ["a", [5, 6]], "max_tokens": 3, "n": 2, "seed": 9})", false);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->batch.size(), 2u);
+  EXPECT_EQ(batch->batch[0].prompt(), "a");
+  EXPECT_EQ(batch->request.prompt(), "a");
+  EXPECT_THAT(std::vector<int32_t>(batch->batch[1].token_ids().ids().begin(),
+                                   batch->batch[1].token_ids().ids().end()),
+              ::testing::ElementsAre(5, 6));
+  for (const v1::GenerateRequest& one : batch->batch) {
+    EXPECT_EQ(one.sampling().max_tokens(), 3u);
+    EXPECT_EQ(one.sampling().seed(), 9u);
+  }
+  EXPECT_EQ(batch->n, 2);
+  const std::string many = absl::StrCat(
+      R"({"prompt": [)", absl::StrJoin(std::vector<std::string>(kMaxPrompts + 1, R"("x")"), ","),
+      "]}");
+  EXPECT_THAT(ParseOpenAiRequest(many, false).status().message(),
+              ::testing::HasSubstr("at most 256"));
+  const std::string wide = absl::StrCat(
+      R"({"prompt": [)", absl::StrJoin(std::vector<std::string>(20, R"("x")"), ","),
+      R"(], "best_of": 20})");
+  EXPECT_THAT(ParseOpenAiRequest(wide, false).status().message(),
+              ::testing::HasSubstr("exceed 256 sequences"));
 
   absl::StatusOr<OpenAiRequest> stop = ParseOpenAiRequest(R"({"prompt": "x", "stop": "END"})",
                                                           false);

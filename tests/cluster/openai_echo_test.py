@@ -169,3 +169,40 @@ def test_echo_without_logprobs_and_max_tokens_zero_rules(cluster, client):
     status, reply = http_request(cluster.http_port, "POST", "/v1/chat/completions",
                                  {"messages": [{"role": "user", "content": "hi"}], "echo": True})
     assert status == 400 and reply["error"]["param"] == "echo", reply
+
+
+def test_a_batch_of_prompts_answers_each_as_its_own_request(cluster, client, llm):
+    """Completions' `prompt` as a list (strings and token-id lists), as the SDK and harnesses
+    send batches: choices prompt by prompt (index p·n + j), each what the prompt alone gives."""
+    ids = prompt_ids(cluster, LONG)
+    prompts = [SHORT, ids, "Once upon a time"]
+    kw = dict(model=MODEL, max_tokens=5, temperature=0)
+    alone = [client.completions.create(prompt=p, **kw) for p in prompts]
+    both = client.completions.create(prompt=prompts, n=2, **kw)
+    assert [c.index for c in both.choices] == list(range(6))
+    for p, one in enumerate(alone):
+        for j in range(2):
+            assert both.choices[p * 2 + j].text == one.choices[0].text, (p, j)
+    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert both.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    # Streamed: every choice's chunks under its own index, the same texts.
+    texts = {}
+    for chunk in client.completions.create(prompt=prompts, n=2, stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {c.index: c.text for c in both.choices}
+    # Echo with prompt scores, as lm-evaluation-harness batches loglikelihood requests: each
+    # choice starts with its own prompt, its scores as that prompt's alone.
+    scored = client.completions.create(model=MODEL, prompt=[SHORT, LONG], echo=True, logprobs=2,
+                                       max_tokens=0)
+    assert [c.text for c in scored.choices] == [SHORT, LONG]
+    check_prompt_logprobs(llm, prompt_ids(cluster, SHORT), scored.choices[0].logprobs, 2)
+    check_prompt_logprobs(llm, ids, scored.choices[1].logprobs, 2)
+    # best_of picks within each prompt's candidates.
+    best = client.completions.create(model=MODEL, prompt=[SHORT, "Once upon a time"], n=1,
+                                     best_of=3, max_tokens=3, temperature=1, seed=5)
+    assert [c.index for c in best.choices] == [0, 1]
+    # A bad prompt anywhere refuses the whole request, naming it.
+    status, reply = http_request(cluster.http_port, "POST", "/v1/completions",
+                                 {"prompt": ["hi", [1, 2, 10 ** 9]], "max_tokens": 2})
+    assert status == 400 and reply["error"]["param"] == "prompt[1]", reply
