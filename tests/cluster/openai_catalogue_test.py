@@ -171,7 +171,9 @@ CATALOGUE = [
     (C, {"max_tokens": 2}, 400, "prompt"),
     (C, c(prompt=None), 400, "prompt"),
     (C, c(prompt=""), 400, "prompt"),
-    (C, c(prompt=["one", "two"]), 400, "prompt"),
+    (C, c(prompt=["one", ""]), 400, "prompt[1]"),  # a batch with an empty prompt
+    (C, c(prompt=["one", [1, "x"]]), 400, "prompt[1]"),
+    (C, c(prompt=["x"] * 257), 400, "prompt"),
     (C, c(prompt={"text": "hi"}), 400, "prompt"),
     (C, c(prompt=[10**9]), 400, "prompt"),
     (C, c(prompt="hello " * 9000), 400, "prompt"),
