@@ -79,6 +79,7 @@ struct HttpCall {
   // Chat with tools and tool_choice other than "none": the output is parsed for calls of these.
   bool tools = false;
   absl::flat_hash_set<std::string> tool_names;
+  ToolCallFormat tool_format = ToolCallFormat::kHermes;
   // Each prompt's tokens and, for echo, its text (completions may send a batch of prompts).
   struct Prompt {
     std::vector<int32_t> ids;
@@ -365,6 +366,7 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const Trac
   call->max_tokens_zero = request->max_tokens_zero;
   call->tools = chat && ParsesToolCalls(request->request);
   if (call->tools) call->tool_names = ToolNames(request->request);
+  call->tool_format = router->tool_call_format();
   for (size_t p = 0; p < inputs.size(); ++p) {
     HttpCall::Prompt& prompt = call->prompts.emplace_back();
     prompt.ids = prepared[p].tokens;
@@ -389,7 +391,7 @@ void HttpServer::Impl::HandleGenerate(evhttp_request* req, bool chat, const Trac
       c->prompt = static_cast<int>(p);
       c->index = static_cast<int>(p) * per_prompt + i;
       if (call->tools && call->stream) {
-        c->tool_parser = std::make_unique<ToolCallParser>(call->tool_names);
+        c->tool_parser = std::make_unique<ToolCallParser>(call->tool_names, call->tool_format);
       }
       call->candidates.push_back(std::move(c));
     }
@@ -634,8 +636,8 @@ std::string FinishWithCalls(const std::string& finish, bool calls) {
   return calls && (finish == "stop" || finish == "length") ? "tool_calls" : finish;
 }
 
-json ToolCallJson(const ParsedToolCall& call) {
-  return {{"id", NewToolCallId()},
+json ToolCallJson(const ParsedToolCall& call, ToolCallFormat format) {
+  return {{"id", NewToolCallId(format)},
           {"type", "function"},
           {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
 }
@@ -652,7 +654,7 @@ void HttpServer::Impl::StreamToolDeltas(HttpCall& call, Candidate& c, const std:
   std::vector<json> deltas;
   for (const ToolCallParser::Piece& p : pieces) {
     if (p.call.has_value()) {
-      json entry = ToolCallJson(*p.call);
+      json entry = ToolCallJson(*p.call, call.tool_format);
       entry["index"] = c.tool_calls_sent++;
       deltas.push_back({{"tool_calls", json::array({std::move(entry)})}});
     } else {
@@ -768,7 +770,7 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
     for (size_t i = 0; i < chosen.size(); ++i) {
       const Candidate& c = *chosen[i];
       std::optional<ParsedOutput> parsed;
-      if (call.tools) parsed = ParseToolCalls(c.text, call.tool_names);
+      if (call.tools) parsed = ParseToolCalls(c.text, call.tool_names, call.tool_format);
       json choice = {{"index", i},
                      {"logprobs", nullptr},
                      {"finish_reason",
@@ -787,7 +789,9 @@ void HttpServer::Impl::Finish(HttpCall& call, const absl::Status& status) {
                                                                      : json(nullptr)}};
         if (!parsed->calls.empty()) {
           json calls = json::array();
-          for (const ParsedToolCall& t : parsed->calls) calls.push_back(ToolCallJson(t));
+          for (const ParsedToolCall& t : parsed->calls) {
+            calls.push_back(ToolCallJson(t, call.tool_format));
+          }
           choice["message"]["tool_calls"] = std::move(calls);
         }
       } else if (call.chat) {

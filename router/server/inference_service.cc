@@ -23,6 +23,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       : service_(service), context_(context) {
     service_->StreamOpened();
     if (ParsesToolCalls(request)) tool_names_ = ToolNames(request);
+    tool_format_ = router->tool_call_format();
     // The router's span of the request, answered in the initial metadata (errors too).
     absl::Status rejected;
     const TraceContext span = SpanForCall(*context, &rejected);
@@ -77,9 +78,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
         // The last message carries the calls parsed from the whole output.
         output_ += response.text();
         if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-          for (const ParsedToolCall& c : ParseToolCalls(output_, *tool_names_).calls) {
+          for (const ParsedToolCall& c :
+               ParseToolCalls(output_, *tool_names_, tool_format_).calls) {
             v1::ToolCall* call = queue_.back().add_tool_calls();
-            call->set_id(NewToolCallId());
+            call->set_id(NewToolCallId(tool_format_));
             call->set_name(c.name);
             call->set_arguments(c.arguments);
           }
@@ -182,6 +184,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
   // A request whose output is parsed for calls: its tools' names, and the output so far.
   std::optional<absl::flat_hash_set<std::string>> tool_names_;
+  ToolCallFormat tool_format_ = ToolCallFormat::kHermes;  // the model's (parsing, call ids)
   std::string output_ ABSL_GUARDED_BY(mu_);
   v1::GenerateResponse current_;  // the response being written
   bool writing_ ABSL_GUARDED_BY(mu_) = false;

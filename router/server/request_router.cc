@@ -41,8 +41,14 @@ absl::StatusOr<std::unique_ptr<RequestRouter>> RequestRouter::Create(const Route
   } else if (const std::string& jinja = router->tokenizer_->data().chat_template;
              router->chat_template_->kind() == ChatTemplateKind::kJinja &&
              absl::StrContains(jinja, "tools")) {
-    router->tool_style_ = absl::StrContains(jinja, kToolCallBegin) ? ToolStyle::kTemplate
-                                                                   : ToolStyle::kUnsupported;
+    const std::optional<ToolCallFormat> format = ToolCallFormatOfTemplate(jinja);
+    router->tool_style_ = format.has_value() ? ToolStyle::kTemplate : ToolStyle::kUnsupported;
+    router->tool_format_ = format.value_or(ToolCallFormat::kHermes);
+    LOG(INFO) << options.model_path << ": tools "
+              << (format.has_value()
+                      ? absl::StrCat("in the chat template's ", ToolCallFormatName(*format),
+                                     " call format")
+                      : std::string("refused (a call format Tandem does not parse)"));
   }
   router->file_model_id_ = std::filesystem::path(options.model_path).stem().string();
   router->loaded_unix_s_ = absl::ToUnixSeconds(options.clock->Now());
@@ -137,7 +143,8 @@ absl::StatusOr<std::string> RequestRouter::RenderChat(
   if (tool_style_ == ToolStyle::kUnsupported && (!tools.empty() || has_calls)) {
     return WithParam(absl::InvalidArgumentError(
                          "the model's chat template writes tool calls in a form Tandem does not "
-                         "parse (only <tool_call> JSON blocks, as Hermes / Qwen templates do)"),
+                         "parse (Hermes <tool_call> blocks, Llama 3.1+ JSON and Mistral "
+                         "[TOOL_CALLS] lists are)"),
                      tools.empty() ? "messages" : "tools");
   }
   if (tool_style_ == ToolStyle::kTemplate) {
@@ -208,7 +215,7 @@ absl::StatusOr<RequestRouter::Prepared> RequestRouter::Prepare(const v1::Generat
   if (ConstrainsToolCalls(request)) {
     // The calls' grammar, compiled by the worker that samples.
     p.request.mutable_sampling()->mutable_response_format()->set_structural_tag(
-        ToolCallStructuralTag(request));
+        ToolCallStructuralTag(request, tool_format_));
   }
   ASSIGN_OR_RETURN(p.tokens, Encode(request));
   if (p.tokens.empty()) {

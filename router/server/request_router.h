@@ -34,6 +34,7 @@
 #include "router/server/registry.h"
 #include "router/server/relayed_call.h"
 #include "router/server/stall_watch.h"
+#include "router/server/tool_calls.h"
 #include "tandem/v1/inference.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -110,6 +111,9 @@ class RequestRouter final : public RelayHost, public Drainable {
   std::string ModelId();
   Registry& registry() override { return *registry_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // The format the model writes tool calls in (chosen once, from its chat template): how its
+  // output is parsed and what its call ids look like.
+  ToolCallFormat tool_call_format() const { return tool_format_; }
 
   // Places `request` over the ready workers but those in `avoid` and returns the route and the
   // decode worker's stub (for the relay, also when it migrates a request).
@@ -158,12 +162,14 @@ class RequestRouter final : public RelayHost, public Drainable {
   std::unique_ptr<Tokenizer> tokenizer_;
   absl::StatusOr<ChatTemplate> chat_template_;
   // How tools and tool calls reach the prompt (docs/api.md, "Function calling"): kTemplate, the
-  // model's Jinja template takes `tools` and writes <tool_call> blocks; kFallback, its template
-  // takes no tools and Tandem writes them as text (a system message, <tool_call> blocks, tool
-  // results as user messages in <tool_response>); kUnsupported, its template takes tools in
-  // another form (e.g. Llama 3.1's JSON), which is refused.
+  // model's Jinja template takes `tools` and writes calls in a format Tandem parses
+  // (ToolCallFormatOfTemplate); kFallback, its template takes no tools and Tandem writes them as
+  // text (a system message, <tool_call> blocks, tool results as user messages in
+  // <tool_response>); kUnsupported, its template takes tools in another form, which is refused.
   enum class ToolStyle { kTemplate, kFallback, kUnsupported };
   ToolStyle tool_style_ = ToolStyle::kFallback;
+  // The format the model writes calls in: the template's (kTemplate), else kHermes.
+  ToolCallFormat tool_format_ = ToolCallFormat::kHermes;
   std::string file_model_id_;
   int64_t file_max_context_ = 0;
   std::string file_architecture_;  // "llama", "qwen2", ...; empty when the files do not say

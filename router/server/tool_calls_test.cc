@@ -14,8 +14,9 @@ namespace {
 const absl::flat_hash_set<std::string> kNames = {"get_weather", "add"};
 
 // What the parser makes of `pieces` fed one after another: content joined, calls in order.
-ParsedOutput FeedPieces(const std::vector<std::string>& pieces) {
-  ToolCallParser parser(kNames);
+ParsedOutput FeedPieces(const std::vector<std::string>& pieces,
+                        ToolCallFormat format = ToolCallFormat::kHermes) {
+  ToolCallParser parser(kNames, format);
   ParsedOutput out;
   std::string content;
   auto take = [&](std::vector<ToolCallParser::Piece> got) {
@@ -35,15 +36,16 @@ ParsedOutput FeedPieces(const std::vector<std::string>& pieces) {
 }
 
 // Every split of `text` into two pieces, and one byte at a time, parses as the whole does.
-void ExpectSameWhateverTheSplit(const std::string& text) {
-  const ParsedOutput whole = ParseToolCalls(text, kNames);
+void ExpectSameWhateverTheSplit(const std::string& text,
+                                ToolCallFormat format = ToolCallFormat::kHermes) {
+  const ParsedOutput whole = ParseToolCalls(text, kNames, format);
   std::vector<std::string> bytes;
   for (char c : text) bytes.emplace_back(1, c);
-  const ParsedOutput by_byte = FeedPieces(bytes);
+  const ParsedOutput by_byte = FeedPieces(bytes, format);
   EXPECT_EQ(by_byte.content, whole.content) << text;
   EXPECT_EQ(by_byte.calls, whole.calls) << text;
   for (size_t i = 0; i <= text.size(); ++i) {
-    const ParsedOutput split = FeedPieces({text.substr(0, i), text.substr(i)});
+    const ParsedOutput split = FeedPieces({text.substr(0, i), text.substr(i)}, format);
     EXPECT_EQ(split.content, whole.content) << text << " split at " << i;
     EXPECT_EQ(split.calls, whole.calls) << text << " split at " << i;
   }
@@ -252,6 +254,177 @@ TEST(NewToolCallIdTest, IsCallAnd24Alphanumerics) {
   const std::string a = NewToolCallId();
   EXPECT_THAT(a, ::testing::MatchesRegex("call_[A-Za-z0-9]{24}"));
   EXPECT_NE(a, NewToolCallId());
+}
+
+TEST(NewToolCallIdTest, MistralIdsAre9Alphanumerics) {
+  const std::string a = NewToolCallId(ToolCallFormat::kMistral);
+  EXPECT_THAT(a, ::testing::MatchesRegex("[A-Za-z0-9]{9}"));
+  EXPECT_NE(a, NewToolCallId(ToolCallFormat::kMistral));
+  EXPECT_THAT(NewToolCallId(ToolCallFormat::kLlama3Json),
+              ::testing::MatchesRegex("call_[A-Za-z0-9]{24}"));
+}
+
+// A parse expected of one output in one format: its content and calls.
+struct FormatCase {
+  std::string what;
+  std::string text;
+  std::optional<std::string> content;
+  std::vector<ParsedToolCall> calls;
+};
+
+void ExpectCases(ToolCallFormat format, const std::vector<FormatCase>& cases) {
+  for (const FormatCase& c : cases) {
+    const ParsedOutput out = ParseToolCalls(c.text, kNames, format);
+    EXPECT_EQ(out.content, c.content) << c.what;
+    EXPECT_EQ(out.calls, c.calls) << c.what;
+    ExpectSameWhateverTheSplit(c.text, format);
+  }
+}
+
+TEST(ToolCallParserTest, Llama3Json) {
+  const ParsedToolCall weather{"get_weather", R"({"city":"Oslo","unit":"celsius"})"};
+  const ParsedToolCall add{"add", R"({"a":2,"b":3})"};
+  const std::string weather_text =
+      R"({"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}})";
+  const std::string add_text = R"({"name": "add", "parameters": {"a": 2, "b": 3}})";
+  ExpectCases(
+      ToolCallFormat::kLlama3Json,
+      {
+          {"one call", weather_text, std::nullopt, {weather}},
+          {"whitespace around", "\n " + weather_text + " \n", std::nullopt, {weather}},
+          {"after <|python_tag|>", "<|python_tag|>" + add_text, std::nullopt, {add}},
+          {"\"arguments\" spelling", R"({"name": "add", "arguments": {"a": 2, "b": 3}})",
+           std::nullopt, {add}},
+          {"braces and escapes inside strings",
+           R"({"name": "get_weather", "parameters": {"city": "}{\"]", "unit": "celsius"}})",
+           std::nullopt, {{"get_weather", R"({"city":"}{\"]","unit":"celsius"})"}}},
+          {"several separated by ;", weather_text + "; " + add_text + ";" + add_text,
+           std::nullopt, {weather, add, add}},
+          {"text after a call is content", add_text + "\nDone.", "Done.", {add}},
+          {"a ; not followed by a call is content", add_text + " ; and more", "; and more",
+           {add}},
+          {"text first: all content", "Sure. " + add_text, "Sure. " + add_text, {}},
+          {"plain text unchanged", "  It is {warm} today; { no call }  ",
+           "  It is {warm} today; { no call }  ", {}},
+          {"an unknown function stays content",
+           R"( {"name": "nope", "parameters": {}})", R"( {"name": "nope", "parameters": {}})",
+           {}},
+          {"malformed JSON stays content", R"({"name": "add", "parameters": {"a": }})",
+           R"({"name": "add", "parameters": {"a": }})", {}},
+          {"cut off stays content", R"(<|python_tag|>{"name": "add", "parameters": {"a": 2)",
+           R"(<|python_tag|>{"name": "add", "parameters": {"a": 2)", {}},
+          {"a bad call after a good one", add_text + R"(; {"name": "nope"})",
+           R"(; {"name": "nope"})", {add}},
+          {"a prefix of the python tag only", "<|python", "<|python", {}},
+          {"no parameters is {}", R"({"name": "add"})", std::nullopt, {{"add", "{}"}}},
+      });
+}
+
+TEST(ToolCallParserTest, Llama3JsonStreamsContentAtOnceAndHoldsACall) {
+  ToolCallParser text(kNames, ToolCallFormat::kLlama3Json);
+  std::vector<ToolCallParser::Piece> a = text.Feed("Hello");
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].content, "Hello");
+  ToolCallParser call(kNames, ToolCallFormat::kLlama3Json);
+  EXPECT_TRUE(call.Feed(R"({"name": "add", "parameters": {"a": 1)").empty());
+  std::vector<ToolCallParser::Piece> b = call.Feed("}}");
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].call, (ParsedToolCall{"add", R"({"a":1})"}));
+  EXPECT_EQ(call.calls(), 1);
+}
+
+TEST(ToolCallParserTest, Mistral) {
+  const ParsedToolCall weather{"get_weather", R"({"city":"Oslo","unit":"celsius"})"};
+  const ParsedToolCall add{"add", R"({"a":2,"b":3})"};
+  ExpectCases(
+      ToolCallFormat::kMistral,
+      {
+          {"one call",
+           R"([TOOL_CALLS] [{"name": "add", "arguments": {"a": 2, "b": 3}}])", std::nullopt,
+           {add}},
+          {"no space, two calls",
+           R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", )"
+           R"("unit": "celsius"}}, {"name": "add", "arguments": {"a": 2, "b": 3}}])",
+           std::nullopt, {weather, add}},
+          {"text before and after",
+           "Let me see.\n[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}]"
+           "\n Done.",
+           "Let me see.Done.", {add}},
+          {"two blocks",
+           R"([TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 3}}])"
+           R"([TOOL_CALLS][{"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}])",
+           std::nullopt, {add, add}},
+          {"one object without a list",
+           R"([TOOL_CALLS] {"name": "add", "arguments": {"a": 2, "b": 3}})", std::nullopt,
+           {add}},
+          {"an id beside the call is ignored",
+           R"([TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 3}, "id": "abcDEF123"}])",
+           std::nullopt, {add}},
+          {"brackets inside strings",
+           R"([TOOL_CALLS][{"name": "get_weather", )"
+           R"("arguments": {"city": "]}[", "unit": "celsius"}}])",
+           std::nullopt, {{"get_weather", R"({"city":"]}[","unit":"celsius"})"}}},
+          {"an unknown function: the whole block stays content",
+           R"(A [TOOL_CALLS][{"name": "add", "arguments": {}}, )"
+           R"({"name": "nope", "arguments": {}}] B)",
+           R"(A [TOOL_CALLS][{"name": "add", "arguments": {}}, )"
+           R"({"name": "nope", "arguments": {}}] B)",
+           {}},
+          {"malformed stays content", R"([TOOL_CALLS][{"name": "add", "arguments": {"a": }])",
+           R"([TOOL_CALLS][{"name": "add", "arguments": {"a": }])", {}},
+          {"cut off stays content", R"(x [TOOL_CALLS] [{"name": "add", "argu)",
+           R"(x [TOOL_CALLS] [{"name": "add", "argu)", {}},
+          {"a marker without a list", "[TOOL_CALLS] nothing", "[TOOL_CALLS] nothing", {}},
+          {"an empty list", "[TOOL_CALLS] []", "[TOOL_CALLS] []", {}},
+          {"plain text, a marker's prefix", "see [TOOL_ and [x]", "see [TOOL_ and [x]", {}},
+          {"a bad block beside a good one",
+           R"([TOOL_CALLS][{"name": "nope", "arguments": {}}] )"
+           R"([TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 3}}])",
+           R"([TOOL_CALLS][{"name": "nope", "arguments": {}}])", {add}},
+      });
+}
+
+TEST(ToolCallFormatTest, ChosenFromTheTemplate) {
+  EXPECT_EQ(ToolCallFormatOfTemplate("{% if tools %}<tool_call>{% endif %}"),
+            ToolCallFormat::kHermes);
+  EXPECT_EQ(ToolCallFormatOfTemplate("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]["),
+            ToolCallFormat::kMistral);
+  EXPECT_EQ(ToolCallFormatOfTemplate("{{ tools }}[TOOL_CALLS]{{ name }}[ARGS]"), std::nullopt);
+  EXPECT_EQ(ToolCallFormatOfTemplate(
+                "<|start_header_id|>{{ tools }}{\"name\": \"' + n + '\", \"parameters\": "),
+            ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(ToolCallFormatOfTemplate("<|start_header_id|>{{ tools }} functools"), std::nullopt);
+}
+
+TEST(ToolCallStructuralTagTest, EachFormatsCallsAndSeparators) {
+  v1::GenerateRequest r = ChatWithTools();
+  r.mutable_tool_choice()->set_mode(v1::ToolChoice::MODE_REQUIRED);
+  const nlohmann::json llama =
+      nlohmann::json::parse(ToolCallStructuralTag(r, ToolCallFormat::kLlama3Json));
+  EXPECT_EQ(llama["format"]["type"], "tags_with_separator");
+  EXPECT_EQ(llama["format"]["separator"], "; ");
+  EXPECT_EQ(llama["format"]["tags"][0]["begin"], "{\"name\": \"get_weather\", \"parameters\": ");
+  EXPECT_EQ(llama["format"]["tags"][0]["end"], "}");
+  const nlohmann::json mistral =
+      nlohmann::json::parse(ToolCallStructuralTag(r, ToolCallFormat::kMistral));
+  EXPECT_EQ(mistral["format"]["type"], "sequence");
+  const nlohmann::json& elements = mistral["format"]["elements"];
+  ASSERT_EQ(elements.size(), 3u);
+  EXPECT_EQ(elements[0]["value"], "[TOOL_CALLS][");
+  EXPECT_EQ(elements[1]["separator"], ", ");
+  EXPECT_EQ(elements[1]["tags"][1]["begin"], "{\"name\": \"add\", \"arguments\": ");
+  EXPECT_EQ(elements[2]["value"], "]");
+  r.mutable_tool_choice()->set_mode(v1::ToolChoice::MODE_AUTO);
+  r.mutable_tools(0)->set_strict(true);
+  const nlohmann::json llama_auto =
+      nlohmann::json::parse(ToolCallStructuralTag(r, ToolCallFormat::kLlama3Json));
+  EXPECT_EQ(llama_auto["format"]["triggers"], nlohmann::json::array({"{\"name\": "}));
+  const nlohmann::json mistral_auto =
+      nlohmann::json::parse(ToolCallStructuralTag(r, ToolCallFormat::kMistral));
+  EXPECT_EQ(mistral_auto["format"]["triggers"], nlohmann::json::array({"[TOOL_CALLS]"}));
+  EXPECT_EQ(mistral_auto["format"]["tags"][1]["begin"],
+            "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": ");
+  EXPECT_EQ(mistral_auto["format"]["tags"][1]["end"], "}]");
 }
 
 }  // namespace
