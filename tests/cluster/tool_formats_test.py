@@ -1,0 +1,412 @@
+"""Function calling in the call formats of templates that do not use Hermes' <tool_call> blocks
+(docs/api.md, "Function calling"): Llama 3.1+ JSON (`{"name", "parameters"}` as the whole output,
+tool results as ipython turns) and Mistral (`[TOOL_CALLS] [{"name", "arguments"}, ...]`, call ids
+of 9 letters and digits). Each runs on a copy of the default GGUF (SmolLM2-135M-Instruct, written
+with PyPI `gguf`) whose tokenizer.chat_template is a Llama-3.1-style or Mistral-style template
+written for this test, behind its own router over the same prefill and decode workers:
+
+- the rendered prompt of a multi-turn chat with tools, a call and its result (through /tokenize)
+  is the same token ids as jinja2 (configured as transformers configures it) rendering the same
+  template with the same messages and tools; the same for the real Llama 3.1 / 3.2 / 3.3 and
+  Mistral Nemo templates of llama.cpp's source tree (models/templates/) when it is on the machine;
+- tool_choice "required" and a named function: the grammar makes the output the format's calls,
+  parsed into tool_calls whose arguments validate with PyPI `jsonschema`, ids as the format wants,
+  streamed (accumulated) equal to not streamed with the same seed; gRPC's text is the format's;
+- "auto": output in the format (made certain by a response_format) is parsed over HTTP (streamed
+  and not) and gRPC, a malformed call staying content;
+- a Mistral history whose call id is not 9 characters is a 400 with the template's message.
+About 30 s on a 2-core machine (most of it starting a router per template)."""
+import datetime
+import glob
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import grpc
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+import jsonschema
+import openai
+import pytest
+
+from cluster_common import Cluster, Process, Protos, http_get, http_request, wait_router_ready
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Adds two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                           "b": {"type": "integer", "minimum": -1000, "maximum": 1000}},
+            "required": ["a", "b"],
+        },
+    },
+}
+TOOLS = [WEATHER, ADD]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+# One call per assistant message (Llama 3.1's template refuses more) and a 9-character id
+# (Mistral's refuse others); user and assistant turns alternate around the call (Mistral's check).
+HISTORY = [
+    {"role": "system", "content": "You are a weather bot."},
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "abcDEF123", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "celsius"}'}}]},
+    {"role": "tool", "tool_call_id": "abcDEF123", "content": '{"temperature": -3}'},
+    {"role": "assistant", "content": "It is -3 degrees in Oslo."},
+    {"role": "user", "content": "And 2 + 3?"},
+]
+
+# Llama-3.1-style, written for this test: the tools as indented JSON in the first user turn, an
+# assistant's calls as {"name", "parameters"} objects separated by "; ", results as ipython turns.
+LLAMA_STYLE = """\
+{{- bos_token }}
+{%- if messages[0].role == 'system' %}
+{%- set system = messages[0].content | trim %}
+{%- set messages = messages[1:] %}
+{%- else %}
+{%- set system = '' %}
+{%- endif %}
+<|start_header_id|>system<|end_header_id|>
+
+{% if tools is defined and tools %}Environment: ipython
+{% endif %}{{ system }}<|eot_id|>
+{%- for m in messages %}
+{%- if loop.first and tools is defined and tools and m.role == 'user' %}\
+<|start_header_id|>user<|end_header_id|>
+
+When a function helps, answer only with {"name": <its name>, "parameters": <its arguments>}.
+
+{% for t in tools %}{{ t | tojson(indent=2) }}
+
+{% endfor %}{{ m.content | trim }}<|eot_id|>
+{%- elif m.tool_calls %}<|start_header_id|>assistant<|end_header_id|>
+
+{% for c in m.tool_calls %}{% if not loop.first %}; {% endif %}\
+{"name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}\
+{% endfor %}<|eot_id|>
+{%- elif m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>
+
+{{ m.content }}<|eot_id|>
+{%- else %}<|start_header_id|>{{ m.role }}<|end_header_id|>
+
+{{ m.content | trim }}<|eot_id|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}"""
+
+# Mistral-style, written for this test: the tools before the last user turn, an assistant's calls
+# as one [TOOL_CALLS] list with their ids (9 characters, or the template refuses), results as
+# [TOOL_RESULTS] objects.
+MISTRAL_STYLE = """\
+{{- bos_token }}
+{%- set ns = namespace(last_user=-1) %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}\
+{% endfor %}
+{%- for m in messages %}
+{%- if m.role == 'system' %}
+{%- elif m.role == 'user' %}
+{%- if tools is defined and tools and loop.index0 == ns.last_user %}\
+[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]\
+{% if loop.index0 == ns.last_user and messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}{{ m.content }}[/INST]
+{%- elif m.tool_calls %}[TOOL_CALLS][{% for c in m.tool_calls %}\
+{% if c.id | length != 9 %}{{ raise_exception('tool call ids must be 9 letters and digits') }}\
+{% endif %}{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}, \
+"id": "{{ c.id }}"}{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}
+{%- elif m.role == 'tool' %}[TOOL_RESULTS]{"content": {{ m.content | tojson }}, \
+"call_id": "{{ m.tool_call_id }}"}[/TOOL_RESULTS]
+{%- else %}{{ m.content }}{{ eos_token }}
+{%- endif %}
+{%- endfor %}"""
+
+
+def real_templates():
+    """llama.cpp's copies of the real templates, where its source tree is on this machine."""
+    dirs = [os.environ.get("TANDEM_CHAT_TEMPLATES_DIR", "")] + sorted(
+        glob.glob(os.path.expanduser("~/.cache/tandem/llama.cpp/*/src/models/templates")))
+    found = {}
+    for name, fmt in [("meta-llama-Llama-3.1-8B-Instruct", "llama"),
+                      ("meta-llama-Llama-3.2-3B-Instruct", "llama"),
+                      ("meta-llama-Llama-3.3-70B-Instruct", "llama"),
+                      ("mistralai-Mistral-Nemo-Instruct-2407", "mistral")]:
+        for d in dirs:
+            path = pathlib.Path(d) / f"{name}.jinja" if d else None
+            if path is not None and path.is_file():
+                found[name] = (path.read_text(), fmt)
+                break
+    return found
+
+
+REAL = real_templates()
+TEMPLATES = {"llama-style": (LLAMA_STYLE, "llama"), "mistral-style": (MISTRAL_STYLE, "mistral"),
+             **REAL}
+
+
+def jinja2_render(template, messages, tools, today):
+    """The template rendered as transformers' apply_chat_template does: its jinja2 settings,
+    tojson, raise_exception and strftime_now (at `today`), each call's arguments parsed from the
+    JSON string the client sent."""
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = today.strftime
+    messages = json.loads(json.dumps(messages))
+    for m in messages:
+        for c in m.get("tool_calls") or []:
+            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+    return env.from_string(template).render(messages=messages, tools=tools,
+                                            add_generation_prompt=True, bos_token="<|im_start|>",
+                                            eos_token="<|im_end|>")
+
+
+def tokenize(port, body):
+    status, reply = http_request(port, "POST", "/tokenize", body)
+    assert status == 200, reply
+    return reply["tokens"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(prefill=1, decode=1, policy="kv_aware", tag="tf-")
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def routers(cluster, tmp_path_factory):
+    """name -> a router over the cluster's workers reading a copy of the default GGUF whose chat
+    template is TEMPLATES[name], started on first use."""
+    started = {}
+
+    def get(name):
+        if name not in started:
+            path = tmp_path_factory.mktemp(name) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+            subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata",
+                            str(DEFAULT_MODEL), str(path), "--chat-template", TEMPLATES[name][0],
+                            "--force"], check=True, capture_output=True)
+            addresses = ",".join(w.address for w in cluster.workers)
+            router = Process("tandem-router", "--listen=127.0.0.1:0", "--http_listen=127.0.0.1:0",
+                             f"--workers={addresses}", f"--model={path}")
+            started[name] = router
+            line = next(l for l in router.log if "listening on port " in l)
+            router.http_port = int(line.split("(http port ")[1].split(",")[0])
+            wait_router_ready(router, len(cluster.workers),
+                              lambda: http_get(router.http_port, "/health")[0])
+        return started[name]
+    yield get
+    for router in started.values():
+        router.kill()
+
+
+def client_of(router):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{router.http_port}/v1", api_key="unused",
+                         max_retries=0, timeout=120)
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_prompt_renders_as_jinja2_does(routers, name):
+    template, fmt = TEMPLATES[name]
+    router = routers(name)
+    before = datetime.datetime.now(datetime.timezone.utc)
+    ours = tokenize(router.http_port, {"messages": HISTORY, "tools": TOOLS})
+    after = datetime.datetime.now(datetime.timezone.utc)
+    expected = [jinja2_render(template, HISTORY, TOOLS, day) for day in (before, after)]
+    # The template's own work: the call and the result as the format writes them.
+    if fmt == "llama":
+        assert '"parameters": {"city": "Oslo", "unit": "celsius"}' in expected[0]
+    else:
+        assert '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", ' in expected[0]
+        assert "[AVAILABLE_TOOLS]" in expected[0]
+    references = [tokenize(router.http_port, {"prompt": e, "add_special_tokens": False})
+                  for e in expected]
+    assert ours in references
+    # Without tools, the template renders without them (and differently).
+    plain = tokenize(router.http_port, {"messages": HISTORY})
+    assert plain != ours
+
+
+FORMATS = {"llama": "llama-style", "mistral": "mistral-style"}
+
+
+def check_call(call, allowed, fmt):
+    assert call.type == "function"
+    if fmt == "mistral":
+        assert re.fullmatch("[A-Za-z0-9]{9}", call.id), call.id
+    else:
+        assert re.fullmatch("call_[A-Za-z0-9]{24}", call.id), call.id
+    assert call.function.name in allowed, call.function.name
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def accumulate(chunks):
+    """The streamed chunks of choice 0 put together as a client does."""
+    content, calls, finish = None, {}, None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                content = (content or "") + delta.content
+            for call in delta.tool_calls or []:
+                entry = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+                entry["id"] += call.id or ""
+                if call.function is not None:
+                    entry["name"] += call.function.name or ""
+                    entry["arguments"] += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("choice, parallel, allowed", [
+    ("required", False, {"get_weather", "add"}),
+    ({"type": "function", "function": {"name": "add"}}, False, {"add"}),
+    ("required", True, {"get_weather", "add"}),
+])
+def test_forced_calls_streamed_and_not_are_the_same(routers, fmt, choice, parallel, allowed):
+    client = client_of(routers(FORMATS[fmt]))
+    args = dict(model=client.models.list().data[0].id, messages=QUESTION, tools=TOOLS,
+                tool_choice=choice, parallel_tool_calls=parallel, max_tokens=120,
+                temperature=0.8, seed=11)
+    whole = client.chat.completions.create(**args)
+    message = whole.choices[0].message
+    content, calls, finish = accumulate(client.chat.completions.create(**args, stream=True))
+    assert (content, finish) == (message.content, whole.choices[0].finish_reason)
+    assert [(c["name"], c["arguments"]) for c in calls] == [
+        (t.function.name, t.function.arguments) for t in message.tool_calls or []]
+    if parallel and fmt == "mistral" and whole.choices[0].finish_reason == "length":
+        # This small model, free to go on, keeps adding calls to its one list until max_tokens
+        # cuts it: the cut-off list stays content, as written, never dropped.
+        assert message.content.startswith('[TOOL_CALLS][{"name": "'), message
+        assert not message.tool_calls
+        return
+    assert whole.choices[0].finish_reason == "tool_calls", whole
+    assert message.content is None, message
+    assert message.tool_calls, message
+    if not parallel:
+        assert len(message.tool_calls) == 1, message.tool_calls
+    for call in message.tool_calls:
+        check_call(call, allowed, fmt)
+
+
+def grpc_stub(router):
+    pb = Protos()
+    return pb, pb.inference_grpc.InferenceStub(
+        grpc.insecure_channel(f"127.0.0.1:{router.port}"))
+
+
+@pytest.mark.parametrize("fmt, prefix", [("llama", '{"name": "add", "parameters": '),
+                                         ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": ')])
+def test_grpc_text_is_the_formats(routers, fmt, prefix):
+    pb, stub = grpc_stub(routers(FORMATS[fmt]))
+    inf = pb.inference
+    request = inf.GenerateRequest(
+        chat=inf.ChatMessages(messages=[inf.ChatMessage(role="user", content="2 + 3?")]),
+        tools=[inf.Tool(name="add", parameters=json.dumps(ADD["function"]["parameters"]))],
+        tool_choice=inf.ToolChoice(mode=inf.ToolChoice.MODE_REQUIRED), parallel_tool_calls=False,
+        sampling=inf.SamplingParams(max_tokens=80, temperature=0.5, seed=4))
+    responses = list(stub.Generate(request, timeout=120))
+    text = "".join(r.text for r in responses)
+    assert text.startswith(prefix), text
+    (call,) = responses[-1].tool_calls
+    assert call.name == "add"
+    assert len(call.id) == 9 if fmt == "mistral" else call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), ADD["function"]["parameters"])
+
+
+def regex_of(text):
+    return "".join("\\" + ch if ch in "{}[]()|.*+?^$\\" else ch for ch in text)
+
+
+@pytest.mark.parametrize("fmt, output, calls", [
+    ("llama", '<|python_tag|>{"name": "add", "parameters": {"a": 2, "b": 3}}; '
+              '{"name": "add", "parameters": {"a": }}',
+     [("add", {"a": 2, "b": 3})]),
+    ("mistral", 'Let me add.\n[TOOL_CALLS] [{"name": "add", "arguments": {"a": 2, "b": 3}}, '
+                '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}]'
+                '[TOOL_CALLS] [{"name": "nope", "arguments": {}}]',
+     [("add", {"a": 2, "b": 3}), ("get_weather", {"city": "Oslo", "unit": "celsius"})]),
+])
+def test_auto_output_is_parsed_over_grpc(routers, fmt, output, calls):
+    """tool_choice auto on an output made certain by a regex response_format (gRPC takes one):
+    the good calls parsed, the malformed or unknown ones left in the text."""
+    pb, stub = grpc_stub(routers(FORMATS[fmt]))
+    inf = pb.inference
+    request = inf.GenerateRequest(
+        chat=inf.ChatMessages(messages=[inf.ChatMessage(role="user", content="2 + 3?")]),
+        tools=[inf.Tool(name=t["function"]["name"],
+                        parameters=json.dumps(t["function"]["parameters"])) for t in TOOLS],
+        sampling=inf.SamplingParams(max_tokens=150, temperature=1.0, seed=1,
+                                    response_format=inf.ResponseFormat(regex=regex_of(output))))
+    responses = list(stub.Generate(request, timeout=120))
+    assert "".join(r.text for r in responses) == output
+    assert [(c.name, json.loads(c.arguments)) for c in responses[-1].tool_calls] == calls
+
+
+def test_llama_auto_call_over_http_streamed_and_not(routers):
+    """Under "auto" (no grammar from the tools) a Llama-format call forced by a JSON schema
+    response_format is parsed into tool_calls, streamed and not alike."""
+    client = client_of(routers(FORMATS["llama"]))
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
+              "properties": {"name": {"type": "string", "enum": ["add"]},
+                             "parameters": ADD["function"]["parameters"] | {
+                                 "additionalProperties": False}}}
+    args = dict(model=client.models.list().data[0].id, messages=QUESTION, tools=TOOLS,
+                max_tokens=80, temperature=0.7, seed=3,
+                response_format={"type": "json_schema",
+                                 "json_schema": {"name": "call", "schema": schema}})
+    whole = client.chat.completions.create(**args)
+    message = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls", whole
+    assert message.content is None
+    (call,) = message.tool_calls
+    check_call(call, {"add"}, "llama")
+    content, calls, finish = accumulate(client.chat.completions.create(**args, stream=True))
+    assert (content, finish) == (None, "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls] == [("add", call.function.arguments)]
+
+
+def test_mistral_history_with_a_bad_call_id_is_refused(routers):
+    client = client_of(routers(FORMATS["mistral"]))
+    history = json.loads(json.dumps(HISTORY))
+    history[2]["tool_calls"][0]["id"] = "call_1"
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=client.models.list().data[0].id, messages=history,
+                                       tools=TOOLS, max_tokens=8)
+    assert "9 letters and digits" in error.value.body["message"], error.value.body
