@@ -14,7 +14,8 @@ written for this test, behind its own router over the same prefill and decode wo
   streamed (accumulated) equal to not streamed with the same seed; gRPC's text is the format's;
 - "auto": output in the format (made certain by a response_format) is parsed over HTTP (streamed
   and not) and gRPC, a malformed call staying content;
-- a Mistral history whose call id is not 9 characters is a 400 with the template's message.
+- a Mistral history whose call id is not 9 characters is a 400 with the template's message; a
+  template that takes tools in none of the formats refuses tools and calls with a 400.
 About 30 s on a 2-core machine (most of it starting a router per template)."""
 import datetime
 import glob
@@ -170,6 +171,13 @@ def real_templates():
 REAL = real_templates()
 TEMPLATES = {"llama-style": (LLAMA_STYLE, "llama"), "mistral-style": (MISTRAL_STYLE, "mistral"),
              **REAL}
+# Takes tools, but writes calls in a form none of the formats is (the newer Mistral one).
+OTHER_STYLE = """\
+{%- for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}[TOOL_CALLS]\
+{{ c.function.name }}[ARGS]{{ c.function.arguments | tojson }}{% endfor %}\
+{% else %}{{ m.role }}: {{ m.content }}
+{% endif %}{% endfor %}{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]\
+{% endif %}"""
 
 
 def jinja2_render(template, messages, tools, today):
@@ -218,8 +226,9 @@ def routers(cluster, tmp_path_factory):
     def get(name):
         if name not in started:
             path = tmp_path_factory.mktemp(name) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+            template = OTHER_STYLE if name == "other-style" else TEMPLATES[name][0]
             subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata",
-                            str(DEFAULT_MODEL), str(path), "--chat-template", TEMPLATES[name][0],
+                            str(DEFAULT_MODEL), str(path), "--chat-template", template,
                             "--force"], check=True, capture_output=True)
             addresses = ",".join(w.address for w in cluster.workers)
             router = Process("tandem-router", "--listen=127.0.0.1:0", "--http_listen=127.0.0.1:0",
@@ -410,3 +419,17 @@ def test_mistral_history_with_a_bad_call_id_is_refused(routers):
         client.chat.completions.create(model=client.models.list().data[0].id, messages=history,
                                        tools=TOOLS, max_tokens=8)
     assert "9 letters and digits" in error.value.body["message"], error.value.body
+
+
+def test_a_template_in_no_known_format_refuses_tools(routers):
+    client = client_of(routers("other-style"))
+    model = client.models.list().data[0].id
+    for body, param in [(dict(messages=QUESTION, tools=TOOLS), "tools"),
+                        (dict(messages=HISTORY), "messages")]:
+        with pytest.raises(openai.BadRequestError) as error:
+            client.chat.completions.create(model=model, max_tokens=8, **body)
+        assert error.value.body["param"] == param, error.value.body
+        assert "form Tandem does not parse" in error.value.body["message"]
+    # Without tools or calls it serves the chat.
+    reply = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4)
+    assert reply.choices[0].message.content is not None
