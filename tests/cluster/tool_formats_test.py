@@ -13,7 +13,7 @@ written for this test, behind its own router over the same prefill and decode wo
   parsed into tool_calls whose arguments validate with PyPI `jsonschema`, ids as the format wants,
   streamed (accumulated) equal to not streamed with the same seed; gRPC's text is the format's;
 - "auto": output in the format (made certain by a response_format) is parsed over HTTP (streamed
-  and not) and gRPC, a malformed call staying content;
+  and not) and gRPC, a malformed call staying content; a strict tool's triggered grammar compiles;
 - a Mistral history whose call id is not 9 characters is a 400 with the template's message; a
   template that takes tools in none of the formats refuses tools and calls with a 400.
 About 30 s on a 2-core machine (most of it starting a router per template)."""
@@ -433,3 +433,19 @@ def test_a_template_in_no_known_format_refuses_tools(routers):
     # Without tools or calls it serves the chat.
     reply = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4)
     assert reply.choices[0].message.content is not None
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_auto_with_a_strict_tool_compiles_the_formats_grammar(routers, fmt):
+    """A strict tool under "auto": the format's triggered grammar compiles and the request runs;
+    whatever calls the model makes are valid."""
+    client = client_of(routers(FORMATS[fmt]))
+    strict = json.loads(json.dumps(ADD))
+    strict["function"]["strict"] = True
+    for seed in (1, 2):
+        whole = client.chat.completions.create(
+            model=client.models.list().data[0].id, messages=QUESTION, tools=[strict, WEATHER],
+            max_tokens=40, temperature=1.0, seed=seed)
+        assert whole.choices[0].finish_reason in ("stop", "length", "tool_calls"), whole
+        for call in whole.choices[0].message.tool_calls or []:
+            check_call(call, {"get_weather", "add"}, fmt)
