@@ -8,7 +8,7 @@ written for this test, behind its own router over the same prefill and decode wo
 - the rendered prompt of a multi-turn chat with tools, a call and its result (through /tokenize)
   is the same token ids as jinja2 (configured as transformers configures it) rendering the same
   template with the same messages and tools; the same for the real Llama 3.1 / 3.2 / 3.3 and
-  Mistral Nemo templates of llama.cpp's source tree (models/templates/) when it is on the machine;
+  Mistral Nemo templates from llama.cpp's models/templates/ (scripts/fetch_chat_templates.sh);
 - tool_choice "required" and a named function: the grammar makes the output the format's calls,
   parsed into tool_calls whose arguments validate with PyPI `jsonschema`, ids as the format wants,
   streamed (accumulated) equal to not streamed with the same seed; gRPC's text is the format's;
@@ -18,7 +18,6 @@ written for this test, behind its own router over the same prefill and decode wo
   template that takes tools in none of the formats refuses tools and calls with a 400.
 About 30 s on a 2-core machine (most of it starting a router per template)."""
 import datetime
-import glob
 import json
 import os
 import pathlib
@@ -152,9 +151,11 @@ MISTRAL_STYLE = """\
 
 
 def real_templates():
-    """llama.cpp's copies of the real templates, where its source tree is on this machine."""
-    dirs = [os.environ.get("TANDEM_CHAT_TEMPLATES_DIR", "")] + sorted(
-        glob.glob(os.path.expanduser("~/.cache/tandem/llama.cpp/*/src/models/templates")))
+    """llama.cpp's copies of the real templates (scripts/fetch_chat_templates.sh, which
+    scripts/setup.sh runs, puts them in ~/.cache/tandem/chat-templates)."""
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")))
+    dirs = [os.environ.get("TANDEM_CHAT_TEMPLATES_DIR", ""),
+            str(cache / "tandem/chat-templates/llama.cpp-0.3.36")]
     found = {}
     for name, fmt in [("meta-llama-Llama-3.1-8B-Instruct", "llama"),
                       ("meta-llama-Llama-3.2-3B-Instruct", "llama"),
@@ -165,6 +166,7 @@ def real_templates():
             if path is not None and path.is_file():
                 found[name] = (path.read_text(), fmt)
                 break
+    assert len(found) == 4, f"llama.cpp's templates are missing ({dirs}): run scripts/setup.sh"
     return found
 
 
