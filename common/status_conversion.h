@@ -15,11 +15,14 @@
 
 namespace tandem {
 
-// Keeps code and message. absl payloads are not carried.
+// Keeps code and message, and the field of WithParam as gRPC's rich error model: error details
+// (the "grpc-status-details-bin" trailer) holding a google.rpc.Status whose details are one
+// google.rpc.BadRequest with a field violation {field: the param, description: the message}, as
+// grpcio-status and other gRPC clients read it. Other absl payloads are not carried.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// Keeps code and message; a code outside the known range becomes UNKNOWN, with the original
-// number in the message.
+// Keeps code and message, and the param of such details (malformed details are ignored); a code
+// outside the known range becomes UNKNOWN, with the original number in the message.
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // The HTTP status for an API error, as the OpenAI-compatible server returns it:

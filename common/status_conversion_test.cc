@@ -61,5 +61,39 @@ TEST(StatusConversionTest, RetryAfterRidesAlongAndRoundsUpToWholeSeconds) {
   EXPECT_FALSE(RetryAfter(WithRetryAfter(absl::OkStatus(), absl::Seconds(1))).has_value());
 }
 
+TEST(StatusConversionTest, TheParamCrossesGrpcAsABadRequestDetail) {
+  const absl::Status refused =
+      WithParam(absl::InvalidArgumentError("'top_p' must be in (0, 1]"), "top_p");
+  const grpc::Status wire = ToGrpcStatus(refused);
+  EXPECT_FALSE(wire.error_details().empty());
+  const absl::Status back = FromGrpcStatus(wire);
+  EXPECT_EQ(back, refused);  // code, message and the param payload
+  EXPECT_EQ(ParamOf(back), "top_p");
+  // Without a param: no details.
+  EXPECT_TRUE(ToGrpcStatus(absl::InvalidArgumentError("bad")).error_details().empty());
+  EXPECT_EQ(ParamOf(FromGrpcStatus(ToGrpcStatus(absl::InvalidArgumentError("bad")))),
+            std::nullopt);
+}
+
+TEST(StatusConversionTest, MalformedDetailsFromAPeerAreIgnored) {
+  const std::string details =
+      ToGrpcStatus(WithParam(absl::InvalidArgumentError("no"), "messages[2].content"))
+          .error_details();
+  // Every cut of valid details, and bytes that are no message: never a crash; a param only
+  // where the violation's field is whole.
+  for (size_t n = 0; n < details.size(); ++n) {
+    const absl::Status got =
+        FromGrpcStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no", details.substr(0, n)));
+    EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
+    const std::optional<std::string> param = ParamOf(got);
+    EXPECT_TRUE(!param.has_value() || *param == "messages[2].content") << n << ": " << *param;
+  }
+  for (const std::string& junk : {std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11),
+                                 std::string("\x1a\x7f", 2), std::string("\x0f", 1)}) {
+    EXPECT_EQ(ParamOf(FromGrpcStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no", junk))),
+              std::nullopt);
+  }
+}
+
 }  // namespace
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_conversion.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
@@ -318,7 +319,14 @@ absl::StatusOr<grammar::CompiledFormat> LocalEngine::CompileFormat(
     }
     compiler = formats_.get();
   }
-  return compiler->Compile(format);  // thread-safe, outside the lock: compiles run in parallel
+  // Thread-safe, outside the lock: compiles run in parallel.
+  absl::StatusOr<grammar::CompiledFormat> compiled = compiler->Compile(format);
+  if (compiled.ok()) return compiled;
+  // The request field at fault (the API's param): a tool-call grammar comes from the tools.
+  return WithParam(compiled.status(),
+                   format.kind == sampling::ResponseFormat::Kind::kStructuralTag
+                       ? "tools"
+                       : "response_format");
 }
 
 absl::StatusOr<std::unique_ptr<LocalEngine::Request>> LocalEngine::MakeRequest(

@@ -215,7 +215,8 @@ class LocalEngine {
 
   // `format` compiled for this model's vocabulary (the compiler is made at the first constrained
   // request); compiled formats are kept, so compiling one again costs a lookup. INVALID_ARGUMENT
-  // with the compiler's message. Thread-safe: callers on other threads compile a request's format
+  // with the compiler's message, its param (common/status_conversion.h) "response_format", or
+  // "tools" for a tool-call structural tag. Thread-safe: callers on other threads compile a request's format
   // before handing it to the stepping thread, so that a large schema never stalls a step.
   absl::StatusOr<grammar::CompiledFormat> CompileFormat(
       const sampling::ResponseFormat& format) const;

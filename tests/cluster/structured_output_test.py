@@ -8,12 +8,15 @@ decode worker; short completions prompts stay on the decode worker."""
 import json
 import typing
 
+import grpc
 import jsonschema
 import openai
 import pydantic
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
-from cluster_common import Cluster
+from cluster_common import Cluster, Protos
 
 MAX_TOKENS = 160
 
@@ -127,24 +130,49 @@ def test_completions_with_a_short_prompt_decode_locally(client, model_id):
     assert isinstance(json.loads(completion.choices[0].text)["n"], int)
 
 
-@pytest.mark.parametrize("response_format, message", [
+@pytest.mark.parametrize("response_format, message, param", [
+    # Compiled on the worker, which names the field over gRPC (the router relays it).
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}},
-     "json_schema"),
+     "json_schema", "response_format"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "string", "pattern": "(unclosed"}}}, "json_schema"),
-    ({"type": "xml"}, "response_format.type"),
-    ({"type": "json_schema"}, "response_format.json_schema"),
+        "type": "string", "pattern": "(unclosed"}}}, "json_schema", "response_format"),
+    # Checked by the router.
+    ({"type": "xml"}, "response_format.type", "response_format.type"),
+    ({"type": "json_schema"}, "response_format.json_schema", "response_format.json_schema"),
     ({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
-     "response_format.json_schema.name"),
-    ("json", "response_format"),
+     "response_format.json_schema.name", "response_format.json_schema.name"),
+    ("json", "response_format", "response_format"),
 ])
 def test_bad_response_formats_are_400_naming_the_parameter(client, model_id, response_format,
-                                                           message):
+                                                           message, param):
     with pytest.raises(openai.BadRequestError) as error:
         client.chat.completions.create(model=model_id, max_tokens=8,
                                        messages=[{"role": "user", "content": "Hi"}],
                                        response_format=response_format)
     assert message in str(error.value), error.value
+    assert error.value.param == param, error.value
+
+
+def test_a_schema_the_worker_refuses_names_the_field_over_grpc_too(cluster):
+    """gRPC's rich error model, read by grpcio-status: a google.rpc.BadRequest detail whose field
+    violation names the field, as the worker said it to the router."""
+    pb = Protos()
+    stub = pb.inference_grpc.InferenceStub(grpc.insecure_channel(cluster.grpc_address))
+    inf = pb.inference
+    request = inf.GenerateRequest(
+        prompt="Hi", sampling=inf.SamplingParams(
+            max_tokens=4, response_format=inf.ResponseFormat(json_schema='{"type": "nope"}')))
+    with pytest.raises(grpc.RpcError) as error:
+        list(stub.Generate(request, timeout=60))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    status = rpc_status.from_call(error.value)
+    assert status is not None and status.message == error.value.details()
+    violations = []
+    for detail in status.details:
+        bad = error_details_pb2.BadRequest()
+        assert detail.Unpack(bad), detail.type_url
+        violations += [(v.field, v.description) for v in bad.field_violations]
+    assert violations == [("response_format", error.value.details())]
 
 
 def test_min_tokens_with_a_response_format_is_a_400(client, model_id):
