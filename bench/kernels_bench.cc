@@ -210,12 +210,16 @@ void RegisterAll() {
   struct Shape {
     int64_t k, n;
   };
-  const Shape shapes[] = {{576, 1536}, {1536, 576}, {576, 49152}};
+  // The default model's shapes; then a 1B Llama's ffn_down (K-quants only: what a 1B Q4_K_M
+  // file holds as Q4_K or Q6_K).
+  const Shape shapes[] = {{576, 1536}, {1536, 576}, {576, 49152}, {8192, 2048}};
   for (Isa isa : kAllIsas) {
     if (!IsaSupported(isa, HostCpuFeatures())) continue;
     const std::string isa_name(IsaName(isa));
-    // Q4_1 / Q8_0: the default model; Q5_0, Q4_K, Q6_K: what a Q4_K_M file of it holds.
-    for (DType type : {DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+    // Q4_1 / Q8_0: the default model; Q5_0, Q4_K, Q6_K: what a Q4_K_M file of it holds; Q5_K:
+    // a Q5_K_M file's.
+    for (DType type : {DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ5_K,
+                       DType::kQ6_K}) {
       for (bool packed : {false, true}) {
         // The scalar packed kernels are a reference, not a fallback anyone runs for speed.
         const std::optional<PackedFormat> format = PackedWeights::FormatFor(type);
@@ -223,10 +227,12 @@ void RegisterAll() {
         for (int64_t m : {1, 8, 128}) {
           for (const Shape& s : shapes) {
             if (s.k % DTypeBlockElements(type) != 0) continue;
-            // The K-quants stand for ffn_down only (the other matrices of the file are Q5_0).
-            if (DTypeBlockElements(type) == kSuperBlock && s.n > 10000) continue;
-            // Scalar prefill of the output layer takes seconds per call; leave it out.
-            if (isa == Isa::kScalar && m > 1 && s.n > 10000) continue;
+            // The K-quants stand for ffn_down only (the other matrices of the file are Q5_0);
+            // the 1B shape is theirs.
+            const bool kquant = DTypeBlockElements(type) == kSuperBlock;
+            if (kquant ? s.n > 10000 : s.k > 4096) continue;
+            // Scalar prefill of the output layer or a 1B matrix takes seconds per call.
+            if (isa == Isa::kScalar && m > 1 && s.n * s.k > 10'000'000) continue;
             const std::string name = std::string(packed ? "MatMulPacked/" : "MatMul/") +
                                      isa_name + "/" + std::string(DTypeName(type)) + "/M" +
                                      std::to_string(m) + "/K" + std::to_string(s.k) + "/N" +

@@ -71,6 +71,21 @@ inline constexpr int64_t kPackedQ6Bias = 8 * 64;        // int32 bias[16]
 inline constexpr int64_t kPackedQ6Scales = 9 * 64;      // int8 sc0[16], int8 sc1[16]
 inline constexpr int64_t kPackedQ6D = 9 * 64 + 32;      // f16 d[16]
 inline constexpr int64_t kPackedQ6BlockBytes = 10 * 64;
+// kQ4Kx16 / kQ5Kx16 (packed_weights.h): one super-block unit of a tile: 8 sub-blocks of codes
+// (kQ4x16's 4 groups, then for kQ5Kx16 kQ5x16's fifth-bit group), then the rows' low scale
+// bits, high scale bits and f16 d / dmin.
+template <bool kFive>
+inline constexpr int64_t kPackedKSubBytes = kFive ? 5 * 64 : 4 * 64;  // one sub-block's codes
+template <bool kFive>
+inline constexpr int64_t kPackedKLow = 8 * kPackedKSubBytes<kFive>;  // uint8 lo[8][16]
+template <bool kFive>
+inline constexpr int64_t kPackedKHigh = kPackedKLow<kFive> + 128;  // uint32 hi[16]
+template <bool kFive>
+inline constexpr int64_t kPackedKD = kPackedKHigh<kFive> + 64;  // f16 d[16], then dmin[16]
+template <bool kFive>
+inline constexpr int64_t kPackedKUnitBytes = kPackedKD<kFive> + 64;
+
+inline constexpr int kPackedFormatCount = 6;  // packed_weights.h's kNumPackedFormats
 
 using PackedDotFn = void (*)(const uint8_t* tile, int64_t nb, const BlockQ8Act* x,
                              const int32_t* xsum, int64_t x_stride, int64_t m, float* y,
@@ -136,7 +151,7 @@ struct KernelTable {
   // Two-row kernels indexed by DType (kNumDTypes entries), or nullptr where the table has none;
   // an entry may be nullptr (then row_dot is used for every row).
   const RowDot2Fn* row_dot2;
-  // Kernels over packed tiles, indexed by PackedFormat (4 entries), or nullptr where the table
+  // Kernels over packed tiles, indexed by PackedFormat (kPackedFormatCount entries), or nullptr where the table
   // has none of its own: MatMul then runs the scalar table's, and a caller that packs weights for
   // speed should not pack for this table (PackedKernelsAreNative).
   const PackedDotFn* packed_dot;

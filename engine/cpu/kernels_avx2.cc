@@ -69,27 +69,70 @@ inline void StoreHalfRows(const __m256 (&acc)[R], int half, float* y, int64_t ys
   }
 }
 
-// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16). kQ5x16 is kQ4x16 with each code's
-// fifth bit ORed in from its qh group and f32 scales; its pair sums (at most 2 * 31 * 127) add
-// up in 16 bits only 4 at a time, so each half of the block is widened on its own.
+// Block index j's scales and offsets of rows 8 half .. 8 half + 7 of a kQ4Kx16 / kQ5Kx16 unit
+// (packed_weights.h): d · sc_j and -(dmin · m_j), exact. d_sb, dmin_sb and hi are the unit's
+// (this half's), loaded once per unit.
+template <bool kFive>
+inline void KScales(const uint8_t* unit, int j, int half, __m256 d_sb, __m256 dmin_sb, __m256i hi,
+                    __m256* dw, __m256* mw) {
+  const __m256i low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+      reinterpret_cast<const __m128i*>(unit + kPackedKLow<kFive> + 16 * j + 8 * half)));
+  const __m256i three = _mm256_set1_epi32(3), fifteen = _mm256_set1_epi32(15);
+  const __m256i sc = _mm256_or_si256(
+      _mm256_and_si256(low, fifteen),
+      _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(hi, _mm_cvtsi32_si128(2 * j)), three),
+                        4));
+  const __m256i mn = _mm256_or_si256(
+      _mm256_srli_epi32(low, 4),
+      _mm256_slli_epi32(
+          _mm256_and_si256(_mm256_srl_epi32(hi, _mm_cvtsi32_si128(16 + 2 * j)), three), 4));
+  *dw = _mm256_mul_ps(d_sb, _mm256_cvtepi32_ps(sc));
+  *mw = _mm256_xor_ps(_mm256_mul_ps(dmin_sb, _mm256_cvtepi32_ps(mn)), _mm256_set1_ps(-0.0f));
+}
+
+// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16, 4 kQ4Kx16, 5 kQ5Kx16). kQ5x16 is kQ4x16
+// with each code's fifth bit ORed in from its qh group and f32 scales; its pair sums (at most
+// 2 * 31 * 127) add up in 16 bits only 4 at a time, so each half of the block is widened on its
+// own. kQ4Kx16 / kQ5Kx16 are kQ4x16 / kQ5x16 with each block's scales made from its unit's scale
+// bits (KScales), once for all activation rows.
 template <int F, int R>
 void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
                     const int32_t* /*xsum*/, int64_t xs, float* y, int64_t ys, int64_t rows) {
   constexpr bool kQ4 = F != 1;  // nibble codes with an offset
-  constexpr bool kFive = F == 2;
-  constexpr int64_t kBlockBytes = kFive ? kPackedQ5BlockBytes : kPackedBlockBytes<kQ4>;
+  constexpr bool kFive = F == 2 || F == 5;
+  constexpr bool kK = F >= 4;
+  constexpr int64_t kBlockBytes = kK      ? kPackedKUnitBytes<kFive> / 8
+                                  : kFive ? kPackedQ5BlockBytes
+                                          : kPackedBlockBytes<kQ4>;
   constexpr int kGroups = kPackedGroups<kQ4>;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 d_sb = _mm256_setzero_ps(), dmin_sb = _mm256_setzero_ps();
+  __m256i hi = _mm256_setzero_si256();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* base = tile + b * kBlockBytes;
-    // (The second half reads the lines the first one brought in.)
+    // (The second half reads the lines the first one brought in. K formats: the tiles are still
+    // read front to back, a unit's bytes per 8 block indices.)
     if (R > 1 && half == 0) PrefetchPackedBlock<kBlockBytes>(base);
+    const uint8_t* unit = nullptr;
+    if constexpr (kK) {
+      unit = tile + (b / 8) * kPackedKUnitBytes<kFive>;
+      base = unit + (b % 8) * kPackedKSubBytes<kFive>;
+      if (b % 8 == 0) {
+        const uint8_t* d = unit + kPackedKD<kFive> + 16 * half;
+        d_sb = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d)));
+        dmin_sb = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d + 32)));
+        hi = _mm256_load_si256(
+            reinterpret_cast<const __m256i*>(unit + kPackedKHigh<kFive> + 32 * half));
+      }
+    }
     const uint8_t* blk = base + 32 * half;  // this half's codes in each 64-byte group
     __m256 dw, mw = _mm256_setzero_ps();
-    if constexpr (kFive) {
+    if constexpr (kK) {
+      KScales<kFive>(unit, static_cast<int>(b % 8), half, d_sb, dmin_sb, hi, &dw, &mw);
+    } else if constexpr (kFive) {
       dw = _mm256_load_ps(reinterpret_cast<const float*>(base + kPackedQ5Scales + 32 * half));
       mw = _mm256_load_ps(reinterpret_cast<const float*>(base + kPackedQ5Scales + 64 + 32 * half));
     } else {
@@ -241,7 +284,8 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
   }
 }
 
-const PackedDotFn kPackedDot[4] = {PackedDot<0>, PackedDot<1>, PackedDot<2>, PackedDot<3>};
+const PackedDotFn kPackedDot[kPackedFormatCount] = {PackedDot<0>, PackedDot<1>, PackedDot<2>,
+                                                     PackedDot<3>, PackedDot<4>, PackedDot<5>};
 
 // ---- attention, head_dim 64 ---------------------------------------------------------------------
 // The AVX-512 kernel's plan on 256-bit registers: scores for 8 positions at a time (8 partial

@@ -188,23 +188,66 @@ inline __m512i Bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16). kQ5x16 is kQ4x16 with each code's
-// fifth bit ORed in from its qh group and f32 scales; codes stay unsigned (0..31).
+// Block index b's 16 scales and offsets of a kQ4Kx16 / kQ5Kx16 unit (packed_weights.h):
+// d · sc_j and -(dmin · m_j), exact. d_sb, dmin_sb and hi are the unit's, loaded once per unit.
+template <bool kFive>
+__attribute__((always_inline)) inline void KScales(const uint8_t* unit, int j, __m512 d_sb,
+                                                   __m512 dmin_sb, __m512i hi, __m512* dw,
+                                                   __m512* mw) {
+  const __m512i low = _mm512_cvtepu8_epi32(
+      _mm_load_si128(reinterpret_cast<const __m128i*>(unit + kPackedKLow<kFive> + 16 * j)));
+  const __m512i three = _mm512_set1_epi32(3), fifteen = _mm512_set1_epi32(15);
+  const __m512i sc = _mm512_or_si512(
+      _mm512_and_si512(low, fifteen),
+      _mm512_slli_epi32(_mm512_and_si512(_mm512_srl_epi32(hi, _mm_cvtsi32_si128(2 * j)), three),
+                        4));
+  const __m512i mn = _mm512_or_si512(
+      _mm512_srli_epi32(low, 4),
+      _mm512_slli_epi32(
+          _mm512_and_si512(_mm512_srl_epi32(hi, _mm_cvtsi32_si128(16 + 2 * j)), three), 4));
+  *dw = _mm512_mul_ps(d_sb, _mm512_cvtepi32_ps(sc));
+  *mw = _mm512_castsi512_ps(
+      _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin_sb, _mm512_cvtepi32_ps(mn))),
+                       _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+}
+
+// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16, 4 kQ4Kx16, 5 kQ5Kx16). kQ5x16 is
+// kQ4x16 with each code's fifth bit ORed in from its qh group and f32 scales; codes stay unsigned
+// (0..31). kQ4Kx16 / kQ5Kx16 are kQ4x16 / kQ5x16 with each block's scales made from its unit's
+// scale bits (KScales), once for all activation rows.
 template <int F, int R>
 __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64_t nb,
                                                       const BlockQ8Act* x, const int32_t* xsum,
                                                       int64_t xs, float* y, int64_t ys,
                                                       int64_t rows) {
   constexpr bool kQ4 = F != 1;  // nibble codes with an offset
-  constexpr bool kFive = F == 2;
-  constexpr int64_t kBlockBytes = kFive ? kPackedQ5BlockBytes : kPackedBlockBytes<kQ4>;
+  constexpr bool kFive = F == 2 || F == 5;
+  constexpr bool kK = F >= 4;
+  constexpr int64_t kBlockBytes = kK      ? kPackedKUnitBytes<kFive> / 8
+                                  : kFive ? kPackedQ5BlockBytes
+                                          : kPackedBlockBytes<kQ4>;
   constexpr int kGroups = kPackedGroups<kQ4>;
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 d_sb = _mm512_setzero_ps(), dmin_sb = _mm512_setzero_ps();
+  __m512i hi = _mm512_setzero_si512();
   for (int64_t b = 0; b < nb; ++b) {
+    // (K formats: the tiles are still read front to back, a unit's bytes per 8 block indices.)
+    if constexpr (R > 1) PrefetchPackedBlock<kBlockBytes>(tile + b * kBlockBytes);
     const uint8_t* blk = tile + b * kBlockBytes;
-    if constexpr (R > 1) PrefetchPackedBlock<kBlockBytes>(blk);
+    const uint8_t* unit = nullptr;
+    if constexpr (kK) {
+      unit = tile + (b / 8) * kPackedKUnitBytes<kFive>;
+      blk = unit + (b % 8) * kPackedKSubBytes<kFive>;
+      if (b % 8 == 0) {
+        d_sb = _mm512_cvtph_ps(
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(unit + kPackedKD<kFive>)));
+        dmin_sb = _mm512_cvtph_ps(
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(unit + kPackedKD<kFive> + 32)));
+        hi = _mm512_load_si512(unit + kPackedKHigh<kFive>);
+      }
+    }
     __m512i w[8];
     if constexpr (kQ4) {
       const __m512i low = _mm512_set1_epi8(0x0F);
@@ -229,7 +272,9 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
       for (int g = 0; g < 8; ++g) w[g] = _mm512_xor_si512(_mm512_loadu_si512(blk + 64 * g), bias);
     }
     __m512 dw, mw = _mm512_setzero_ps();
-    if constexpr (kFive) {
+    if constexpr (kK) {
+      KScales<kFive>(unit, static_cast<int>(b % 8), d_sb, dmin_sb, hi, &dw, &mw);
+    } else if constexpr (kFive) {
       dw = _mm512_load_ps(blk + kPackedQ5Scales);
       mw = _mm512_load_ps(blk + kPackedQ5Scales + 64);
     } else {
@@ -349,7 +394,8 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
   }
 }
 
-const PackedDotFn kPackedDot[4] = {PackedDot<0>, PackedDot<1>, PackedDot<2>, PackedDot<3>};
+const PackedDotFn kPackedDot[kPackedFormatCount] = {PackedDot<0>, PackedDot<1>, PackedDot<2>,
+                                                     PackedDot<3>, PackedDot<4>, PackedDot<5>};
 
 // ---- attention, head_dim 64 ---------------------------------------------------------------------
 // Scores for 16 positions at a time: 16 partial-product vectors (4 FMAs each) are summed

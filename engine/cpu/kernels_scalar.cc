@@ -320,7 +320,53 @@ void PackedDotQ6(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int
   }
 }
 
-const PackedDotFn kPackedDot[4] = {PackedDot<true>, PackedDot<false>, PackedDotQ5, PackedDotQ6};
+// kQ4Kx16 / kQ5Kx16: kQ4x16's / kQ5x16's arithmetic, with block b's scale d · sc_j and offset
+// -(dmin · m_j) (exact in f32) from the scale bits of its super-block unit.
+template <bool kFive>
+void PackedDotK(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* /*xsum*/,
+                int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* unit = tile + (b / 8) * kPackedKUnitBytes<kFive>;
+        const int j = static_cast<int>(b % 8);
+        const uint8_t* sub = unit + j * kPackedKSubBytes<kFive>;
+        const BlockQ8Act& xb = x[i * xs + b];
+        int32_t sumi = 0;
+        for (int c = 0; c < 4; ++c) {
+          for (int l = 0; l < 4; ++l) {
+            const uint8_t q = sub[c * 64 + r * 4 + l];
+            int lo = q & 0x0F, hi = q >> 4;
+            if constexpr (kFive) {
+              const uint8_t h = sub[kPackedQ5FifthBits + r * 4 + l];
+              lo |= ((h >> c) & 1) << 4;
+              hi |= ((h >> (4 + c)) & 1) << 4;
+            }
+            sumi += lo * xb.qs[4 * c + l] + hi * xb.qs[16 + 4 * c + l];
+          }
+        }
+        const uint8_t low = unit[kPackedKLow<kFive> + 16 * j + r];
+        uint32_t high;
+        std::memcpy(&high, unit + kPackedKHigh<kFive> + 4 * r, 4);
+        const int sc = (low & 0x0F) | static_cast<int>((high >> (2 * j)) & 3) << 4;
+        const int mn = (low >> 4) | static_cast<int>((high >> (16 + 2 * j)) & 3) << 4;
+        uint16_t d, dmin;
+        std::memcpy(&d, unit + kPackedKD<kFive> + 2 * r, 2);
+        std::memcpy(&dmin, unit + kPackedKD<kFive> + 32 + 2 * r, 2);
+        const float dw = HalfToFloat(d) * static_cast<float>(sc);
+        const float mw = -(HalfToFloat(dmin) * static_cast<float>(mn));
+        acc = std::fma(static_cast<float>(sumi), dw * xb.d, acc);
+        acc = std::fma(mw, xb.s, acc);
+      }
+      y[i * ys + r] = acc;
+    }
+  }
+}
+
+const PackedDotFn kPackedDot[kPackedFormatCount] = {
+    PackedDot<true>, PackedDot<false>, PackedDotQ5, PackedDotQ6, PackedDotK<false>,
+    PackedDotK<true>};
 
 float DotF32(const float* a, const float* b, int64_t n) {
   float acc = 0.0f;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kernel_table.h"
@@ -9,8 +10,13 @@
 namespace tandem::cpu {
 
 static_assert(kPackedBlockBytes<true> == 320 && kPackedBlockBytes<false> == 544 &&
-                  kPackedQ5BlockBytes == 448 && kPackedQ6BlockBytes == 640,
+                  kPackedQ5BlockBytes == 448 && kPackedQ6BlockBytes == 640 &&
+                  kPackedKUnitBytes<false> == 2304 && kPackedKUnitBytes<true> == 2816,
               "the layouts packed_weights.h documents");
+static_assert(kNumPackedFormats == kPackedFormatCount);
+// A K-quant unit is its super-block's 8 block indices, the same bytes per row as the file's block.
+static_assert(kPackedKUnitBytes<false> == kPackedRows * sizeof(BlockQ4_K) &&
+              kPackedKUnitBytes<true> == kPackedRows * sizeof(BlockQ5_K));
 
 int64_t PackedBlockBytes(PackedFormat format) {
   switch (format) {
@@ -22,87 +28,129 @@ int64_t PackedBlockBytes(PackedFormat format) {
       return kPackedQ5BlockBytes;
     case PackedFormat::kQ6x16:
       return kPackedQ6BlockBytes;
+    case PackedFormat::kQ4Kx16:
+      return kPackedKUnitBytes<false> / 8;
+    case PackedFormat::kQ5Kx16:
+      return kPackedKUnitBytes<true> / 8;
   }
   return 0;
 }
 
 namespace {
 
-// 32 weights of a kQ5x16 source as x = d * code[j] + m: block b of the row at `row` (for the
-// K-quants, sub-block b % 8 of super-block b / 8). code[j] in 0..31; d and m exact in f32.
+// 32 weights of a kQ5x16 source (Q5_0, Q5_1) as x = d * code[j] + m: block b of the row at
+// `row`. code[j] in 0..31; d and m exact in f32.
 void FiveBitBlock(DType type, const uint8_t* row, int64_t b, uint8_t code[kQuantBlock], float* d,
                   float* m) {
-  auto half = [](const uint16_t& h) { return HalfToFloat(h); };
-  switch (type) {
-    case DType::kQ5_0:
-    case DType::kQ5_1: {
-      uint32_t qh;
-      const uint8_t* qs;
-      if (type == DType::kQ5_0) {
-        const BlockQ5_0& w = reinterpret_cast<const BlockQ5_0*>(row)[b];
-        std::memcpy(&qh, w.qh, 4);
-        qs = w.qs;
-        *d = half(w.d);
-        *m = -16.0f * *d;
-      } else {
-        const BlockQ5_1& w = reinterpret_cast<const BlockQ5_1*>(row)[b];
-        std::memcpy(&qh, w.qh, 4);
-        qs = w.qs;
-        *d = half(w.d);
-        *m = half(w.m);
+  uint32_t qh;
+  const uint8_t* qs;
+  if (type == DType::kQ5_0) {
+    const BlockQ5_0& w = reinterpret_cast<const BlockQ5_0*>(row)[b];
+    std::memcpy(&qh, w.qh, 4);
+    qs = w.qs;
+    *d = HalfToFloat(w.d);
+    *m = -16.0f * *d;
+  } else {
+    const BlockQ5_1& w = reinterpret_cast<const BlockQ5_1*>(row)[b];
+    std::memcpy(&qh, w.qh, 4);
+    qs = w.qs;
+    *d = HalfToFloat(w.d);
+    *m = HalfToFloat(w.m);
+  }
+  for (int j = 0; j < kQuantBlock; ++j) {
+    const int low = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
+    code[j] = static_cast<uint8_t>(low | (((qh >> j) & 1) << 4));
+  }
+}
+
+// Row r's codes of one block in kQ4x16's nibble groups at `out`, and with kFive their fifth bits
+// in kQ5x16's group at out + kPackedQ5FifthBits (without, codes are 0..15 and nothing is written
+// there: in a kQ4Kx16 unit that is the next sub-block).
+template <bool kFive>
+void PackCodes(const uint8_t code[kQuantBlock], int64_t r, uint8_t* out) {
+  for (int c = 0; c < 4; ++c) {
+    for (int j = 0; j < 4; ++j) {
+      const int lo = code[4 * c + j], hi = code[16 + 4 * c + j];
+      out[c * 64 + r * 4 + j] = static_cast<uint8_t>((lo & 0x0F) | ((hi & 0x0F) << 4));
+      if constexpr (kFive) {
+        out[kPackedQ5FifthBits + r * 4 + j] |=
+            static_cast<uint8_t>(((lo >> 4) << c) | ((hi >> 4) << (4 + c)));
       }
-      for (int j = 0; j < kQuantBlock; ++j) {
-        const int low = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
-        code[j] = static_cast<uint8_t>(low | (((qh >> j) & 1) << 4));
-      }
-      return;
-    }
-    default: {  // Q4_K, Q5_K
-      const int sub = static_cast<int>(b % 8);
-      const uint8_t* scales;
-      const uint8_t* qs;
-      const uint8_t* qh = nullptr;
-      uint16_t d16, dmin16;
-      if (type == DType::kQ4_K) {
-        const BlockQ4_K& w = reinterpret_cast<const BlockQ4_K*>(row)[b / 8];
-        scales = w.scales;
-        qs = w.qs;
-        d16 = w.d;
-        dmin16 = w.dmin;
-      } else {
-        const BlockQ5_K& w = reinterpret_cast<const BlockQ5_K*>(row)[b / 8];
-        scales = w.scales;
-        qs = w.qs;
-        qh = w.qh;
-        d16 = w.d;
-        dmin16 = w.dmin;
-      }
-      int sc, mn;
-      KQuantScaleMin(scales, sub, &sc, &mn);
-      *d = half(d16) * static_cast<float>(sc);    // 11 x 6 significant bits: exact
-      *m = -half(dmin16) * static_cast<float>(mn);
-      for (int j = 0; j < kQuantBlock; ++j) {
-        int c = (qs[32 * (sub / 2) + j] >> (4 * (sub % 2))) & 0x0F;
-        if (qh != nullptr) c |= ((qh[j] >> sub) & 1) << 4;
-        code[j] = static_cast<uint8_t>(c);
-      }
-      return;
     }
   }
 }
 
 // Writes row r's part of one kQ5x16 block index at `out` (packed_weights.h).
 void PackFiveBitRow(const uint8_t code[kQuantBlock], float d, float m, int64_t r, uint8_t* out) {
-  for (int c = 0; c < 4; ++c) {
-    for (int j = 0; j < 4; ++j) {
-      const int lo = code[4 * c + j], hi = code[16 + 4 * c + j];
-      out[c * 64 + r * 4 + j] = static_cast<uint8_t>((lo & 0x0F) | ((hi & 0x0F) << 4));
-      out[kPackedQ5FifthBits + r * 4 + j] |=
-          static_cast<uint8_t>(((lo >> 4) << c) | ((hi >> 4) << (4 + c)));
-    }
-  }
+  PackCodes<true>(code, r, out);
   std::memcpy(out + kPackedQ5Scales + r * 4, &d, 4);
   std::memcpy(out + kPackedQ5Scales + 64 + r * 4, &m, 4);
+}
+
+// Writes row r's part of sub-block b % 8 of the K-quant unit at `unit` (super-block b / 8 of the
+// Q4_K / Q5_K row at `row`; packed_weights.h): its codes, its scale bits and, with the first
+// sub-block, the super-block's d and dmin.
+template <bool kFive>
+void PackKRow(const uint8_t* row, int64_t b, int64_t r, uint8_t* unit) {
+  using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
+  const Block& w = reinterpret_cast<const Block*>(row)[b / 8];
+  const int j = static_cast<int>(b % 8);
+  uint8_t code[kQuantBlock];
+  for (int l = 0; l < kQuantBlock; ++l) {
+    int c = (w.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+    if constexpr (kFive) c |= ((w.qh[l] >> j) & 1) << 4;
+    code[l] = static_cast<uint8_t>(c);
+  }
+  PackCodes<kFive>(code, r, unit + j * kPackedKSubBytes<kFive>);
+  int sc, mn;
+  KQuantScaleMin(w.scales, j, &sc, &mn);
+  unit[kPackedKLow<kFive> + 16 * j + r] = static_cast<uint8_t>((sc & 0x0F) | ((mn & 0x0F) << 4));
+  uint32_t hi;
+  std::memcpy(&hi, unit + kPackedKHigh<kFive> + 4 * r, 4);
+  hi |= static_cast<uint32_t>(sc >> 4) << (2 * j) | static_cast<uint32_t>(mn >> 4) << (16 + 2 * j);
+  std::memcpy(unit + kPackedKHigh<kFive> + 4 * r, &hi, 4);
+  if (j == 0) {
+    std::memcpy(unit + kPackedKD<kFive> + 2 * r, &w.d, 2);
+    std::memcpy(unit + kPackedKD<kFive> + 32 + 2 * r, &w.dmin, 2);
+  }
+}
+
+// Row r of the K-quant unit at `unit` back as the file's super-block at `out`.
+template <bool kFive>
+void UnpackKRow(const uint8_t* unit, int64_t r, uint8_t* out) {
+  using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
+  Block w{};
+  std::memcpy(&w.d, unit + kPackedKD<kFive> + 2 * r, 2);
+  std::memcpy(&w.dmin, unit + kPackedKD<kFive> + 32 + 2 * r, 2);
+  uint32_t hi;
+  std::memcpy(&hi, unit + kPackedKHigh<kFive> + 4 * r, 4);
+  int sc[8], mn[8];
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t low = unit[kPackedKLow<kFive> + 16 * j + r];
+    sc[j] = (low & 0x0F) | static_cast<int>((hi >> (2 * j)) & 3) << 4;
+    mn[j] = (low >> 4) | static_cast<int>((hi >> (16 + 2 * j)) & 3) << 4;
+    const uint8_t* sub = unit + j * kPackedKSubBytes<kFive>;
+    for (int c = 0; c < 4; ++c) {
+      for (int l = 0; l < 4; ++l) {
+        const uint8_t byte = sub[c * 64 + r * 4 + l];
+        const int e0 = 4 * c + l, e1 = 16 + 4 * c + l;  // the byte's two elements
+        w.qs[32 * (j / 2) + e0] |= static_cast<uint8_t>((byte & 0x0F) << (4 * (j % 2)));
+        w.qs[32 * (j / 2) + e1] |= static_cast<uint8_t>((byte >> 4) << (4 * (j % 2)));
+        if constexpr (kFive) {
+          const uint8_t h = sub[kPackedQ5FifthBits + r * 4 + l];
+          w.qh[e0] |= static_cast<uint8_t>(((h >> c) & 1) << j);
+          w.qh[e1] |= static_cast<uint8_t>(((h >> (4 + c)) & 1) << j);
+        }
+      }
+    }
+  }
+  // dtype.h's 12-byte encoding of the 6-bit scales and mins (KQuantScaleMin's inverse).
+  for (int j = 0; j < 4; ++j) {
+    w.scales[j] = static_cast<uint8_t>(sc[j] | (sc[j + 4] >> 4) << 6);
+    w.scales[j + 4] = static_cast<uint8_t>(mn[j] | (mn[j + 4] >> 4) << 6);
+    w.scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0F) | (mn[j + 4] & 0x0F) << 4);
+  }
+  std::memcpy(out, &w, sizeof(w));
 }
 
 // Writes row r's part of kQ6x16 block index b (elements 32 (b % 8) .. + 31 of super-block
@@ -141,9 +189,11 @@ std::optional<PackedFormat> PackedWeights::FormatFor(DType type) {
       return PackedFormat::kQ8x16;
     case DType::kQ5_0:
     case DType::kQ5_1:
-    case DType::kQ4_K:
-    case DType::kQ5_K:
       return PackedFormat::kQ5x16;
+    case DType::kQ4_K:
+      return PackedFormat::kQ4Kx16;
+    case DType::kQ5_K:
+      return PackedFormat::kQ5Kx16;
     case DType::kQ6_K:
       return PackedFormat::kQ6x16;
     default:
@@ -201,6 +251,16 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(
       uint8_t* out = data.get() + (t * nb + b) * block_bytes;
       for (int64_t r = 0; r < kPackedRows && t * kPackedRows + r < n; ++r) {
         const int64_t row = t * kPackedRows + r;
+        if (*format == PackedFormat::kQ4Kx16 || *format == PackedFormat::kQ5Kx16) {
+          // This block's unit: its super-block's 8 block indices.
+          uint8_t* unit = data.get() + (t * nb + b / 8 * 8) * block_bytes;
+          if (*format == PackedFormat::kQ4Kx16) {
+            PackKRow<false>(src + row * w_row_bytes, b, r, unit);
+          } else {
+            PackKRow<true>(src + row * w_row_bytes, b, r, unit);
+          }
+          continue;
+        }
         if (*format == PackedFormat::kQ6x16) {
           PackQ6Row(src + row * w_row_bytes, b, r, out);
           continue;
@@ -249,7 +309,9 @@ absl::Status PackedWeights::UnpackRow(int64_t row, DType type, void* out) const 
   const bool q8 = format_ == PackedFormat::kQ8x16 && type == DType::kQ8_0;
   const bool q4 =
       format_ == PackedFormat::kQ4x16 && (type == DType::kQ4_0 || type == DType::kQ4_1);
-  if (!q8 && !q4) {
+  const bool q4k = format_ == PackedFormat::kQ4Kx16 && type == DType::kQ4_K;
+  const bool q5k = format_ == PackedFormat::kQ5Kx16 && type == DType::kQ5_K;
+  if (!q8 && !q4 && !q4k && !q5k) {
     return absl::UnimplementedError(absl::StrCat("PackedWeights: no ", DTypeName(type),
                                                  " rows from this packed format"));
   }
@@ -258,6 +320,19 @@ absl::Status PackedWeights::UnpackRow(int64_t row, DType type, void* out) const 
   }
   const int64_t nb = k_ / kQuantBlock;
   const int64_t r = row % kPackedRows;
+  if (q4k || q5k) {
+    const int64_t unit_bytes = 8 * PackedBlockBytes(format_);
+    for (int64_t s = 0; s < k_ / kSuperBlock; ++s) {
+      const uint8_t* unit = tile(row / kPackedRows) + s * unit_bytes;
+      uint8_t* blk = static_cast<uint8_t*>(out) + s * DTypeBlockBytes(type);
+      if (q4k) {
+        UnpackKRow<false>(unit, r, blk);
+      } else {
+        UnpackKRow<true>(unit, r, blk);
+      }
+    }
+    return absl::OkStatus();
+  }
   const int groups = q8 ? 8 : 4;
   const int64_t block_bytes = DTypeBlockBytes(type);
   const uint8_t* tile_data = tile(row / kPackedRows);

@@ -20,10 +20,8 @@
 //                      qh[16][4]:    row r, byte j: bit c = fifth bit of element 4c + j, bit 4 + c
 //                                    = fifth bit of element 16 + 4c + j (c = 0..3)
 //                      d[16], m[16]: f32 scale and offset of each row (x = d * code + m)
-//           from Q5_0 (m = -16 d), Q5_1 (d, m), Q5_K and Q4_K (fifth bits 0); for the K-quants
-//           block b is sub-block b % 8 of super-block b / 8, d = d_sb * sc_j and m = -dmin * m_j,
-//           all exact in f32. 28 bytes per row and block against the file's 22 (Q5_0, Q5_1
-//           24) or 18 / 22 (Q4_K / Q5_K): the packed copy is larger than the file's bytes.
+//           from Q5_0 (m = -16 d) and Q5_1 (d, m). 28 bytes per row and block against the
+//           file's 22 (Q5_0, Q5_1 24): the packed copy is larger than the file's bytes.
 //   kQ6x16  640 bytes  qs[8][16][4]: as kQ8x16, int8 codes c = q - 32 (-32..31)
 //                      bias[16]:     int32 128 · (sc0 · Σ c[0..15] + sc1 · Σ c[16..31]) of each row
 //                      sc0[16], sc1[16]: int8 scales of each row's two 16-element halves
@@ -31,6 +29,20 @@
 //           from Q6_K (block b: elements 32 (b % 8) .. + 31 of super-block b / 8). 40 bytes per
 //           row and block against the file's 26.25. The bias lets AVX-512 take x + 128 as
 //           vpdpbusd's unsigned operand: Σ (x + 128) c = Σ x c + 128 Σ c, exact.
+//   kQ4Kx16, kQ5Kx16: the K-quants, in units of one super-block (256 weights, block indices
+//           8s .. 8s + 7) per tile, so that the scales stay as compact as the file's:
+//                      sub[8]:       sub-block j (block index 8s + j) at 256 j (kQ4Kx16) or 320 j
+//                                    (kQ5Kx16): qs[4][16][4] as kQ4x16's, then (kQ5Kx16) qh[16][4]
+//                                    as kQ5x16's
+//                      lo[8][16]:    sub-block j, row r: (sc_j & 15) | (m_j & 15) << 4
+//                      hi[16]:       uint32 of row r: bits 2j, 2j + 1 = sc_j >> 4, bits 16 + 2j,
+//                                    17 + 2j = m_j >> 4 (sc_j, m_j: the file's 6-bit scale and min)
+//                      d[16], dmin[16]: f16 of each row, as the file's super-block holds them
+//           2304 (kQ4Kx16) or 2816 (kQ5Kx16) bytes a unit: 18 and 22 bytes per row and 32 weights,
+//           the file's own. Block b's scale and offset are d[n,b] = d · sc_j and
+//           m[n,b] = -(dmin · m_j), both exact in f32 (11 x 6 significant bits), computed by the
+//           kernel once per block index for all activation rows; the arithmetic below is
+//           kQ4x16's / kQ5x16's with them.
 //
 // Rows past N in the last tile are zero (scales included), and their outputs are not written.
 //
@@ -40,7 +52,7 @@
 //   acc = 0
 //   for b in 0 .. K/32 - 1:
 //     acc = fma(float(Σ_j q[n,b,j] · x_b.qs[j]), d[n,b] · x_b.d, acc)   // the integer sum is exact
-//     acc = fma(m[n,b], x_b.s, acc)                             // kQ4x16 and kQ5x16 only
+//     acc = fma(m[n,b], x_b.s, acc)                 // kQ4x16, kQ5x16, kQ4Kx16, kQ5Kx16 only
 //
 // except kQ6x16, whose integer sum is sc0 · Σ_{j<16} c_j x_j + sc1 · Σ_{j>=16} c_j x_j (exact),
 // then acc = fma(float(sum), d[n,b] · x_b.d, acc) as above.
@@ -62,11 +74,12 @@
 
 namespace tandem::cpu {
 
-enum class PackedFormat : uint8_t { kQ4x16, kQ8x16, kQ5x16, kQ6x16 };
-inline constexpr int kNumPackedFormats = 4;
+enum class PackedFormat : uint8_t { kQ4x16, kQ8x16, kQ5x16, kQ6x16, kQ4Kx16, kQ5Kx16 };
+inline constexpr int kNumPackedFormats = 6;
 inline constexpr int64_t kPackedRows = 16;  // weight rows per tile
 
-// Bytes of one block index of one tile (320, 544, 448 or 640).
+// Bytes of one block index of one tile (320, 544, 448, 640; for kQ4Kx16 / kQ5Kx16, whose unit is
+// a super-block of 8 block indices, an eighth of it: 288, 352).
 int64_t PackedBlockBytes(PackedFormat format);
 
 // Whether the kernel table for `isa` has its own kernel for `format`. Where it has not, MatMul
@@ -104,10 +117,12 @@ class PackedWeights {
   // Writes row `row` back in the GGUF layout of `type`, byte for byte what was packed, to
   // `out` (DTypeStorageBytes(type, k) bytes): a tied embedding reads its token rows from the
   // output matrix's packed copy, not from file pages that would come back into memory.
-  // UNIMPLEMENTED unless the format is kQ8x16 from Q8_0 or kQ4x16 from Q4_0 / Q4_1 (the formats
-  // that hold the file's codes and scales as they are); OUT_OF_RANGE for a row past n.
+  // UNIMPLEMENTED unless the format is kQ8x16 from Q8_0, kQ4x16 from Q4_0 / Q4_1 or kQ4Kx16 /
+  // kQ5Kx16 from Q4_K / Q5_K (the formats that hold the file's codes and scales as they are);
+  // OUT_OF_RANGE for a row past n.
   absl::Status UnpackRow(int64_t row, DType type, void* out) const;
-  // Tile t: rows 16t .. 16t + 15. The data starts 64-byte aligned (kQ4x16, kQ5x16 and kQ6x16 tiles all are).
+  // Tile t: rows 16t .. 16t + 15. The data starts 64-byte aligned (so do the tiles of every format
+  // but kQ8x16).
   const uint8_t* tile(int64_t t) const { return data_.get() + t * tile_bytes(); }
 
  private:

@@ -325,14 +325,30 @@ TEST(PackedWeightsTest, SizesAndAlignment) {
   EXPECT_EQ(PackedWeights::PackedBytes(DType::kQ4_1, 33, 96), packed->bytes());
   EXPECT_EQ(PackedWeights::PackedBytes(DType::kQ5_0, 17, 64), packed5->bytes());
   EXPECT_EQ(PackedWeights::PackedBytes(DType::kIQ4_NL, 16, 64), 0);
+
+  // The K-quant forms take the file's bytes: a whole number of 16-row tiles packs into exactly
+  // DTypeStorageBytes, and each super-block unit stays 64-byte aligned.
+  for (DType type : {DType::kQ4_K, DType::kQ5_K}) {
+    const int64_t n = 32, k = 768;
+    const std::vector<uint8_t> wk = RandomWeights(rng, type, n, k);
+    absl::StatusOr<PackedWeights> packedk = PackedWeights::Pack(wk.data(), type, n, k);
+    ASSERT_TRUE(packedk.ok()) << packedk.status();
+    EXPECT_EQ(packedk->format(), type == DType::kQ4_K ? PackedFormat::kQ4Kx16
+                                                      : PackedFormat::kQ5Kx16);
+    EXPECT_EQ(packedk->bytes(), *DTypeStorageBytes(type, n * k)) << DTypeName(type);
+    EXPECT_EQ(PackedWeights::PackedBytes(type, n, k), packedk->bytes());
+    EXPECT_EQ(8 * PackedBlockBytes(*PackedWeights::FormatFor(type)) % 64, 0);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(packedk->tile(1)) % 64, 0u);
+  }
 }
 
 // The formats that keep the file's codes and scales give each row back byte for byte (a tied
-// embedding reads its rows this way); the others, and rows past N, are refused.
+// embedding reads its rows this way; for the K-quants this also checks that their unit holds every
+// bit of the file's 6-bit scales and mins); the others, and rows past N, are refused.
 TEST(PackedWeightsTest, UnpackRowGivesBackTheFileRow) {
   std::mt19937 rng(41);
-  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
-    const int64_t n = 16 * 3 + 5, k = 96;
+  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ5_K}) {
+    const int64_t n = 16 * 3 + 5, k = DTypeBlockElements(type) == kSuperBlock ? 768 : 96;
     const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
     absl::StatusOr<PackedWeights> packed = PackedWeights::Pack(w.data(), type, n, k);
     ASSERT_TRUE(packed.ok()) << packed.status();
