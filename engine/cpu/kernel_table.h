@@ -65,12 +65,14 @@ inline constexpr int64_t kPackedBlockBytes = kPackedGroups<kQ4> * 64 + (kQ4 ? 64
 inline constexpr int64_t kPackedQ5FifthBits = 4 * 64;  // offset of the fifth bits in a block
 inline constexpr int64_t kPackedQ5Scales = 5 * 64;     // offset of d[16] (f32), then m[16]
 inline constexpr int64_t kPackedQ5BlockBytes = 7 * 64;
-// kQ6x16 (packed_weights.h): 8 groups of int8 codes as kQ8x16's, then the rows' int32 bias
-// corrections, int8 half-block scales and f16 scales.
-inline constexpr int64_t kPackedQ6Bias = 8 * 64;        // int32 bias[16]
-inline constexpr int64_t kPackedQ6Scales = 9 * 64;      // int8 sc0[16], int8 sc1[16]
-inline constexpr int64_t kPackedQ6D = 9 * 64 + 32;      // f16 d[16]
-inline constexpr int64_t kPackedQ6BlockBytes = 10 * 64;
+// kQ6x16 (packed_weights.h): one super-block unit of a tile: 8 sub-blocks of codes (kQ4x16's 4
+// groups of low nibbles, then two 64-byte groups of high bit pairs), then the rows' int8
+// 16-element scales and f16 d, and 32 bytes of padding.
+inline constexpr int64_t kPackedQ6SubBytes = 6 * 64;             // one sub-block's codes
+inline constexpr int64_t kPackedQ6High = 4 * 64;                 // its high bits, in the sub-block
+inline constexpr int64_t kPackedQ6Scales = 8 * kPackedQ6SubBytes;  // int8 sc[8][2][16]
+inline constexpr int64_t kPackedQ6D = kPackedQ6Scales + 256;     // f16 d[16]
+inline constexpr int64_t kPackedQ6UnitBytes = kPackedQ6D + 64;
 // kQ4Kx16 / kQ5Kx16 (packed_weights.h): one super-block unit of a tile: 8 sub-blocks of codes
 // (kQ4x16's 4 groups, then for kQ5Kx16 kQ5x16's fifth-bit group), then the rows' low scale
 // bits, high scale bits and f16 d / dmin.
@@ -151,9 +153,9 @@ struct KernelTable {
   // Two-row kernels indexed by DType (kNumDTypes entries), or nullptr where the table has none;
   // an entry may be nullptr (then row_dot is used for every row).
   const RowDot2Fn* row_dot2;
-  // Kernels over packed tiles, indexed by PackedFormat (kPackedFormatCount entries), or nullptr where the table
-  // has none of its own: MatMul then runs the scalar table's, and a caller that packs weights for
-  // speed should not pack for this table (PackedKernelsAreNative).
+  // Kernels over packed tiles, indexed by PackedFormat (kPackedFormatCount entries), or nullptr
+  // where the table has none of its own: MatMul then runs the scalar table's, and a caller that
+  // packs weights for speed should not pack for this table (PackedKernelsAreNative).
   const PackedDotFn* packed_dot;
   // Attention for head_dim 64, or nullptr (PagedAttention then runs its generic loop on
   // dot_f32 / axpy_f32 / scale_f32).

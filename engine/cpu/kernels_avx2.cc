@@ -211,26 +211,69 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
   StoreHalfRows<R>(acc, half, y, ys, rows);
 }
 
-// kQ6x16: the signs of the codes move onto x, as kQ8x16's; each half's 4 pair sums (at most
-// 2 * 32 * 127 each) add up in 16 bits, and the halves are scaled by their int8 scales in
-// integers, as the row kernel does. (The tile's bias word is for AVX-512 only.)
+// kQ6x16: the codes are assembled from their low nibbles and high bit pairs once per block
+// index for all activation rows; their signs move onto x, as kQ8x16's; each half's 4 pair sums
+// (at most 2 * 32 * 127 each) add up in 16 bits, and the halves are scaled by their int8 scales
+// in integers, as the row kernel does.
+
+// ((hi >> 2c) & 3) << 4 in each byte: 16-bit shifts by at most 4 move no bit of one byte onto
+// bits 4 and 5 of the other.
+template <int C>
+inline __m256i Q6HighBits(__m256i hi) {
+  const __m256i mask = _mm256_set1_epi8(0x30);
+  if constexpr (C == 0) return _mm256_and_si256(_mm256_slli_epi16(hi, 4), mask);
+  if constexpr (C == 1) return _mm256_and_si256(_mm256_slli_epi16(hi, 2), mask);
+  if constexpr (C == 2) return _mm256_and_si256(hi, mask);
+  return _mm256_and_si256(_mm256_srli_epi16(hi, 2), mask);
+}
+
+template <int C>
+inline void Q6Codes(const uint8_t* blk, __m256i hi0, __m256i hi1, __m256i* w) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F), offset = _mm256_set1_epi8(32);
+  const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * C));
+  w[C] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(lo, nibble), Q6HighBits<C>(hi0)),
+                         offset);
+  w[C + 4] = _mm256_sub_epi8(
+      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), nibble), Q6HighBits<C>(hi1)),
+      offset);
+}
+
 template <int R>
 void PackedHalfRowsQ6(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
                       int64_t xs, float* y, int64_t ys, int64_t rows) {
+  constexpr int64_t kBlockBytes = kPackedQ6UnitBytes / 8;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 dw = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* base = tile + b * kPackedQ6BlockBytes;
-    if (R > 1 && half == 0) PrefetchPackedBlock<kPackedQ6BlockBytes>(base);
-    const uint8_t* blk = base + 32 * half;
-    const __m256i sc0 = _mm256_cvtepi8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + kPackedQ6Scales + 8 * half)));
-    const __m256i sc1 = _mm256_cvtepi8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + kPackedQ6Scales + 16 + 8 * half)));
-    const __m256 dw = _mm256_cvtph_ps(
-        _mm_load_si128(reinterpret_cast<const __m128i*>(base + kPackedQ6D + 16 * half)));
+    // (The second half reads the lines the first one brought in; the tiles are read front to
+    // back, a unit's bytes per 8 block indices.)
+    if (R > 1 && half == 0) PrefetchPackedBlock<kBlockBytes>(tile + b * kBlockBytes);
+    const uint8_t* unit = tile + (b / 8) * kPackedQ6UnitBytes;
+    const int j = static_cast<int>(b % 8);
+    const uint8_t* blk = unit + j * kPackedQ6SubBytes + 32 * half;
+    if (j == 0) {
+      dw = _mm256_cvtph_ps(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(unit + kPackedQ6D + 16 * half)));
+    }
+    const uint8_t* scales = unit + kPackedQ6Scales + 32 * j + 8 * half;
+    const __m256i sc0 =
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)));
+    const __m256i sc1 =
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 16)));
+    const __m256i hi0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ6High));
+    const __m256i hi1 =
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ6High + 64));
+    __m256i wq[8];
+    Q6Codes<0>(blk, hi0, hi1, wq);
+    Q6Codes<1>(blk, hi0, hi1, wq);
+    Q6Codes<2>(blk, hi0, hi1, wq);
+    Q6Codes<3>(blk, hi0, hi1, wq);
+    __m256i aw[8];
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) aw[g] = _mm256_sign_epi8(wq[g], wq[g]);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const BlockQ8Act& xb = x[r * xs + b];
@@ -241,10 +284,8 @@ void PackedHalfRowsQ6(const uint8_t* tile, int64_t nb, int half, const BlockQ8Ac
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
           const int g = 4 * h + c;
-          const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * g));
           s16[h] = _mm256_add_epi16(
-              s16[h], _mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
-                                           _mm256_sign_epi8(Bcast4(xb.qs + 4 * g), w)));
+              s16[h], _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(Bcast4(xb.qs + 4 * g), wq[g])));
         }
       }
       const __m256i sum =

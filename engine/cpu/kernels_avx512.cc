@@ -309,35 +309,81 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ys, keep, acc[r]);
 }
 
-// kQ6x16: signed codes, so the activations are the unsigned operand, biased by 128 (x ^ 0x80);
-// the tile's bias word takes 128 · Σ c (times the half scales) off again. The two halves' sums
-// are scaled by their int8 scales in integers, as the row kernel does.
+// kQ6x16: signed codes, so the activations are the unsigned operand, biased by 128 (x ^ 0x80),
+// and 128 · (sc0 · Σ c[0..15] + sc1 · Σ c[16..31]) of each row is taken off again (exact). The
+// codes are assembled from their low nibbles and high bit pairs, and that bias made from them,
+// once per block index for all activation rows. The two halves' sums are scaled by their int8
+// scales in integers, as the row kernel does.
 inline __m512i Bcast4Biased(const int8_t* p) {
   uint32_t v;
   __builtin_memcpy(&v, p, 4);
   return _mm512_set1_epi32(static_cast<int>(v ^ 0x80808080u));
 }
 
+// ((hi >> 2c) & 3) << 4 in each byte: 16-bit shifts by at most 4 move no bit of one byte onto
+// bits 4 and 5 of the other.
+template <int C>
+inline __m512i Q6HighBits(__m512i hi) {
+  const __m512i mask = _mm512_set1_epi8(0x30);
+  if constexpr (C == 0) return _mm512_and_si512(_mm512_slli_epi16(hi, 4), mask);
+  if constexpr (C == 1) return _mm512_and_si512(_mm512_slli_epi16(hi, 2), mask);
+  if constexpr (C == 2) return _mm512_and_si512(hi, mask);
+  return _mm512_and_si512(_mm512_srli_epi16(hi, 2), mask);
+}
+
+template <int C>
+inline void Q6Codes(const __m512i* lo, __m512i hi0, __m512i hi1, __m512i* w) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F), offset = _mm512_set1_epi8(32);
+  w[C] = _mm512_sub_epi8(
+      _mm512_or_si512(_mm512_and_si512(lo[C], nibble), Q6HighBits<C>(hi0)), offset);
+  w[C + 4] = _mm512_sub_epi8(
+      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo[C], 4), nibble), Q6HighBits<C>(hi1)),
+      offset);
+}
+
 template <int R>
 __attribute__((always_inline)) inline void PackedRowsQ6(const uint8_t* tile, int64_t nb,
                                                         const BlockQ8Act* x, int64_t xs, float* y,
                                                         int64_t ys, int64_t rows) {
+  constexpr int64_t kBlockBytes = kPackedQ6UnitBytes / 8;
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 dw = _mm512_setzero_ps();
+  const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = tile + b * kPackedQ6BlockBytes;
-    if constexpr (R > 1) PrefetchPackedBlock<kPackedQ6BlockBytes>(blk);
-    __m512i w[8];
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; ++g) w[g] = _mm512_load_si512(blk + 64 * g);
-    const __m512i bias = _mm512_load_si512(blk + kPackedQ6Bias);
+    // (The tiles are read front to back, a unit's bytes per 8 block indices.)
+    if constexpr (R > 1) PrefetchPackedBlock<kBlockBytes>(tile + b * kBlockBytes);
+    const uint8_t* unit = tile + (b / 8) * kPackedQ6UnitBytes;
+    const int j = static_cast<int>(b % 8);
+    const uint8_t* sub = unit + j * kPackedQ6SubBytes;
+    if (j == 0) {
+      dw = _mm512_cvtph_ps(
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(unit + kPackedQ6D)));
+    }
+    __m512i lo[4], w[8];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) lo[c] = _mm512_load_si512(sub + 64 * c);
+    const __m512i hi0 = _mm512_load_si512(sub + kPackedQ6High);
+    const __m512i hi1 = _mm512_load_si512(sub + kPackedQ6High + 64);
+    Q6Codes<0>(lo, hi0, hi1, w);
+    Q6Codes<1>(lo, hi0, hi1, w);
+    Q6Codes<2>(lo, hi0, hi1, w);
+    Q6Codes<3>(lo, hi0, hi1, w);
     const __m512i sc0 = _mm512_cvtepi8_epi32(
-        _mm_load_si128(reinterpret_cast<const __m128i*>(blk + kPackedQ6Scales)));
+        _mm_load_si128(reinterpret_cast<const __m128i*>(unit + kPackedQ6Scales + 32 * j)));
     const __m512i sc1 = _mm512_cvtepi8_epi32(
-        _mm_load_si128(reinterpret_cast<const __m128i*>(blk + kPackedQ6Scales + 16)));
-    const __m512 dw =
-        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ6D)));
+        _mm_load_si128(reinterpret_cast<const __m128i*>(unit + kPackedQ6Scales + 32 * j + 16)));
+    // Σ c of each row's two halves (vpdpbusd of ones by the codes), scaled: the bias.
+    __m512i c0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w[0]);
+    __m512i c1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w[4]);
+#pragma GCC unroll 3
+    for (int c = 1; c < 4; ++c) {
+      c0 = _mm512_dpbusd_epi32(c0, ones, w[c]);
+      c1 = _mm512_dpbusd_epi32(c1, ones, w[c + 4]);
+    }
+    const __m512i bias = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_mullo_epi32(c0, sc0), _mm512_mullo_epi32(c1, sc1)), 7);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const BlockQ8Act& xb = x[r * xs + b];

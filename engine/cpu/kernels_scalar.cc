@@ -301,17 +301,21 @@ void PackedDotQ6(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int
     for (int64_t r = 0; r < rows; ++r) {
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = tile + b * kPackedQ6BlockBytes;
+        const uint8_t* unit = tile + (b / 8) * kPackedQ6UnitBytes;
+        const int j = static_cast<int>(b % 8);
+        const uint8_t* sub = unit + j * kPackedQ6SubBytes;
         const BlockQ8Act& xb = x[i * xs + b];
         int32_t half_sums[2] = {0, 0};
         for (int l = 0; l < kQuantBlock; ++l) {
-          const auto c = static_cast<int8_t>(blk[(l / 4) * 64 + r * 4 + l % 4]);
-          half_sums[l / 16] += c * xb.qs[l];
+          const int h = l / 16, c = (l % 16) / 4, e = l % 4;
+          const int q = ((sub[c * 64 + r * 4 + e] >> (4 * h)) & 0x0F) |
+                        ((sub[kPackedQ6High + h * 64 + r * 4 + e] >> (2 * c)) & 3) << 4;
+          half_sums[h] += (q - 32) * xb.qs[l];
         }
-        const auto sc0 = static_cast<int8_t>(blk[kPackedQ6Scales + r]);
-        const auto sc1 = static_cast<int8_t>(blk[kPackedQ6Scales + 16 + r]);
+        const auto sc0 = static_cast<int8_t>(unit[kPackedQ6Scales + 32 * j + r]);
+        const auto sc1 = static_cast<int8_t>(unit[kPackedQ6Scales + 32 * j + 16 + r]);
         uint16_t d;
-        std::memcpy(&d, blk + kPackedQ6D + r * 2, 2);
+        std::memcpy(&d, unit + kPackedQ6D + r * 2, 2);
         const int32_t sumi = sc0 * half_sums[0] + sc1 * half_sums[1];
         acc = std::fma(static_cast<float>(sumi), HalfToFloat(d) * xb.d, acc);
       }

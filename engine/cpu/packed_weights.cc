@@ -10,13 +10,15 @@
 namespace tandem::cpu {
 
 static_assert(kPackedBlockBytes<true> == 320 && kPackedBlockBytes<false> == 544 &&
-                  kPackedQ5BlockBytes == 448 && kPackedQ6BlockBytes == 640 &&
+                  kPackedQ5BlockBytes == 448 && kPackedQ6UnitBytes == 3392 &&
                   kPackedKUnitBytes<false> == 2304 && kPackedKUnitBytes<true> == 2816,
               "the layouts packed_weights.h documents");
 static_assert(kNumPackedFormats == kPackedFormatCount);
-// A K-quant unit is its super-block's 8 block indices, the same bytes per row as the file's block.
+// A K-quant unit is its super-block's 8 block indices, the same bytes per row as the file's block
+// (kQ6x16: and 2 more, the padding that keeps units 64-byte aligned).
 static_assert(kPackedKUnitBytes<false> == kPackedRows * sizeof(BlockQ4_K) &&
-              kPackedKUnitBytes<true> == kPackedRows * sizeof(BlockQ5_K));
+              kPackedKUnitBytes<true> == kPackedRows * sizeof(BlockQ5_K) &&
+              kPackedQ6UnitBytes == kPackedRows * (sizeof(BlockQ6_K) + 2));
 
 int64_t PackedBlockBytes(PackedFormat format) {
   switch (format) {
@@ -27,7 +29,7 @@ int64_t PackedBlockBytes(PackedFormat format) {
     case PackedFormat::kQ5x16:
       return kPackedQ5BlockBytes;
     case PackedFormat::kQ6x16:
-      return kPackedQ6BlockBytes;
+      return kPackedQ6UnitBytes / 8;
     case PackedFormat::kQ4Kx16:
       return kPackedKUnitBytes<false> / 8;
     case PackedFormat::kQ5Kx16:
@@ -153,25 +155,55 @@ void UnpackKRow(const uint8_t* unit, int64_t r, uint8_t* out) {
   std::memcpy(out, &w, sizeof(w));
 }
 
-// Writes row r's part of kQ6x16 block index b (elements 32 (b % 8) .. + 31 of super-block
-// b / 8 of the Q6_K row at `row`) at `out` (packed_weights.h).
-void PackQ6Row(const uint8_t* row, int64_t b, int64_t r, uint8_t* out) {
+// Element l of a Q6_K sub-block (32 j + l of its super-block): its 6-bit code q's place in a
+// kQ6x16 sub-block (packed_weights.h): low nibble in byte `low` (bits 4 * shift_low ..), high
+// bits in byte `high` (bits 2 * shift_high ..), both for row r.
+struct Q6Place {
+  int64_t low, high;
+  int shift_low, shift_high;
+};
+Q6Place PlaceQ6(int l, int64_t r) {
+  const int h = l / 16, c = (l % 16) / 4, e = l % 4;
+  return {c * 64 + r * 4 + e, kPackedQ6High + h * 64 + r * 4 + e, 4 * h, 2 * c};
+}
+
+// Writes row r's part of sub-block b % 8 of the kQ6x16 unit at `unit` (super-block b / 8 of the
+// Q6_K row at `row`; packed_weights.h): its codes, its two scales and, with the first sub-block,
+// the super-block's d.
+void PackQ6Row(const uint8_t* row, int64_t b, int64_t r, uint8_t* unit) {
   const BlockQ6_K& w = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
   const int j = static_cast<int>(b % 8), h = j / 4, g = j % 4;
-  int32_t half_sums[2] = {0, 0};
+  uint8_t* sub = unit + j * kPackedQ6SubBytes;
   for (int l = 0; l < kQuantBlock; ++l) {
     const uint8_t low = w.ql[64 * h + 32 * (g & 1) + l];
     const int q = (g < 2 ? low & 0x0F : low >> 4) | ((w.qh[32 * h + l] >> (2 * g)) & 3) << 4;
-    const int c = q - 32;
-    out[(l / 4) * 64 + r * 4 + l % 4] = static_cast<uint8_t>(static_cast<int8_t>(c));
-    half_sums[l / 16] += c;
+    const Q6Place at = PlaceQ6(l, r);
+    sub[at.low] |= static_cast<uint8_t>((q & 0x0F) << at.shift_low);
+    sub[at.high] |= static_cast<uint8_t>((q >> 4) << at.shift_high);
   }
-  const int8_t sc0 = w.scales[8 * h + 2 * g], sc1 = w.scales[8 * h + 2 * g + 1];
-  const int32_t bias = 128 * (sc0 * half_sums[0] + sc1 * half_sums[1]);  // |bias| < 2^24
-  std::memcpy(out + kPackedQ6Bias + r * 4, &bias, 4);
-  out[kPackedQ6Scales + r] = static_cast<uint8_t>(sc0);
-  out[kPackedQ6Scales + 16 + r] = static_cast<uint8_t>(sc1);
-  std::memcpy(out + kPackedQ6D + r * 2, &w.d, 2);
+  unit[kPackedQ6Scales + 32 * j + r] = static_cast<uint8_t>(w.scales[8 * h + 2 * g]);
+  unit[kPackedQ6Scales + 32 * j + 16 + r] = static_cast<uint8_t>(w.scales[8 * h + 2 * g + 1]);
+  if (j == 0) std::memcpy(unit + kPackedQ6D + 2 * r, &w.d, 2);
+}
+
+// Row r of the kQ6x16 unit at `unit` back as the file's super-block at `out`.
+void UnpackQ6Row(const uint8_t* unit, int64_t r, uint8_t* out) {
+  BlockQ6_K w{};
+  for (int j = 0; j < 8; ++j) {
+    const int h = j / 4, g = j % 4;
+    const uint8_t* sub = unit + j * kPackedQ6SubBytes;
+    for (int l = 0; l < kQuantBlock; ++l) {
+      const Q6Place at = PlaceQ6(l, r);
+      const int low = (sub[at.low] >> at.shift_low) & 0x0F;
+      const int high = (sub[at.high] >> at.shift_high) & 3;
+      w.ql[64 * h + 32 * (g & 1) + l] |= static_cast<uint8_t>(low << (g < 2 ? 0 : 4));
+      w.qh[32 * h + l] |= static_cast<uint8_t>(high << (2 * g));
+    }
+    w.scales[8 * h + 2 * g] = static_cast<int8_t>(unit[kPackedQ6Scales + 32 * j + r]);
+    w.scales[8 * h + 2 * g + 1] = static_cast<int8_t>(unit[kPackedQ6Scales + 32 * j + 16 + r]);
+  }
+  std::memcpy(&w.d, unit + kPackedQ6D + 2 * r, 2);
+  std::memcpy(out, &w, sizeof(w));
 }
 
 }  // namespace
@@ -262,7 +294,7 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(
           continue;
         }
         if (*format == PackedFormat::kQ6x16) {
-          PackQ6Row(src + row * w_row_bytes, b, r, out);
+          PackQ6Row(src + row * w_row_bytes, b, r, data.get() + (t * nb + b / 8 * 8) * block_bytes);
           continue;
         }
         if (*format == PackedFormat::kQ5x16) {
@@ -311,7 +343,8 @@ absl::Status PackedWeights::UnpackRow(int64_t row, DType type, void* out) const 
       format_ == PackedFormat::kQ4x16 && (type == DType::kQ4_0 || type == DType::kQ4_1);
   const bool q4k = format_ == PackedFormat::kQ4Kx16 && type == DType::kQ4_K;
   const bool q5k = format_ == PackedFormat::kQ5Kx16 && type == DType::kQ5_K;
-  if (!q8 && !q4 && !q4k && !q5k) {
+  const bool q6k = format_ == PackedFormat::kQ6x16 && type == DType::kQ6_K;
+  if (!q8 && !q4 && !q4k && !q5k && !q6k) {
     return absl::UnimplementedError(absl::StrCat("PackedWeights: no ", DTypeName(type),
                                                  " rows from this packed format"));
   }
@@ -320,12 +353,14 @@ absl::Status PackedWeights::UnpackRow(int64_t row, DType type, void* out) const 
   }
   const int64_t nb = k_ / kQuantBlock;
   const int64_t r = row % kPackedRows;
-  if (q4k || q5k) {
+  if (q4k || q5k || q6k) {
     const int64_t unit_bytes = 8 * PackedBlockBytes(format_);
     for (int64_t s = 0; s < k_ / kSuperBlock; ++s) {
       const uint8_t* unit = tile(row / kPackedRows) + s * unit_bytes;
       uint8_t* blk = static_cast<uint8_t*>(out) + s * DTypeBlockBytes(type);
-      if (q4k) {
+      if (q6k) {
+        UnpackQ6Row(unit, r, blk);
+      } else if (q4k) {
         UnpackKRow<false>(unit, r, blk);
       } else {
         UnpackKRow<true>(unit, r, blk);

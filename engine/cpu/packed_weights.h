@@ -22,13 +22,16 @@
 //                      d[16], m[16]: f32 scale and offset of each row (x = d * code + m)
 //           from Q5_0 (m = -16 d) and Q5_1 (d, m). 28 bytes per row and block against the
 //           file's 22 (Q5_0, Q5_1 24): the packed copy is larger than the file's bytes.
-//   kQ6x16  640 bytes  qs[8][16][4]: as kQ8x16, int8 codes c = q - 32 (-32..31)
-//                      bias[16]:     int32 128 · (sc0 · Σ c[0..15] + sc1 · Σ c[16..31]) of each row
-//                      sc0[16], sc1[16]: int8 scales of each row's two 16-element halves
-//                      d[16]:        f16 scale of each row (its super-block's)
-//           from Q6_K (block b: elements 32 (b % 8) .. + 31 of super-block b / 8). 40 bytes per
-//           row and block against the file's 26.25. The bias lets AVX-512 take x + 128 as
-//           vpdpbusd's unsigned operand: Σ (x + 128) c = Σ x c + 128 Σ c, exact.
+//   kQ6x16  from Q6_K, in units of one super-block per tile as the K-quants below (block
+//           index 8s + j: elements 32 j .. 32 j + 31 of super-block s):
+//                      sub[8]:       sub-block j at 384 j: lo[4][16][4] as kQ4x16's qs, the low 4
+//                                    bits of each 6-bit code q (0..63); then hi[2][16][4]: half h,
+//                                    row r, byte l: bits 2c, 2c + 1 = q >> 4 of element
+//                                    16 h + 4 c + l (c = 0..3)
+//                      sc[8][2][16]: int8 scale of sub-block j's half h (elements 16 h ..) of row r
+//                      d[16]:        f16 scale of each row, then 32 bytes of padding
+//           3392 bytes a unit: 26.5 bytes per row and 32 weights against the file's 26.25. The
+//           codes are c = q - 32 (-32..31).
 //   kQ4Kx16, kQ5Kx16: the K-quants, in units of one super-block (256 weights, block indices
 //           8s .. 8s + 7) per tile, so that the scales stay as compact as the file's:
 //                      sub[8]:       sub-block j (block index 8s + j) at 256 j (kQ4Kx16) or 320 j
@@ -54,8 +57,9 @@
 //     acc = fma(float(Σ_j q[n,b,j] · x_b.qs[j]), d[n,b] · x_b.d, acc)   // the integer sum is exact
 //     acc = fma(m[n,b], x_b.s, acc)                 // kQ4x16, kQ5x16, kQ4Kx16, kQ5Kx16 only
 //
-// except kQ6x16, whose integer sum is sc0 · Σ_{j<16} c_j x_j + sc1 · Σ_{j>=16} c_j x_j (exact),
-// then acc = fma(float(sum), d[n,b] · x_b.d, acc) as above.
+// except kQ6x16, whose integer sum is sc0 · Σ_{j<16} c_j x_j + sc1 · Σ_{j>=16} c_j x_j (exact;
+// sc0, sc1: the block's two half scales), then acc = fma(float(sum), d[n,b] · x_b.d, acc) as
+// above.
 //   y[i, n] = acc
 //
 // so a result depends neither on the ISA nor on how many activation rows share the call.
@@ -78,8 +82,8 @@ enum class PackedFormat : uint8_t { kQ4x16, kQ8x16, kQ5x16, kQ6x16, kQ4Kx16, kQ5
 inline constexpr int kNumPackedFormats = 6;
 inline constexpr int64_t kPackedRows = 16;  // weight rows per tile
 
-// Bytes of one block index of one tile (320, 544, 448, 640; for kQ4Kx16 / kQ5Kx16, whose unit is
-// a super-block of 8 block indices, an eighth of it: 288, 352).
+// Bytes of one block index of one tile (320, 544, 448; for kQ6x16, kQ4Kx16 and kQ5Kx16, whose unit
+// is a super-block of 8 block indices, an eighth of it: 424, 288, 352).
 int64_t PackedBlockBytes(PackedFormat format);
 
 // Whether the kernel table for `isa` has its own kernel for `format`. Where it has not, MatMul
@@ -117,8 +121,9 @@ class PackedWeights {
   // Writes row `row` back in the GGUF layout of `type`, byte for byte what was packed, to
   // `out` (DTypeStorageBytes(type, k) bytes): a tied embedding reads its token rows from the
   // output matrix's packed copy, not from file pages that would come back into memory.
-  // UNIMPLEMENTED unless the format is kQ8x16 from Q8_0, kQ4x16 from Q4_0 / Q4_1 or kQ4Kx16 /
-  // kQ5Kx16 from Q4_K / Q5_K (the formats that hold the file's codes and scales as they are);
+  // UNIMPLEMENTED unless the format is kQ8x16 from Q8_0, kQ4x16 from Q4_0 / Q4_1, kQ6x16 from
+  // Q6_K or kQ4Kx16 / kQ5Kx16 from Q4_K / Q5_K (the formats that hold the file's codes and scales
+  // as they are);
   // OUT_OF_RANGE for a row past n.
   absl::Status UnpackRow(int64_t row, DType type, void* out) const;
   // Tile t: rows 16t .. 16t + 15. The data starts 64-byte aligned (so do the tiles of every format

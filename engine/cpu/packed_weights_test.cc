@@ -315,7 +315,7 @@ TEST(PackedWeightsTest, SizesAndAlignment) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(packed->tile(1)) % 64, 0u);
   EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ8x16), 16 * 34);
   EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ5x16), 16 * 28);
-  EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ6x16), 16 * 40);
+  EXPECT_EQ(8 * PackedBlockBytes(PackedFormat::kQ6x16), 16 * (210 + 2));  // Q6_K's 210, padded
   const std::vector<uint8_t> w5 = RandomWeights(rng, DType::kQ5_0, 17, 64);
   absl::StatusOr<PackedWeights> packed5 = PackedWeights::Pack(w5.data(), DType::kQ5_0, 17, 64);
   ASSERT_TRUE(packed5.ok());
@@ -327,15 +327,19 @@ TEST(PackedWeightsTest, SizesAndAlignment) {
   EXPECT_EQ(PackedWeights::PackedBytes(DType::kIQ4_NL, 16, 64), 0);
 
   // The K-quant forms take the file's bytes: a whole number of 16-row tiles packs into exactly
-  // DTypeStorageBytes, and each super-block unit stays 64-byte aligned.
-  for (DType type : {DType::kQ4_K, DType::kQ5_K}) {
+  // DTypeStorageBytes (Q6_K: 1% more), and each super-block unit stays 64-byte aligned.
+  for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const int64_t n = 32, k = 768;
     const std::vector<uint8_t> wk = RandomWeights(rng, type, n, k);
     absl::StatusOr<PackedWeights> packedk = PackedWeights::Pack(wk.data(), type, n, k);
     ASSERT_TRUE(packedk.ok()) << packedk.status();
-    EXPECT_EQ(packedk->format(), type == DType::kQ4_K ? PackedFormat::kQ4Kx16
-                                                      : PackedFormat::kQ5Kx16);
-    EXPECT_EQ(packedk->bytes(), *DTypeStorageBytes(type, n * k)) << DTypeName(type);
+    EXPECT_EQ(packedk->format(), type == DType::kQ4_K   ? PackedFormat::kQ4Kx16
+                                 : type == DType::kQ5_K ? PackedFormat::kQ5Kx16
+                                                        : PackedFormat::kQ6x16);
+    // (Q6_K: 2 bytes per row and super-block of padding, under 1%.)
+    EXPECT_EQ(packedk->bytes(),
+              *DTypeStorageBytes(type, n * k) + (type == DType::kQ6_K ? n * k / 256 * 2 : 0))
+        << DTypeName(type);
     EXPECT_EQ(PackedWeights::PackedBytes(type, n, k), packedk->bytes());
     EXPECT_EQ(8 * PackedBlockBytes(*PackedWeights::FormatFor(type)) % 64, 0);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(packedk->tile(1)) % 64, 0u);
@@ -347,7 +351,8 @@ TEST(PackedWeightsTest, SizesAndAlignment) {
 // bit of the file's 6-bit scales and mins); the others, and rows past N, are refused.
 TEST(PackedWeightsTest, UnpackRowGivesBackTheFileRow) {
   std::mt19937 rng(41);
-  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ5_K}) {
+  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ5_K,
+                     DType::kQ6_K}) {
     const int64_t n = 16 * 3 + 5, k = DTypeBlockElements(type) == kSuperBlock ? 768 : 96;
     const std::vector<uint8_t> w = RandomWeights(rng, type, n, k);
     absl::StatusOr<PackedWeights> packed = PackedWeights::Pack(w.data(), type, n, k);

@@ -183,8 +183,9 @@ absl::Status CpuBackend::PackWeights() {
   // its packed copy: a row's buffer here.
   const GgufTensor* embd = model_->weights.token_embd;
   if (const cpu::PackedWeights* p = PackedFor(embd);
-      p != nullptr && (embd->type == DType::kQ8_0 || embd->type == DType::kQ4_0 ||
-                       embd->type == DType::kQ4_1)) {
+      p != nullptr &&
+      (embd->type == DType::kQ8_0 || embd->type == DType::kQ4_0 || embd->type == DType::kQ4_1 ||
+       embd->type == DType::kQ4_K || embd->type == DType::kQ5_K || embd->type == DType::kQ6_K)) {
     embd_row_.resize(static_cast<size_t>(*DTypeStorageBytes(embd->type, embd->shape[0])));
   }
   return absl::OkStatus();
