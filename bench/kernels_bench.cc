@@ -216,10 +216,10 @@ void RegisterAll() {
   for (Isa isa : kAllIsas) {
     if (!IsaSupported(isa, HostCpuFeatures())) continue;
     const std::string isa_name(IsaName(isa));
-    // Q4_1 / Q8_0: the default model; Q5_0, Q4_K, Q6_K: what a Q4_K_M file of it holds; Q5_K:
-    // a Q5_K_M file's.
-    for (DType type : {DType::kQ4_1, DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ5_K,
-                       DType::kQ6_K}) {
+    // Q4_1 / Q8_0: the default model; Q4_0; Q5_0, Q4_K, Q6_K: what a Q4_K_M file of it holds;
+    // Q5_K: a Q5_K_M file's.
+    for (DType type : {DType::kQ4_1, DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_K,
+                       DType::kQ5_K, DType::kQ6_K}) {
       for (bool packed : {false, true}) {
         // The scalar packed kernels are a reference, not a fallback anyone runs for speed.
         const std::optional<PackedFormat> format = PackedWeights::FormatFor(type);

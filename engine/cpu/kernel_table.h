@@ -60,6 +60,8 @@ template <bool kQ4>
 inline constexpr int kPackedGroups = kQ4 ? 4 : 8;
 template <bool kQ4>
 inline constexpr int64_t kPackedBlockBytes = kPackedGroups<kQ4> * 64 + (kQ4 ? 64 : 32);
+// kQ4Sx16 (packed_weights.h): kQ4x16's 4 groups of nibbles, then the rows' f16 scales only.
+inline constexpr int64_t kPackedQ4SBlockBytes = 4 * 64 + 32;
 // kQ5x16 (packed_weights.h): 4 groups of nibbles as kQ4x16's, one 64-byte group of fifth bits,
 // then the rows' f32 scales and offsets.
 inline constexpr int64_t kPackedQ5FifthBits = 4 * 64;  // offset of the fifth bits in a block
@@ -87,7 +89,7 @@ inline constexpr int64_t kPackedKD = kPackedKHigh<kFive> + 64;  // f16 d[16], th
 template <bool kFive>
 inline constexpr int64_t kPackedKUnitBytes = kPackedKD<kFive> + 64;
 
-inline constexpr int kPackedFormatCount = 6;  // packed_weights.h's kNumPackedFormats
+inline constexpr int kPackedFormatCount = 7;  // packed_weights.h's kNumPackedFormats
 
 using PackedDotFn = void (*)(const uint8_t* tile, int64_t nb, const BlockQ8Act* x,
                              const int32_t* xsum, int64_t x_stride, int64_t m, float* y,

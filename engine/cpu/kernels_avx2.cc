@@ -90,20 +90,21 @@ inline void KScales(const uint8_t* unit, int j, int half, __m256 d_sb, __m256 dm
   *mw = _mm256_xor_ps(_mm256_mul_ps(dmin_sb, _mm256_cvtepi32_ps(mn)), _mm256_set1_ps(-0.0f));
 }
 
-// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16, 4 kQ4Kx16, 5 kQ5Kx16). kQ5x16 is kQ4x16
-// with each code's fifth bit ORed in from its qh group and f32 scales; its pair sums (at most
-// 2 * 31 * 127) add up in 16 bits only 4 at a time, so each half of the block is widened on its
-// own. kQ4Kx16 / kQ5Kx16 are kQ4x16 / kQ5x16 with each block's scales made from its unit's scale
-// bits (KScales), once for all activation rows.
+// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16, 4 kQ4Kx16, 5 kQ5Kx16, 6 kQ4Sx16: kQ4x16
+// whose offset is -8 d). kQ5x16 is kQ4x16 with each code's fifth bit ORed in from its qh group
+// and f32 scales; its pair sums (at most 2 * 31 * 127) add up in 16 bits only 4 at a time, so
+// each half of the block is widened on its own. kQ4Kx16 / kQ5Kx16 are kQ4x16 / kQ5x16 with each
+// block's scales made from its unit's scale bits (KScales), once for all activation rows.
 template <int F, int R>
 void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
                     const int32_t* /*xsum*/, int64_t xs, float* y, int64_t ys, int64_t rows) {
   constexpr bool kQ4 = F != 1;  // nibble codes with an offset
   constexpr bool kFive = F == 2 || F == 5;
-  constexpr bool kK = F >= 4;
-  constexpr int64_t kBlockBytes = kK      ? kPackedKUnitBytes<kFive> / 8
-                                  : kFive ? kPackedQ5BlockBytes
-                                          : kPackedBlockBytes<kQ4>;
+  constexpr bool kK = F == 4 || F == 5;  // kQ4Kx16, kQ5Kx16
+  constexpr int64_t kBlockBytes = kK        ? kPackedKUnitBytes<kFive> / 8
+                                  : kFive   ? kPackedQ5BlockBytes
+                                  : F == 6  ? kPackedQ4SBlockBytes
+                                            : kPackedBlockBytes<kQ4>;
   constexpr int kGroups = kPackedGroups<kQ4>;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
@@ -138,7 +139,9 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
     } else {
       const uint8_t* scales = base + kGroups * 64 + 16 * half;  // its 8 f16 d (then, Q4: m)
       dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
-      if constexpr (kQ4) {
+      if constexpr (F == 6) {
+        mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));  // exact
+      } else if constexpr (kQ4) {
         mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
       }
     }
@@ -326,7 +329,8 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
 }
 
 const PackedDotFn kPackedDot[kPackedFormatCount] = {PackedDot<0>, PackedDot<1>, PackedDot<2>,
-                                                     PackedDot<3>, PackedDot<4>, PackedDot<5>};
+                                                     PackedDot<3>, PackedDot<4>, PackedDot<5>,
+                                                     PackedDot<6>};
 
 // ---- attention, head_dim 64 ---------------------------------------------------------------------
 // The AVX-512 kernel's plan on 256-bit registers: scores for 8 positions at a time (8 partial

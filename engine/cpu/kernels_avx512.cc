@@ -211,10 +211,10 @@ __attribute__((always_inline)) inline void KScales(const uint8_t* unit, int j, _
                        _mm512_set1_epi32(static_cast<int>(0x80000000u))));
 }
 
-// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16, 4 kQ4Kx16, 5 kQ5Kx16). kQ5x16 is
-// kQ4x16 with each code's fifth bit ORed in from its qh group and f32 scales; codes stay unsigned
-// (0..31). kQ4Kx16 / kQ5Kx16 are kQ4x16 / kQ5x16 with each block's scales made from its unit's
-// scale bits (KScales), once for all activation rows.
+// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16, 4 kQ4Kx16, 5 kQ5Kx16, 6 kQ4Sx16:
+// kQ4x16 whose offset is -8 d). kQ5x16 is kQ4x16 with each code's fifth bit ORed in from its qh
+// group and f32 scales; codes stay unsigned (0..31). kQ4Kx16 / kQ5Kx16 are kQ4x16 / kQ5x16 with
+// each block's scales made from its unit's scale bits (KScales), once for all activation rows.
 template <int F, int R>
 __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64_t nb,
                                                       const BlockQ8Act* x, const int32_t* xsum,
@@ -222,10 +222,11 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
                                                       int64_t rows) {
   constexpr bool kQ4 = F != 1;  // nibble codes with an offset
   constexpr bool kFive = F == 2 || F == 5;
-  constexpr bool kK = F >= 4;
-  constexpr int64_t kBlockBytes = kK      ? kPackedKUnitBytes<kFive> / 8
-                                  : kFive ? kPackedQ5BlockBytes
-                                          : kPackedBlockBytes<kQ4>;
+  constexpr bool kK = F == 4 || F == 5;  // kQ4Kx16, kQ5Kx16
+  constexpr int64_t kBlockBytes = kK        ? kPackedKUnitBytes<kFive> / 8
+                                  : kFive   ? kPackedQ5BlockBytes
+                                  : F == 6  ? kPackedQ4SBlockBytes
+                                            : kPackedBlockBytes<kQ4>;
   constexpr int kGroups = kPackedGroups<kQ4>;
   __m512 acc[R];
 #pragma GCC unroll 8
@@ -280,7 +281,9 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
     } else {
       dw = _mm512_cvtph_ps(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64)));
-      if constexpr (kQ4) {
+      if constexpr (F == 6) {
+        mw = _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));  // exact
+      } else if constexpr (kQ4) {
         mw = _mm512_cvtph_ps(
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64 + 32)));
       }
@@ -441,7 +444,8 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
 }
 
 const PackedDotFn kPackedDot[kPackedFormatCount] = {PackedDot<0>, PackedDot<1>, PackedDot<2>,
-                                                     PackedDot<3>, PackedDot<4>, PackedDot<5>};
+                                                     PackedDot<3>, PackedDot<4>, PackedDot<5>,
+                                                     PackedDot<6>};
 
 // ---- attention, head_dim 64 ---------------------------------------------------------------------
 // Scores for 16 positions at a time: 16 partial-product vectors (4 FMAs each) are summed

@@ -230,10 +230,12 @@ float DotQ8_K(const BlockQ8_K& w, const BlockQ8Act* x) {
 
 // The packed kernels' arithmetic, spelled out (packed_weights.h): every SIMD table's packed
 // kernels are tested against these bit for bit.
-template <bool kQ4>
+// F: 0 kQ4x16, 1 kQ8x16, 6 kQ4Sx16 (kQ4x16 with m = -8 d, exact in f32).
+template <int F>
 void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* /*xsum*/,
                int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
-  constexpr int64_t kBlockBytes = kPackedBlockBytes<kQ4>;
+  constexpr bool kQ4 = F != 1;
+  constexpr int64_t kBlockBytes = F == 6 ? kPackedQ4SBlockBytes : kPackedBlockBytes<kQ4>;
   constexpr int kGroups = kPackedGroups<kQ4>;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -255,7 +257,9 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
         uint16_t d;
         std::memcpy(&d, blk + kGroups * 64 + r * 2, 2);
         acc = std::fma(static_cast<float>(sumi), HalfToFloat(d) * xb.d, acc);
-        if constexpr (kQ4) {
+        if constexpr (F == 6) {
+          acc = std::fma(-8.0f * HalfToFloat(d), xb.s, acc);
+        } else if constexpr (kQ4) {
           uint16_t mw;
           std::memcpy(&mw, blk + kGroups * 64 + 32 + r * 2, 2);
           acc = std::fma(HalfToFloat(mw), xb.s, acc);
@@ -369,8 +373,8 @@ void PackedDotK(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int3
 }
 
 const PackedDotFn kPackedDot[kPackedFormatCount] = {
-    PackedDot<true>, PackedDot<false>, PackedDotQ5, PackedDotQ6, PackedDotK<false>,
-    PackedDotK<true>};
+    PackedDot<0>, PackedDot<1>, PackedDotQ5, PackedDotQ6, PackedDotK<false>, PackedDotK<true>,
+    PackedDot<6>};
 
 float DotF32(const float* a, const float* b, int64_t n) {
   float acc = 0.0f;

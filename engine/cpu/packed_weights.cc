@@ -11,6 +11,7 @@ namespace tandem::cpu {
 
 static_assert(kPackedBlockBytes<true> == 320 && kPackedBlockBytes<false> == 544 &&
                   kPackedQ5BlockBytes == 448 && kPackedQ6UnitBytes == 3392 &&
+                  kPackedQ4SBlockBytes == 288 &&
                   kPackedKUnitBytes<false> == 2304 && kPackedKUnitBytes<true> == 2816,
               "the layouts packed_weights.h documents");
 static_assert(kNumPackedFormats == kPackedFormatCount);
@@ -30,6 +31,8 @@ int64_t PackedBlockBytes(PackedFormat format) {
       return kPackedQ5BlockBytes;
     case PackedFormat::kQ6x16:
       return kPackedQ6UnitBytes / 8;
+    case PackedFormat::kQ4Sx16:
+      return kPackedQ4SBlockBytes;
     case PackedFormat::kQ4Kx16:
       return kPackedKUnitBytes<false> / 8;
     case PackedFormat::kQ5Kx16:
@@ -215,6 +218,7 @@ bool PackedKernelIsNative(PackedFormat format, Isa isa) {
 std::optional<PackedFormat> PackedWeights::FormatFor(DType type) {
   switch (type) {
     case DType::kQ4_0:
+      return PackedFormat::kQ4Sx16;
     case DType::kQ4_1:
       return PackedFormat::kQ4x16;
     case DType::kQ8_0:
@@ -316,14 +320,7 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(
           std::memcpy(&m, blk + 2, 2);
           qs = blk + 4;
           groups = 4;
-        } else {  // Q4_0: d * (q - 8) = d * q + m with m = -8 d, exact in f16 unless it overflows
-          const float offset = -8.0f * HalfToFloat(d);
-          if (!std::isfinite(offset) || std::fabs(offset) > 65504.0f) {
-            return absl::OutOfRangeError(absl::StrCat("PackedWeights: row ", row, " block ", b,
-                                                      ": Q4_0 scale ", HalfToFloat(d),
-                                                      " has an offset beyond f16"));
-          }
-          m = FloatToHalf(offset);
+        } else {  // Q4_0: d * (q - 8) = d * q + m, the kernels taking m = -8 d (kQ4Sx16)
           qs = blk + 2;
           groups = 4;
         }
@@ -339,8 +336,8 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(
 
 absl::Status PackedWeights::UnpackRow(int64_t row, DType type, void* out) const {
   const bool q8 = format_ == PackedFormat::kQ8x16 && type == DType::kQ8_0;
-  const bool q4 =
-      format_ == PackedFormat::kQ4x16 && (type == DType::kQ4_0 || type == DType::kQ4_1);
+  const bool q4 = (format_ == PackedFormat::kQ4x16 && type == DType::kQ4_1) ||
+                  (format_ == PackedFormat::kQ4Sx16 && type == DType::kQ4_0);
   const bool q4k = format_ == PackedFormat::kQ4Kx16 && type == DType::kQ4_K;
   const bool q5k = format_ == PackedFormat::kQ5Kx16 && type == DType::kQ5_K;
   const bool q6k = format_ == PackedFormat::kQ6x16 && type == DType::kQ6_K;

@@ -12,7 +12,10 @@
 //   kQ4x16  320 bytes  qs[4][16][4]: group c, row r, byte j = byte 4c + j of row r's Q4 block
 //                                    (low nibble: element 4c + j; high: element 16 + 4c + j)
 //                      d[16], m[16]: f16 scale and offset of each row (x = d * nibble + m)
-//           from Q4_1 (d, m as stored) and Q4_0 (m = -8 d, exact in f16)
+//           from Q4_1 (d, m as stored)
+//   kQ4Sx16 288 bytes  qs[4][16][4] as kQ4x16's, then d[16]: f16 scale of each row
+//           from Q4_0 (symmetric: the kernels take m = -8 d, exact in f32): 18 bytes per row and
+//           block, the file's
 //   kQ8x16  544 bytes  qs[8][16][4]: group g, row r, byte j = int8 code 4g + j of row r
 //                      d[16]:        f16 scale of each row
 //           from Q8_0
@@ -55,7 +58,7 @@
 //   acc = 0
 //   for b in 0 .. K/32 - 1:
 //     acc = fma(float(Σ_j q[n,b,j] · x_b.qs[j]), d[n,b] · x_b.d, acc)   // the integer sum is exact
-//     acc = fma(m[n,b], x_b.s, acc)                 // kQ4x16, kQ5x16, kQ4Kx16, kQ5Kx16 only
+//     acc = fma(m[n,b], x_b.s, acc)                 // all but kQ8x16 and kQ6x16
 //
 // except kQ6x16, whose integer sum is sc0 · Σ_{j<16} c_j x_j + sc1 · Σ_{j>=16} c_j x_j (exact;
 // sc0, sc1: the block's two half scales), then acc = fma(float(sum), d[n,b] · x_b.d, acc) as
@@ -78,12 +81,14 @@
 
 namespace tandem::cpu {
 
-enum class PackedFormat : uint8_t { kQ4x16, kQ8x16, kQ5x16, kQ6x16, kQ4Kx16, kQ5Kx16 };
-inline constexpr int kNumPackedFormats = 6;
+enum class PackedFormat : uint8_t {
+  kQ4x16, kQ8x16, kQ5x16, kQ6x16, kQ4Kx16, kQ5Kx16, kQ4Sx16
+};
+inline constexpr int kNumPackedFormats = 7;
 inline constexpr int64_t kPackedRows = 16;  // weight rows per tile
 
-// Bytes of one block index of one tile (320, 544, 448; for kQ6x16, kQ4Kx16 and kQ5Kx16, whose unit
-// is a super-block of 8 block indices, an eighth of it: 424, 288, 352).
+// Bytes of one block index of one tile (320, 544, 448, 288 for kQ4Sx16; for kQ6x16, kQ4Kx16 and
+// kQ5Kx16, whose unit is a super-block of 8 block indices, an eighth of it: 424, 288, 352).
 int64_t PackedBlockBytes(PackedFormat format);
 
 // Whether the kernel table for `isa` has its own kernel for `format`. Where it has not, MatMul
@@ -98,9 +103,8 @@ class PackedWeights {
 
   // Packs the [n, k] matrix at `w` (row r at w + r * w_row_bytes; 0: packed rows). INVALID_ARGUMENT
   // for a negative size, K not a multiple of the type's block (32; 256 for the K-quants), a short
-  // w_row_bytes or a null `w`; UNIMPLEMENTED
-  // for a type without a packed format; OUT_OF_RANGE for a Q4_0 scale whose offset -8 d does not
-  // fit in f16. RESOURCE_EXHAUSTED when the memory cannot be allocated.
+  // w_row_bytes or a null `w`; UNIMPLEMENTED for a type without a packed format;
+  // RESOURCE_EXHAUSTED when the memory cannot be allocated.
   //
   // `rows_packed`, when set, is called as packing goes, with the number of leading source rows
   // that will not be read again (ascending; the last call has n), so that a caller can release
@@ -121,10 +125,9 @@ class PackedWeights {
   // Writes row `row` back in the GGUF layout of `type`, byte for byte what was packed, to
   // `out` (DTypeStorageBytes(type, k) bytes): a tied embedding reads its token rows from the
   // output matrix's packed copy, not from file pages that would come back into memory.
-  // UNIMPLEMENTED unless the format is kQ8x16 from Q8_0, kQ4x16 from Q4_0 / Q4_1, kQ6x16 from
-  // Q6_K or kQ4Kx16 / kQ5Kx16 from Q4_K / Q5_K (the formats that hold the file's codes and scales
-  // as they are);
-  // OUT_OF_RANGE for a row past n.
+  // UNIMPLEMENTED unless the format is kQ8x16 from Q8_0, kQ4x16 from Q4_1, kQ4Sx16 from Q4_0,
+  // kQ6x16 from Q6_K or kQ4Kx16 / kQ5Kx16 from Q4_K / Q5_K (the formats that hold the file's codes
+  // and scales as they are); OUT_OF_RANGE for a row past n.
   absl::Status UnpackRow(int64_t row, DType type, void* out) const;
   // Tile t: rows 16t .. 16t + 15. The data starts 64-byte aligned (so do the tiles of every format
   // but kQ8x16).

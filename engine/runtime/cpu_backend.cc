@@ -164,12 +164,8 @@ absl::Status CpuBackend::PackWeights() {
     };
     absl::StatusOr<cpu::PackedWeights> packed = cpu::PackedWeights::Pack(
         t->data, t->type, t->shape[1], t->shape[0], /*w_row_bytes=*/0, drop_rows);
-    // A matrix that cannot be packed (a Q4_0 scale past f16's range), or whose copy cannot be
-    // allocated, runs on the row kernels from the mapped file.
-    if (packed.status().code() == absl::StatusCode::kOutOfRange ||
-        packed.status().code() == absl::StatusCode::kResourceExhausted) {
-      continue;
-    }
+    // A matrix whose copy cannot be allocated runs on the row kernels from the mapped file.
+    if (packed.status().code() == absl::StatusCode::kResourceExhausted) continue;
     if (!packed.ok()) {
       return absl::Status(packed.status().code(),
                           absl::StrCat(t->name, ": ", packed.status().message()));
