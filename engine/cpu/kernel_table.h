@@ -52,7 +52,9 @@ using RowDot2Fn = void (*)(const void* w_row, int64_t w_row_bytes, const void* x
 // A packed tile of 16 weight rows (packed_weights.h, whose comment gives the exact arithmetic)
 // against `m` activation rows: y[i * y_stride + r] for i < m, r < rows (rows <= 16). Activation
 // row i's block b is x[i * x_stride + b], and xsum[i * x_stride + b] is the integer sum of its 32
-// codes (the kQ8x16 kernels use it; for kQ4x16 it may be null). nb: blocks per row (K / 32).
+// codes (the kQ8x16 kernels use it); for kQ6x16, xsum[2 (i * x_stride + b) + h] is the sum of
+// the block's codes 16 h .. 16 h + 15 instead; for the other formats it may be null. nb: blocks
+// per row (K / 32).
 // The packed layouts' sizes per block index of a tile (packed_weights.h): 64-byte groups of 4
 // codes of each of the 16 rows (4 for Q4, whose bytes hold two codes; 8 for Q8), then the rows'
 // f16 scales (and, Q4, offsets).

@@ -312,16 +312,10 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ys, keep, acc[r]);
 }
 
-// kQ6x16: signed codes, so the activations are the unsigned operand, biased by 128 (x ^ 0x80),
-// and 128 · (sc0 · Σ c[0..15] + sc1 · Σ c[16..31]) of each row is taken off again (exact). The
-// codes are assembled from their low nibbles and high bit pairs, and that bias made from them,
-// once per block index for all activation rows. The two halves' sums are scaled by their int8
-// scales in integers, as the row kernel does.
-inline __m512i Bcast4Biased(const int8_t* p) {
-  uint32_t v;
-  __builtin_memcpy(&v, p, 4);
-  return _mm512_set1_epi32(static_cast<int>(v ^ 0x80808080u));
-}
+// kQ6x16: the 6-bit codes q (0..63) are vpdpbusd's unsigned operand, assembled from their low
+// nibbles and high bit pairs once per block index for all activation rows; Σ (q - 32) x of each
+// 16-element half is Σ q x - 32 Σ x (exact), Σ x from MatMul's half sums (xsum). The halves'
+// sums are scaled by their int8 scales in integers, as the row kernel does.
 
 // ((hi >> 2c) & 3) << 4 in each byte: 16-bit shifts by at most 4 move no bit of one byte onto
 // bits 4 and 5 of the other.
@@ -336,24 +330,22 @@ inline __m512i Q6HighBits(__m512i hi) {
 
 template <int C>
 inline void Q6Codes(const __m512i* lo, __m512i hi0, __m512i hi1, __m512i* w) {
-  const __m512i nibble = _mm512_set1_epi8(0x0F), offset = _mm512_set1_epi8(32);
-  w[C] = _mm512_sub_epi8(
-      _mm512_or_si512(_mm512_and_si512(lo[C], nibble), Q6HighBits<C>(hi0)), offset);
-  w[C + 4] = _mm512_sub_epi8(
-      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo[C], 4), nibble), Q6HighBits<C>(hi1)),
-      offset);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  w[C] = _mm512_or_si512(_mm512_and_si512(lo[C], nibble), Q6HighBits<C>(hi0));
+  w[C + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo[C], 4), nibble),
+                             Q6HighBits<C>(hi1));
 }
 
 template <int R>
 __attribute__((always_inline)) inline void PackedRowsQ6(const uint8_t* tile, int64_t nb,
-                                                        const BlockQ8Act* x, int64_t xs, float* y,
-                                                        int64_t ys, int64_t rows) {
+                                                        const BlockQ8Act* x, const int32_t* halves,
+                                                        int64_t xs, float* y, int64_t ys,
+                                                        int64_t rows) {
   constexpr int64_t kBlockBytes = kPackedQ6UnitBytes / 8;
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   __m512 dw = _mm512_setzero_ps();
-  const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t b = 0; b < nb; ++b) {
     // (The tiles are read front to back, a unit's bytes per 8 block indices.)
     if constexpr (R > 1) PrefetchPackedBlock<kBlockBytes>(tile + b * kBlockBytes);
@@ -377,28 +369,19 @@ __attribute__((always_inline)) inline void PackedRowsQ6(const uint8_t* tile, int
         _mm_load_si128(reinterpret_cast<const __m128i*>(unit + kPackedQ6Scales + 32 * j)));
     const __m512i sc1 = _mm512_cvtepi8_epi32(
         _mm_load_si128(reinterpret_cast<const __m128i*>(unit + kPackedQ6Scales + 32 * j + 16)));
-    // Σ c of each row's two halves (vpdpbusd of ones by the codes), scaled: the bias.
-    __m512i c0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w[0]);
-    __m512i c1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w[4]);
-#pragma GCC unroll 3
-    for (int c = 1; c < 4; ++c) {
-      c0 = _mm512_dpbusd_epi32(c0, ones, w[c]);
-      c1 = _mm512_dpbusd_epi32(c1, ones, w[c + 4]);
-    }
-    const __m512i bias = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_mullo_epi32(c0, sc0), _mm512_mullo_epi32(c1, sc1)), 7);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const BlockQ8Act& xb = x[r * xs + b];
-      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Bcast4Biased(xb.qs), w[0]);
-      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Bcast4Biased(xb.qs + 16), w[4]);
+      const int32_t* hs = halves + 2 * (r * xs + b);
+      __m512i s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * hs[0]), w[0], Bcast4(xb.qs));
+      __m512i s1 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * hs[1]), w[4], Bcast4(xb.qs + 16));
 #pragma GCC unroll 3
       for (int c = 1; c < 4; ++c) {
-        s0 = _mm512_dpbusd_epi32(s0, Bcast4Biased(xb.qs + 4 * c), w[c]);
-        s1 = _mm512_dpbusd_epi32(s1, Bcast4Biased(xb.qs + 16 + 4 * c), w[c + 4]);
+        s0 = _mm512_dpbusd_epi32(s0, w[c], Bcast4(xb.qs + 4 * c));
+        s1 = _mm512_dpbusd_epi32(s1, w[c + 4], Bcast4(xb.qs + 16 + 4 * c));
       }
-      const __m512i sum = _mm512_sub_epi32(
-          _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)), bias);
+      const __m512i sum =
+          _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(xb.d)),
                                acc[r]);
     }
@@ -413,7 +396,7 @@ __attribute__((always_inline)) inline void Rows(const uint8_t* tile, int64_t nb,
                                                 const BlockQ8Act* x, const int32_t* xsum,
                                                 int64_t xs, float* y, int64_t ys, int64_t rows) {
   if constexpr (F == 3) {
-    PackedRowsQ6<R>(tile, nb, x, xs, y, ys, rows);
+    PackedRowsQ6<R>(tile, nb, x, xsum, xs, y, ys, rows);
   } else {
     PackedRows<F, R>(tile, nb, x, xsum, xs, y, ys, rows);
   }
@@ -422,8 +405,11 @@ __attribute__((always_inline)) inline void Rows(const uint8_t* tile, int64_t nb,
 template <int F>
 void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* xsum,
                int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
-  // xsum is only read (and only guaranteed to point anywhere) for Q8 tiles.
-  auto sums = [&](int64_t i) { return F != 1 ? nullptr : xsum + i * xs; };
+  // xsum is only read (and only guaranteed to point anywhere) for Q8 tiles (block sums) and Q6
+  // tiles (half sums).
+  auto sums = [&](int64_t i) {
+    return F == 1 ? xsum + i * xs : F == 3 ? xsum + 2 * i * xs : nullptr;
+  };
   int64_t i = 0;
   for (; i + 8 <= m; i += 8) {
     Rows<F, 8>(tile, nb, x + i * xs, sums(i), xs, y + i * ys, ys, rows);

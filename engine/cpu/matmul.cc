@@ -90,26 +90,43 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
   const int64_t nb = k / kQuantBlock;
   thread_local std::vector<BlockQ8Act> quantized;  // reused across calls on this thread
   thread_local std::vector<int32_t> block_sums;    // Σ codes per block, for kQ8x16 kernels
+  thread_local std::vector<int32_t> half_sums;     // Σ codes per 16-element half, for kQ6x16
   const bool any_quantized = std::any_of(params.begin(), params.end(), Quantized);
-  const bool any_q8_packed = std::any_of(params.begin(), params.end(), [](const MatMulParams& p) {
-    return p.packed != nullptr && p.packed->format() == PackedFormat::kQ8x16;
-  });
+  auto any_packed_as = [&](PackedFormat format) {
+    return std::any_of(params.begin(), params.end(), [&](const MatMulParams& p) {
+      return p.packed != nullptr && p.packed->format() == format;
+    });
+  };
+  const bool any_q8_packed = any_packed_as(PackedFormat::kQ8x16);
+  const bool any_q6_packed = any_packed_as(PackedFormat::kQ6x16);
   if (any_quantized) {
     if (static_cast<int64_t>(quantized.size()) < m * nb) quantized.resize(m * nb);
     if (any_q8_packed && static_cast<int64_t>(block_sums.size()) < m * nb) {
       block_sums.resize(m * nb);
+    }
+    if (any_q6_packed && static_cast<int64_t>(half_sums.size()) < 2 * m * nb) {
+      half_sums.resize(2 * m * nb);
     }
   }
   if (any_quantized || extras.prepare_rows) {
     // The workers write into this thread's buffers (captured by pointer).
     BlockQ8Act* q = quantized.data();
     int32_t* sums = any_q8_packed ? block_sums.data() : nullptr;
+    int32_t* halves = any_q6_packed ? half_sums.data() : nullptr;
     auto prepare_and_quantize = [&](int64_t begin, int64_t end) {
       if (extras.prepare_rows) (*extras.prepare_rows)(begin, end);
       if (!any_quantized) return;
       for (int64_t i = begin; i < end; ++i) {
         table.quantize_q8_act(first.x + i * first.x_stride, q + i * nb, k,
                               sums != nullptr ? sums + i * nb : nullptr);
+        if (halves == nullptr) continue;
+        for (int64_t b = i * nb; b < (i + 1) * nb; ++b) {
+          for (int h = 0; h < 2; ++h) {
+            int32_t sum = 0;
+            for (int j = 16 * h; j < 16 * h + 16; ++j) sum += q[b].qs[j];
+            halves[2 * b + h] = sum;
+          }
+        }
       }
     };
     // Quantizing a few rows alone is cheaper than a pass over the pool.
@@ -121,6 +138,7 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
   }
   const BlockQ8Act* xq = quantized.data();
   const int32_t* xsum = block_sums.data();
+  const int32_t* xhalves = half_sums.data();
 
   // Work items are tiles of kRowTile weight rows, numbered across the products in order.
   constexpr int64_t kMaxProducts = 8;
@@ -150,7 +168,8 @@ absl::Status MatMulShared(absl::Span<const MatMulParams> params, const KernelCon
                                     : ScalarKernelTable().packed_dot[format];
         const int64_t tile = t - tile_begin[j];
         const int64_t n0 = tile * kRowTile;
-        dot(p.packed->tile(tile), nb, xq, xsum, nb, m, p.y + n0, p.y_stride,
+        const int32_t* sums = p.packed->format() == PackedFormat::kQ6x16 ? xhalves : xsum;
+        dot(p.packed->tile(tile), nb, xq, sums, nb, m, p.y + n0, p.y_stride,
             std::min(kRowTile, p.n - n0));
         continue;
       }
