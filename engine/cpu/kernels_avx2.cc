@@ -214,10 +214,11 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
   StoreHalfRows<R>(acc, half, y, ys, rows);
 }
 
-// kQ6x16: the codes are assembled from their low nibbles and high bit pairs once per block
-// index for all activation rows; their signs move onto x, as kQ8x16's; each half's 4 pair sums
-// (at most 2 * 32 * 127 each) add up in 16 bits, and the halves are scaled by their int8 scales
-// in integers, as the row kernel does.
+// kQ6x16: the 6-bit codes q (0..63) are vpmaddubsw's unsigned operand, assembled from their low
+// nibbles and high bit pairs once per block index for all activation rows; Σ (q - 32) x of each
+// 16-element half is Σ q x - 32 Σ x (exact), Σ x from MatMul's half sums (xsum). A pair sum is
+// at most 2 * 63 * 127, so two of them add up in 16 bits before each widening. The halves' sums
+// are scaled by their int8 scales in integers, as the row kernel does.
 
 // ((hi >> 2c) & 3) << 4 in each byte: 16-bit shifts by at most 4 move no bit of one byte onto
 // bits 4 and 5 of the other.
@@ -232,18 +233,16 @@ inline __m256i Q6HighBits(__m256i hi) {
 
 template <int C>
 inline void Q6Codes(const uint8_t* blk, __m256i hi0, __m256i hi1, __m256i* w) {
-  const __m256i nibble = _mm256_set1_epi8(0x0F), offset = _mm256_set1_epi8(32);
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 64 * C));
-  w[C] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(lo, nibble), Q6HighBits<C>(hi0)),
-                         offset);
-  w[C + 4] = _mm256_sub_epi8(
-      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), nibble), Q6HighBits<C>(hi1)),
-      offset);
+  w[C] = _mm256_or_si256(_mm256_and_si256(lo, nibble), Q6HighBits<C>(hi0));
+  w[C + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), nibble),
+                             Q6HighBits<C>(hi1));
 }
 
 template <int R>
 void PackedHalfRowsQ6(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
-                      int64_t xs, float* y, int64_t ys, int64_t rows) {
+                      const int32_t* halves, int64_t xs, float* y, int64_t ys, int64_t rows) {
   constexpr int64_t kBlockBytes = kPackedQ6UnitBytes / 8;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
@@ -269,31 +268,31 @@ void PackedHalfRowsQ6(const uint8_t* tile, int64_t nb, int half, const BlockQ8Ac
     const __m256i hi0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ6High));
     const __m256i hi1 =
         _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ6High + 64));
-    __m256i wq[8];
-    Q6Codes<0>(blk, hi0, hi1, wq);
-    Q6Codes<1>(blk, hi0, hi1, wq);
-    Q6Codes<2>(blk, hi0, hi1, wq);
-    Q6Codes<3>(blk, hi0, hi1, wq);
-    __m256i aw[8];
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; ++g) aw[g] = _mm256_sign_epi8(wq[g], wq[g]);
+    __m256i w[8];
+    Q6Codes<0>(blk, hi0, hi1, w);
+    Q6Codes<1>(blk, hi0, hi1, w);
+    Q6Codes<2>(blk, hi0, hi1, w);
+    Q6Codes<3>(blk, hi0, hi1, w);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const BlockQ8Act& xb = x[r * xs + b];
-      __m256i s16[2];
+      const int32_t* hs = halves + 2 * (r * xs + b);
+      __m256i s[2];
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        s16[h] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          const int g = 4 * h + c;
-          s16[h] = _mm256_add_epi16(
-              s16[h], _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(Bcast4(xb.qs + 4 * g), wq[g])));
-        }
+        const int g = 4 * h;
+        const __m256i p01 =
+            _mm256_add_epi16(_mm256_maddubs_epi16(w[g], Bcast4(xb.qs + 4 * g)),
+                             _mm256_maddubs_epi16(w[g + 1], Bcast4(xb.qs + 4 * g + 4)));
+        const __m256i p23 =
+            _mm256_add_epi16(_mm256_maddubs_epi16(w[g + 2], Bcast4(xb.qs + 4 * g + 8)),
+                             _mm256_maddubs_epi16(w[g + 3], Bcast4(xb.qs + 4 * g + 12)));
+        s[h] = _mm256_add_epi32(
+            _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones)),
+            _mm256_set1_epi32(-32 * hs[h]));
       }
       const __m256i sum =
-          _mm256_add_epi32(_mm256_mullo_epi32(_mm256_madd_epi16(s16[0], ones), sc0),
-                           _mm256_mullo_epi32(_mm256_madd_epi16(s16[1], ones), sc1));
+          _mm256_add_epi32(_mm256_mullo_epi32(s[0], sc0), _mm256_mullo_epi32(s[1], sc1));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(xb.d)),
                                acc[r]);
     }
@@ -305,7 +304,7 @@ template <int F, int R>
 inline void HalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
                      const int32_t* xsum, int64_t xs, float* y, int64_t ys, int64_t rows) {
   if constexpr (F == 3) {
-    PackedHalfRowsQ6<R>(tile, nb, half, x, xs, y, ys, rows);
+    PackedHalfRowsQ6<R>(tile, nb, half, x, xsum, xs, y, ys, rows);
   } else {
     PackedHalfRows<F, R>(tile, nb, half, x, xsum, xs, y, ys, rows);
   }
@@ -314,15 +313,19 @@ inline void HalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act
 template <int F>
 void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* xsum,
                int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
+  // xsum is only read (and only guaranteed to point anywhere) for Q6 tiles (half sums).
+  auto sums = [&](int64_t i) { return F == 3 ? xsum + 2 * i * xs : nullptr; };
   for (int half = 0; half < 2 && 8 * half < rows; ++half) {
     int64_t i = 0;
     for (; i + 4 <= m; i += 4) {
-      HalfRows<F, 4>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows);
+      HalfRows<F, 4>(tile, nb, half, x + i * xs, sums(i), xs, y + i * ys, ys, rows);
     }
+    const BlockQ8Act* xi = x + i * xs;
+    float* yi = y + i * ys;
     switch (m - i) {
-      case 3: HalfRows<F, 3>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
-      case 2: HalfRows<F, 2>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
-      case 1: HalfRows<F, 1>(tile, nb, half, x + i * xs, xsum, xs, y + i * ys, ys, rows); break;
+      case 3: HalfRows<F, 3>(tile, nb, half, xi, sums(i), xs, yi, ys, rows); break;
+      case 2: HalfRows<F, 2>(tile, nb, half, xi, sums(i), xs, yi, ys, rows); break;
+      case 1: HalfRows<F, 1>(tile, nb, half, xi, sums(i), xs, yi, ys, rows); break;
       default: break;
     }
   }
