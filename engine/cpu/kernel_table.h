@@ -65,10 +65,12 @@ inline constexpr int64_t kPackedBlockBytes = kPackedGroups<kQ4> * 64 + (kQ4 ? 64
 // kQ4Sx16 (packed_weights.h): kQ4x16's 4 groups of nibbles, then the rows' f16 scales only.
 inline constexpr int64_t kPackedQ4SBlockBytes = 4 * 64 + 32;
 // kQ5x16 (packed_weights.h): 4 groups of nibbles as kQ4x16's, one 64-byte group of fifth bits,
-// then the rows' f32 scales and offsets.
+// then the rows' f16 scales and offsets.
 inline constexpr int64_t kPackedQ5FifthBits = 4 * 64;  // offset of the fifth bits in a block
-inline constexpr int64_t kPackedQ5Scales = 5 * 64;     // offset of d[16] (f32), then m[16]
-inline constexpr int64_t kPackedQ5BlockBytes = 7 * 64;
+inline constexpr int64_t kPackedQ5Scales = 5 * 64;     // offset of d[16] (f16), then m[16]
+inline constexpr int64_t kPackedQ5BlockBytes = 5 * 64 + 64;
+// kQ5Sx16: kQ5x16 without m[16] (Q5_0: m = -16 d).
+inline constexpr int64_t kPackedQ5SBlockBytes = 5 * 64 + 32;
 // kQ6x16 (packed_weights.h): one super-block unit of a tile: 8 sub-blocks of codes (kQ4x16's 4
 // groups of low nibbles, then two 64-byte groups of high bit pairs), then the rows' int8
 // 16-element scales and f16 d, and 32 bytes of padding.
@@ -91,7 +93,7 @@ inline constexpr int64_t kPackedKD = kPackedKHigh<kFive> + 64;  // f16 d[16], th
 template <bool kFive>
 inline constexpr int64_t kPackedKUnitBytes = kPackedKD<kFive> + 64;
 
-inline constexpr int kPackedFormatCount = 7;  // packed_weights.h's kNumPackedFormats
+inline constexpr int kPackedFormatCount = 8;  // packed_weights.h's kNumPackedFormats
 
 using PackedDotFn = void (*)(const uint8_t* tile, int64_t nb, const BlockQ8Act* x,
                              const int32_t* xsum, int64_t x_stride, int64_t m, float* y,

@@ -90,18 +90,19 @@ inline void KScales(const uint8_t* unit, int j, int half, __m256 d_sb, __m256 dm
   *mw = _mm256_xor_ps(_mm256_mul_ps(dmin_sb, _mm256_cvtepi32_ps(mn)), _mm256_set1_ps(-0.0f));
 }
 
-// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16, 4 kQ4Kx16, 5 kQ5Kx16, 6 kQ4Sx16: kQ4x16
-// whose offset is -8 d). kQ5x16 is kQ4x16 with each code's fifth bit ORed in from its qh group
-// and f32 scales; its pair sums (at most 2 * 31 * 127) add up in 16 bits only 4 at a time, so
+// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16, 4 kQ4Kx16, 5 kQ5Kx16, 6 kQ4Sx16 /
+// 7 kQ5Sx16: kQ4x16 / kQ5x16 whose offset is -8 d / -16 d). kQ5x16 is kQ4x16 with each code's
+// fifth bit ORed in from its qh group; its pair sums (at most 2 * 31 * 127) add up in 16 bits only 4 at a time, so
 // each half of the block is widened on its own. kQ4Kx16 / kQ5Kx16 are kQ4x16 / kQ5x16 with each
 // block's scales made from its unit's scale bits (KScales), once for all activation rows.
 template <int F, int R>
 void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
                     const int32_t* /*xsum*/, int64_t xs, float* y, int64_t ys, int64_t rows) {
   constexpr bool kQ4 = F != 1;  // nibble codes with an offset
-  constexpr bool kFive = F == 2 || F == 5;
+  constexpr bool kFive = F == 2 || F == 5 || F == 7;
   constexpr bool kK = F == 4 || F == 5;  // kQ4Kx16, kQ5Kx16
   constexpr int64_t kBlockBytes = kK        ? kPackedKUnitBytes<kFive> / 8
+                                  : F == 7  ? kPackedQ5SBlockBytes
                                   : kFive   ? kPackedQ5BlockBytes
                                   : F == 6  ? kPackedQ4SBlockBytes
                                             : kPackedBlockBytes<kQ4>;
@@ -134,8 +135,13 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
     if constexpr (kK) {
       KScales<kFive>(unit, static_cast<int>(b % 8), half, d_sb, dmin_sb, hi, &dw, &mw);
     } else if constexpr (kFive) {
-      dw = _mm256_load_ps(reinterpret_cast<const float*>(base + kPackedQ5Scales + 32 * half));
-      mw = _mm256_load_ps(reinterpret_cast<const float*>(base + kPackedQ5Scales + 64 + 32 * half));
+      const uint8_t* scales = base + kPackedQ5Scales + 16 * half;  // its 8 f16 d (then m)
+      dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+      if constexpr (F == 7) {
+        mw = _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f));  // exact
+      } else {
+        mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
+      }
     } else {
       const uint8_t* scales = base + kGroups * 64 + 16 * half;  // its 8 f16 d (then, Q4: m)
       dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
@@ -150,7 +156,7 @@ void PackedHalfRows(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act*
       __m256i w[8];
       __m256i h = _mm256_setzero_si256();
       if constexpr (kFive) {
-        h = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ5FifthBits));
+        h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ5FifthBits));
       }
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
@@ -333,7 +339,7 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
 
 const PackedDotFn kPackedDot[kPackedFormatCount] = {PackedDot<0>, PackedDot<1>, PackedDot<2>,
                                                      PackedDot<3>, PackedDot<4>, PackedDot<5>,
-                                                     PackedDot<6>};
+                                                     PackedDot<6>, PackedDot<7>};
 
 // ---- attention, head_dim 64 ---------------------------------------------------------------------
 // The AVX-512 kernel's plan on 256-bit registers: scores for 8 positions at a time (8 partial

@@ -211,9 +211,9 @@ __attribute__((always_inline)) inline void KScales(const uint8_t* unit, int j, _
                        _mm512_set1_epi32(static_cast<int>(0x80000000u))));
 }
 
-// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16, 4 kQ4Kx16, 5 kQ5Kx16, 6 kQ4Sx16:
-// kQ4x16 whose offset is -8 d). kQ5x16 is kQ4x16 with each code's fifth bit ORed in from its qh
-// group and f32 scales; codes stay unsigned (0..31). kQ4Kx16 / kQ5Kx16 are kQ4x16 / kQ5x16 with
+// F: a PackedFormat as int (0 kQ4x16, 1 kQ8x16, 2 kQ5x16, 4 kQ4Kx16, 5 kQ5Kx16, 6 kQ4Sx16 /
+// 7 kQ5Sx16: kQ4x16 / kQ5x16 whose offset is -8 d / -16 d). kQ5x16 is kQ4x16 with each code's
+// fifth bit ORed in from its qh group; codes stay unsigned (0..31). kQ4Kx16 / kQ5Kx16 are kQ4x16 / kQ5x16 with
 // each block's scales made from its unit's scale bits (KScales), once for all activation rows.
 template <int F, int R>
 __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64_t nb,
@@ -221,9 +221,10 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
                                                       int64_t xs, float* y, int64_t ys,
                                                       int64_t rows) {
   constexpr bool kQ4 = F != 1;  // nibble codes with an offset
-  constexpr bool kFive = F == 2 || F == 5;
+  constexpr bool kFive = F == 2 || F == 5 || F == 7;
   constexpr bool kK = F == 4 || F == 5;  // kQ4Kx16, kQ5Kx16
   constexpr int64_t kBlockBytes = kK        ? kPackedKUnitBytes<kFive> / 8
+                                  : F == 7  ? kPackedQ5SBlockBytes
                                   : kFive   ? kPackedQ5BlockBytes
                                   : F == 6  ? kPackedQ4SBlockBytes
                                             : kPackedBlockBytes<kQ4>;
@@ -253,7 +254,7 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
     if constexpr (kQ4) {
       const __m512i low = _mm512_set1_epi8(0x0F);
       __m512i h = _mm512_setzero_si512();
-      if constexpr (kFive) h = _mm512_load_si512(blk + kPackedQ5FifthBits);
+      if constexpr (kFive) h = _mm512_loadu_si512(blk + kPackedQ5FifthBits);
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m512i v = _mm512_loadu_si512(blk + 64 * c);
@@ -276,8 +277,14 @@ __attribute__((always_inline)) inline void PackedRows(const uint8_t* tile, int64
     if constexpr (kK) {
       KScales<kFive>(unit, static_cast<int>(b % 8), d_sb, dmin_sb, hi, &dw, &mw);
     } else if constexpr (kFive) {
-      dw = _mm512_load_ps(blk + kPackedQ5Scales);
-      mw = _mm512_load_ps(blk + kPackedQ5Scales + 64);
+      dw = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ5Scales)));
+      if constexpr (F == 7) {
+        mw = _mm512_mul_ps(dw, _mm512_set1_ps(-16.0f));  // exact
+      } else {
+        mw = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kPackedQ5Scales + 32)));
+      }
     } else {
       dw = _mm512_cvtph_ps(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kGroups * 64)));
@@ -431,7 +438,7 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
 
 const PackedDotFn kPackedDot[kPackedFormatCount] = {PackedDot<0>, PackedDot<1>, PackedDot<2>,
                                                      PackedDot<3>, PackedDot<4>, PackedDot<5>,
-                                                     PackedDot<6>};
+                                                     PackedDot<6>, PackedDot<7>};
 
 // ---- attention, head_dim 64 ---------------------------------------------------------------------
 // Scores for 16 positions at a time: 16 partial-product vectors (4 FMAs each) are summed

