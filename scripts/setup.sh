@@ -58,6 +58,9 @@ APT_PACKAGES=(
   libutf8proc-dev  # Unicode NFC for tokenizer.json normalizers
   libssl-dev  # libcrypto for the router's API keys (SHA-256, CRYPTO_memcmp, RAND_bytes)
   libgtest-dev libgmock-dev libbenchmark-dev
+  # The fuzz targets (scripts/fuzz.sh, the `fuzz` preset): clang, and libFuzzer with the sanitizer
+  # runtimes (clang only recommends libclang-rt-14-dev, and recommends are not installed here).
+  clang libclang-rt-14-dev
   prometheus  # promtool checks /metrics output and the rules; the monitoring test runs the server
   # Hugging Face transformers' forward pass, the reference for HF folders
   # (tests/engine/transformers_reference_test.py), runs on torch. PyPI's Linux torch wheels are
