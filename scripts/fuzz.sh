@@ -18,7 +18,8 @@ SECONDS_PER_TARGET="${1:-60}"
 shift || true
 JOBS="${TANDEM_JOBS:-$(nproc)}"
 BUILD="$ROOT/build/fuzz"
-ALL_TARGETS=(openai_json gguf hf_tokenizer chat_template)
+ALL_TARGETS=(openai_json gguf hf_tokenizer chat_template tokenizer safetensors hf_config
+             proto_conversion worker_view kv_descriptor)
 if [ "$#" -gt 0 ]; then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 
 # Longest input per target, bytes: large enough for its seeds' shapes (a GGUF with a small
