@@ -120,8 +120,10 @@ absl::Status SafetensorsFile::ParseHeader() {
       }
       continue;
     }
+    // A named copy: clang before 16 cannot capture a structured binding (the fuzz preset's).
+    const absl::string_view tensor_name = name;
     auto bad = [&](absl::string_view what) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "': ", what));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", tensor_name, "': ", what));
     };
     if (!entry.is_object()) return bad("entry is not an object");
     const auto dtype_it = entry.find("dtype");
