@@ -1,5 +1,8 @@
 #include "kvtransfer/kv_transport.h"
 
+#include <cstdint>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "tandem/v1/worker.pb.h"
 
@@ -102,6 +105,13 @@ absl::StatusOr<PoolDescriptor> FromProto(const v1::KvPoolDescriptor& proto) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block_bytes ", l.block_bytes(), " / layer_stride_bytes ", l.layer_stride_bytes(),
         " do not match the layout (", d.layout.block_bytes(), ", docs/kv_layout.md)"));
+  }
+  // ... and so is a block of every layer, whose size (block_stride_bytes) bounds the pool: each
+  // dimension under kMaxDim still lets their product pass 2^63 (found by tests/fuzz).
+  if (l.num_layers() > 0 &&
+      l.block_bytes() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / l.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of ", l.num_layers(), " layers of ",
+                                                   l.block_bytes(), " bytes is over 2^63 bytes"));
   }
   for (const v1::MemoryRegion& r : proto.regions()) {
     if (r.memory_type() != v1::MEMORY_TYPE_HOST && r.memory_type() != v1::MEMORY_TYPE_CUDA) {

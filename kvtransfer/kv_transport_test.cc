@@ -219,6 +219,28 @@ TEST(ValidateDescriptorTest, RefusesIncompleteDescriptors) {
   }
 }
 
+// Each dimension under FromProto's bound (2^16) with block_bytes that match them: a block of
+// every layer is 2^16 * 2^51 bytes, past int64. Found by tests/fuzz/kv_descriptor_fuzz.cc (UBSan:
+// signed overflow in KvLayout::block_stride); its input is corpus/kv_descriptor/crash-*.
+TEST(DescriptorCodecDeathTest, RefusesABlockOfAllLayersOver63Bits) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        v1::KvPoolDescriptor p = Proto(Descriptor());
+        v1::KvLayout* l = p.mutable_layout();
+        l->set_num_layers(1u << 16);
+        l->set_block_size(1u << 16);
+        l->set_num_kv_heads(1u << 16);
+        l->set_head_dim(1u << 16);
+        l->set_block_bytes(uint64_t{2} << 48 << 2);  // K and V, 2^48 floats each
+        l->set_layer_stride_bytes(l->block_bytes());
+        const absl::Status s = FromProto(p).status();
+        const bool named = s.message().find("is over 2^63 bytes") != absl::string_view::npos;
+        std::_Exit(s.code() == absl::StatusCode::kInvalidArgument && named ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 TEST(CheckCompatibleLayoutsTest, OnlyTheBlockCountMayDiffer) {
   EXPECT_TRUE(CheckCompatibleLayouts(Layout(10), Layout(10)).ok());
   EXPECT_TRUE(CheckCompatibleLayouts(Layout(10), Layout(1000)).ok());
