@@ -45,9 +45,11 @@ grpc::ChannelArguments ChannelArgumentsFor(const KeepaliveOptions& options) {
 }
 
 std::shared_ptr<grpc::Channel> CreateKeepaliveChannel(const std::string& address,
-                                                      const KeepaliveOptions& options) {
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   ChannelArgumentsFor(options));
+                                                      const KeepaliveOptions& options,
+                                                      const ChannelSecurity& security) {
+  grpc::ChannelArguments args = ChannelArgumentsFor(options);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = ApplyChannelSecurity(security, &args);
+  return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 void ApplyKeepalive(const KeepaliveOptions& options, grpc::ServerBuilder* builder) {

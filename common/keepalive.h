@@ -11,7 +11,7 @@
 // server stream that only receives never sends.
 //
 //   grpc::ChannelArguments args = ChannelArgumentsFor(keepalive);
-//   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+//   auto channel = grpc::CreateCustomChannel(address, ApplyChannelSecurity(security, &args), args);
 //   ...
 //   grpc::ServerBuilder builder;
 //   ApplyKeepalive(keepalive, &builder);
@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tandem {
@@ -48,9 +49,10 @@ absl::Status ValidateKeepalive(const KeepaliveOptions& options);
 // REQUIRES: ValidateKeepalive(options).ok().
 grpc::ChannelArguments ChannelArgumentsFor(const KeepaliveOptions& options);
 
-// An insecure channel to `address` with `options`.
+// A channel to `address` with `options`, plaintext or TLS as `security` says (common/tls.h).
 std::shared_ptr<grpc::Channel> CreateKeepaliveChannel(const std::string& address,
-                                                      const KeepaliveOptions& options);
+                                                      const KeepaliveOptions& options,
+                                                      const ChannelSecurity& security = {});
 
 // Sets keepalive on a server, and lets its clients ping as often as every `options.time`.
 // REQUIRES: ValidateKeepalive(options).ok().

@@ -68,7 +68,10 @@ absl::Status ServeUntilSignal(const std::string& listen, const std::vector<grpc:
   grpc::ServerBuilder builder;
   ApplyKeepalive(options.keepalive, &builder);
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen,
+                           options.credentials != nullptr ? options.credentials
+                                                          : grpc::InsecureServerCredentials(),
+                           &port);
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -57,6 +57,8 @@ struct ServeOptions {
   absl::Duration grace = absl::Seconds(5);
   // Where the signals come from; null: AwaitTerminationSignal. Tests give their own.
   SignalWaiter await_signal = nullptr;
+  // Of the listening port (common/tls.h: ServerCredentialsFor); null: insecure (plaintext).
+  std::shared_ptr<grpc::ServerCredentials> credentials = nullptr;
 };
 
 // Builds a gRPC server on `listen` with `services`, the standard health service (serving),

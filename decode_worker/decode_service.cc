@@ -589,7 +589,7 @@ v1::Prefill::Stub* DecodeService::PrefillStub(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
   if (stub == nullptr) {
-    stub = v1::Prefill::NewStub(CreateKeepaliveChannel(address, options_.keepalive));
+    stub = v1::Prefill::NewStub(CreateKeepaliveChannel(address, options_.keepalive, options_.security));
   }
   return stub.get();
 }

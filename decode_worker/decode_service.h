@@ -43,6 +43,8 @@ class DecodeService final : public v1::Decode::CallbackService, public Drainable
     absl::Duration heartbeat = absl::Seconds(1);
     // Of the channels to the prefill workers (common/keepalive.h).
     KeepaliveOptions keepalive = {};
+    // Of the channels to the prefill workers (common/tls.h): plaintext or (mutual) TLS.
+    ChannelSecurity security = {};
   };
 
   // `loop` must outlive the service. Starts the heartbeat thread.

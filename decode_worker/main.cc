@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
             DecodeService::Options{.worker_id = w.flags.worker_id,
                                    .kv_pool = w.pool,
                                    .heartbeat = absl::Milliseconds(absl::GetFlag(FLAGS_stream_heartbeat_ms)),
-                                   .keepalive = w.flags.keepalive}));
+                                   .keepalive = w.flags.keepalive,
+                                   .security = w.channel_security}));
         services.push_back(std::make_unique<WorkerStateService>(
             w.loop.get(), WorkerStateService::Info{.worker_id = w.flags.worker_id,
                                                    .role = v1::ROLE_DECODE,

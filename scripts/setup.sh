@@ -57,6 +57,7 @@ APT_PACKAGES=(
   libabsl-dev libucx-dev ucx-utils prometheus-cpp-dev libxxhash-dev nlohmann-json3-dev libevent-dev
   libutf8proc-dev  # Unicode NFC for tokenizer.json normalizers
   libssl-dev  # libcrypto for the router's API keys (SHA-256, CRYPTO_memcmp, RAND_bytes)
+  openssl  # the TLS test's certificates and its s_client checks (tests/cluster/tls_test.py)
   libgtest-dev libgmock-dev libbenchmark-dev
   # The fuzz targets (scripts/fuzz.sh, the `fuzz` preset): clang, and libFuzzer with the sanitizer
   # runtimes (clang only recommends libclang-rt-14-dev, and recommends are not installed here).

@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/serve.h"
+#include "common/tls_flags.h"
 #include "kvtransfer/ucx_transport.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:0", "host:port of the worker's gRPC server (port 0: any)");
@@ -60,6 +61,7 @@ namespace tandem {
 absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   WorkerFlags f;
   f.listen = absl::GetFlag(FLAGS_listen);
+  ASSIGN_OR_RETURN(f.tls, TlsOptionsFromFlags());
   f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   ASSIGN_OR_RETURN(f.model_path,
                    ResolveModelPath(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_models_dir)));
@@ -104,6 +106,7 @@ namespace {
 
 absl::Status Start(WorkerProcess& w) {
   ASSIGN_OR_RETURN(w.flags, WorkerFlagsFromCommandLine());
+  ASSIGN_OR_RETURN(w.channel_security, ChannelSecurityFor(w.flags.tls));
   ASSIGN_OR_RETURN(w.transport, kvtransfer::CreateUcxTransport(
                                     {.name = w.flags.worker_id, .transports = w.flags.ucx_tls}));
   // The pool lives in memory the transport exposes best (shared memory for UCX on one host).
@@ -135,6 +138,15 @@ int RunWorkerProcess(
     std::vector<std::unique_ptr<grpc::Service>> services = make_services(w);
     std::vector<grpc::Service*> raw;
     ServeOptions serve{.keepalive = w.flags.keepalive, .drain_timeout = w.flags.drain_timeout};
+    // Mutual TLS with --tls_ca: only the cluster's components (their certificates chain to the
+    // cluster CA) may send a worker work or read its state.
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        ServerCredentialsFor(w.flags.tls, ClientAuth::kClusterPeers);
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "%s: %s\n", role, credentials.status().ToString().c_str());
+      return 1;
+    }
+    serve.credentials = *std::move(credentials);
     for (auto& s : services) {
       raw.push_back(s.get());
       // In the services' order: the work's services before the state subscriptions, so that

@@ -12,6 +12,7 @@
 
 #include "worker/engine_loop.h"
 #include "common/keepalive.h"
+#include "common/tls.h"
 #include "kvtransfer/kv_transport.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/service_type.h"
@@ -28,6 +29,8 @@ struct WorkerFlags {
   // Keepalive of the gRPC server and of the worker's own channels (a decode worker's to the
   // prefill workers).
   KeepaliveOptions keepalive;
+  // Of the gRPC server (mutual TLS with --tls_ca) and the worker's own channels (common/tls.h).
+  TlsOptions tls;
   // After SIGTERM / SIGINT: how long the work in progress may run before it is handed off
   // (common/serve.h).
   absl::Duration drain_timeout = absl::Seconds(20);
@@ -43,6 +46,7 @@ struct WorkerProcess {
   std::unique_ptr<kvtransfer::KvTransport> transport;  // outlives the loop (its pool's memory)
   std::unique_ptr<EngineLoop> loop;
   v1::KvPoolDescriptor pool;  // the registered pool, for peers
+  ChannelSecurity channel_security;  // of the worker's own channels (flags.tls)
 };
 
 // `role` names the binary in its messages; `make_services` builds the services over the started

@@ -17,6 +17,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/serve.h"
+#include "common/tls_flags.h"
 #include "router/auth/tenant_gate.h"
 #include "router/server/http_server.h"
 #include "router/server/inference_service.h"
@@ -100,6 +101,16 @@ absl::Status Run() {
     files.rlim_cur = files.rlim_max;
     setrlimit(RLIMIT_NOFILE, &files);
   }
+  // TLS first: a bad file stops the router before it loads anything.
+  absl::StatusOr<TlsOptions> tls = TlsOptionsFromFlags();
+  if (!tls.ok()) return tls.status();
+  absl::StatusOr<ChannelSecurity> channel_security = ChannelSecurityFor(*tls);
+  if (!channel_security.ok()) return channel_security.status();
+  // The public gRPC API takes any TLS client (API keys say who it is); the channels to the
+  // workers present the router's certificate (mutual TLS).
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> api_credentials =
+      ServerCredentialsFor(*tls, ClientAuth::kAnyClient);
+  if (!api_credentials.ok()) return api_credentials.status();
   absl::StatusOr<std::string> model_path =
       ResolveModelPath(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_models_dir));
   if (!model_path.ok()) return model_path.status();
@@ -124,6 +135,7 @@ absl::Status Run() {
         "--stream_stall_timeout_ms and --worker_liveness_timeout_ms must be positive");
   }
   registry_options.keepalive = keepalive;
+  registry_options.security = *channel_security;
   registry_options.liveness_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_worker_liveness_timeout_ms));
   if (registry_options.addresses.empty() && registry_options.dns_names.empty()) {
@@ -156,6 +168,7 @@ absl::Status Run() {
   options.policy = absl::GetFlag(FLAGS_policy);
   options.max_migrations = absl::GetFlag(FLAGS_max_migrations);
   options.keepalive = keepalive;
+  options.security = *channel_security;
   options.stream_stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_stream_stall_timeout_ms));
   options.policy_options.default_ttft_ms = absl::GetFlag(FLAGS_default_ttft_ms);
   options.policy_options.default_tpot_ms = absl::GetFlag(FLAGS_default_tpot_ms);
@@ -207,7 +220,8 @@ absl::Status Run() {
   ServeOptions serve{.keepalive = keepalive,
                      .drainables = {router->get(), &inference},
                      .drain_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)),
-                     .grace = absl::Seconds(1)};
+                     .grace = absl::Seconds(1),
+                     .credentials = *api_credentials};
   if (http != nullptr) serve.drainables.push_back(http.get());
   return ServeUntilSignal(absl::GetFlag(FLAGS_listen), {&inference}, [&](int port) {
     std::printf("tandem-router listening on port %d (http port %d, policy %s, workers %s)\n", port,

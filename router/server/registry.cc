@@ -296,7 +296,7 @@ void Registry::RemoveWorker(const std::string& address) {
 
 void Registry::Watch(Worker* w) {
   absl::Duration backoff = options_.min_backoff;
-  auto channel = CreateKeepaliveChannel(w->address, options_.keepalive);
+  auto channel = CreateKeepaliveChannel(w->address, options_.keepalive, options_.security);
   auto stub = v1::WorkerState::NewStub(channel);
   while (true) {
     grpc::ClientContext context;

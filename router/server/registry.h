@@ -59,6 +59,8 @@ struct RegistryOptions {
   placement::LatencyCorrectionOptions latency_correction = {};
   // Of the WatchState channels (common/keepalive.h).
   KeepaliveOptions keepalive = {};
+  // Of the WatchState channels (common/tls.h): plaintext or (mutual) TLS.
+  ChannelSecurity security = {};
   // A worker whose WatchState stream brings nothing (no snapshot, event or load sample, which
   // come every load_interval) for this long is taken for lost: it takes no requests, and the
   // router subscribes again (its fresh snapshot re-admits it). Several load_intervals;

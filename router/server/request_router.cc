@@ -459,7 +459,8 @@ absl::StatusOr<Route> RequestRouter::PlaceLocked(const placement::Request& reque
       .Increment();
   auto& slot = stubs_[route->decode_address];
   if (slot == nullptr) {
-    slot = v1::Decode::NewStub(CreateKeepaliveChannel(route->decode_address, options_.keepalive));
+    slot = v1::Decode::NewStub(CreateKeepaliveChannel(route->decode_address, options_.keepalive,
+                                                        options_.security));
   }
   *stub = slot.get();
   return route;

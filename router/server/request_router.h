@@ -63,6 +63,8 @@ struct RouterOptions {
   // Of the channels to the decode workers (common/keepalive.h): a cut link fails their streams
   // within keepalive.time + keepalive.timeout, and the requests move.
   KeepaliveOptions keepalive = {};
+  // Of the channels to the decode workers (common/tls.h): plaintext or (mutual) TLS.
+  ChannelSecurity security = {};
   // A decode worker that sends neither a token nor a heartbeat for this long on a stream is taken
   // to have failed for it: the request moves to another decode worker, or ends with UNAVAILABLE
   // (router/server/stall_watch.h). Above the workers' --stream_heartbeat_ms; InfiniteDuration:

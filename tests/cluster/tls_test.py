@@ -1,0 +1,245 @@
+"""TLS everywhere (docs/security.md, "TLS"), end to end: a router, a prefill and a decode worker on
+loopback, each started with --tls_cert/--tls_key/--tls_ca from a cluster CA made here with the
+`openssl` command (an implementation no one here wrote), so every channel between them is mutual
+TLS -- a remote prefill crosses router -> decode -> prefill.
+
+grpcio's SSL credentials with the cluster CA reach the router's gRPC API; a client that trusts
+another CA, a plaintext client, a client without a certificate and one whose certificate another
+CA signed are all refused by a worker; `openssl s_client` sees TLS 1.2 and 1.3 and is refused at
+TLS 1.1; a certificate replaced on disk is served without a restart (polled by its serial)."""
+import os
+import pathlib
+import re
+import shutil
+import socket
+import ssl
+import subprocess
+
+import grpc
+import pytest
+
+from cluster_common import BIN, Process, Protos, greedy_request, wait_until
+
+UCX = {"UCX_TLS": "posix,self"}
+WORKER_FLAGS = ["--listen=127.0.0.1:0", "--kv_cache_mb=64", "--threads=1", "--calibrate=false"]
+OPENSSL = shutil.which("openssl")
+
+
+def openssl(*args, cwd):
+    subprocess.run([OPENSSL, *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_ca(directory, name):
+    """A self-signed CA: <name>-ca.key, <name>-ca.crt."""
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}-ca.key", "-out", f"{name}-ca.crt", "-days", "2",
+            "-subj", f"/CN={name} test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=directory)
+    return directory / f"{name}-ca.crt"
+
+
+def make_leaf(directory, ca, name, san="IP:127.0.0.1,DNS:localhost"):
+    """<name>.key, <name>.crt signed by CA `ca` (a make_ca name), for 127.0.0.1 and localhost,
+    usable as a server and a client certificate. Returns (cert, key) paths."""
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=directory)
+    (directory / f"{name}.ext").write_text(
+        f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"
+        "basicConstraints=CA:FALSE\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}-ca.crt", "-CAkey", f"{ca}-ca.key",
+            "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext",
+            cwd=directory)
+    return directory / f"{name}.crt", directory / f"{name}.key"
+
+
+def serial_of(path):
+    out = subprocess.run([OPENSSL, "x509", "-noout", "-serial", "-in", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.strip().split("=")[1], 16)
+
+
+def served_serial(port, ca):
+    """The serial of the certificate served on `port` (verified against `ca`), or None when no
+    handshake completes."""
+    context = ssl.create_default_context(cafile=str(ca))
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                der = tls.getpeercert(binary_form=True)
+    except (OSError, ssl.SSLError):
+        return None
+    pem = ssl.DER_cert_to_PEM_cert(der)
+    out = subprocess.run([OPENSSL, "x509", "-noout", "-serial"], input=pem, capture_output=True,
+                         text=True, check=True).stdout
+    return int(out.strip().split("=")[1], 16)
+
+
+class Certs:
+    def __init__(self, directory):
+        self.dir = directory
+        self.ca = make_ca(directory, "cluster")
+        self.cert, self.key = make_leaf(directory, "cluster", "node")
+        self.client_cert, self.client_key = make_leaf(directory, "cluster", "client")
+        self.rogue_ca = make_ca(directory, "rogue")
+        self.rogue_cert, self.rogue_key = make_leaf(directory, "rogue", "rogue")
+
+    def flags(self, cert=None, key=None, reload_s=10):
+        return [f"--tls_cert={cert or self.cert}", f"--tls_key={key or self.key}",
+                f"--tls_ca={self.ca}", f"--tls_reload_s={reload_s}"]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    assert OPENSSL, "the openssl command is missing (scripts/setup.sh installs it)"
+    return Certs(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def cluster(certs):
+    # The router's own pair lives in files of its own, which the rotation test replaces.
+    router_cert, router_key = certs.dir / "router.crt", certs.dir / "router.key"
+    shutil.copy(certs.cert, router_cert)
+    shutil.copy(certs.key, router_key)
+    procs = []
+    try:
+        prefill = Process("tandem-prefill", *WORKER_FLAGS, "--worker_id=tls-p0", *certs.flags(),
+                          env=UCX)
+        procs.append(prefill)
+        decode = Process("tandem-decode", *WORKER_FLAGS, "--worker_id=tls-d0", *certs.flags(),
+                         env=UCX)
+        procs.append(decode)
+        router = Process("tandem-router", "--listen=127.0.0.1:0", "--http_listen=",
+                         f"--workers={prefill.address},{decode.address}",
+                         "--local_prefill_threshold=16",
+                         *certs.flags(router_cert, router_key, reload_s=1))
+        procs.append(router)
+        # Both workers joined: their WatchState streams (mutual TLS) are up.
+        wait_until(lambda: sum(" joined (" in l for l in router.log) >= 2, timeout=120,
+                   what="both workers to join the router over mutual TLS")
+        yield {"router": router, "prefill": prefill, "decode": decode,
+               "router_cert": router_cert, "router_key": router_key}
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def tls_channel(port, ca, cert=None, key=None):
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=pathlib.Path(ca).read_bytes(),
+        private_key=pathlib.Path(key).read_bytes() if key else None,
+        certificate_chain=pathlib.Path(cert).read_bytes() if cert else None)
+    return grpc.secure_channel(f"127.0.0.1:{port}", credentials)
+
+
+def health(channel, timeout=10):
+    """grpc.health.v1 Check over `channel`: the raw answer, or the grpc.RpcError."""
+    check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)
+    try:
+        return check(b"", timeout=timeout)
+    except grpc.RpcError as error:
+        return error
+
+
+SERVING = b"\x08\x01"
+
+
+def test_generate_over_tls_with_a_remote_prefill(certs, cluster):
+    pb = Protos()
+    with tls_channel(cluster["router"].port, certs.ca) as channel:
+        stub = pb.inference_grpc.InferenceStub(channel)
+        # Long enough (> --local_prefill_threshold) to be prefilled on the prefill worker: the
+        # decode worker's channel to it is mutual TLS too.
+        prompt = "The quick brown fox jumps over the lazy dog. " * 8
+        last, text = None, ""
+        for response in stub.Generate(greedy_request(pb, prompt, 8), timeout=120):
+            text += response.text
+            if response.finish_reason:
+                last = response
+    assert last is not None and last.usage.completion_tokens == 8, last
+    assert text
+    assert last.timings.remote_prefill and last.timings.prefill_worker == "tls-p0", last.timings
+
+
+def test_a_client_that_trusts_another_ca_is_refused(certs, cluster):
+    with tls_channel(cluster["router"].port, certs.rogue_ca) as channel:
+        answer = health(channel)
+    assert isinstance(answer, grpc.RpcError) and answer.code() == grpc.StatusCode.UNAVAILABLE, answer
+
+
+@pytest.mark.parametrize("worker", ["decode", "prefill"])
+def test_a_worker_takes_only_clients_with_a_cluster_certificate(certs, cluster, worker):
+    port = cluster[worker].port
+    # The cluster's own client certificate: served (the positive control).
+    with tls_channel(port, certs.ca, certs.client_cert, certs.client_key) as channel:
+        assert health(channel) == SERVING
+    # No certificate, one from another CA, or no TLS at all: refused.
+    for cert, key in [(None, None), (certs.rogue_cert, certs.rogue_key)]:
+        with tls_channel(port, certs.ca, cert, key) as channel:
+            answer = health(channel)
+        assert isinstance(answer, grpc.RpcError), (cert, answer)
+        assert answer.code() == grpc.StatusCode.UNAVAILABLE, (cert, answer)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        answer = health(channel)
+    assert isinstance(answer, grpc.RpcError) and answer.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def s_client(port, ca, *flags):
+    """(exit status, output) of openssl s_client's handshake with `port`."""
+    result = subprocess.run(
+        [OPENSSL, "s_client", "-connect", f"127.0.0.1:{port}", "-CAfile", str(ca),
+         "-alpn", "h2", "-brief", *flags], input="", capture_output=True, text=True,
+        errors="replace", timeout=30)
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_tls_versions(certs, cluster):
+    port = cluster["router"].port
+    for version, name in [("-tls1_3", "TLSv1.3"), ("-tls1_2", "TLSv1.2")]:
+        code, out = s_client(port, certs.ca, version)
+        assert code == 0, out
+        assert re.search(rf"Protocol version: {re.escape(name)}", out), out
+        assert "Verification: OK" in out, out
+    # TLS 1.1 (allowed on this client's side by security level 0, so its hello goes out): the
+    # server ends the handshake (gRPC closes the connection without an alert).
+    code, out = s_client(port, certs.ca, "-tls1_1", "-cipher", "DEFAULT:@SECLEVEL=0")
+    assert code != 0, out
+    assert "no protocols available" not in out, out  # the client's own refusal would say so
+    assert "Protocol version" not in out, out
+    assert re.search(r"unexpected eof|alert protocol version", out), out
+
+
+def test_a_rotated_certificate_is_served_without_a_restart(certs, cluster):
+    port = cluster["router"].port
+    before = served_serial(port, certs.ca)
+    assert before == serial_of(cluster["router_cert"])
+    new_cert, new_key = make_leaf(certs.dir, "cluster", "router-next")
+    assert serial_of(new_cert) != before
+    # As a Secret volume does it: both files at once (renamed over the old ones).
+    shutil.copy(new_key, f"{cluster['router_key']}.next")
+    shutil.copy(new_cert, f"{cluster['router_cert']}.next")
+    os.replace(f"{cluster['router_key']}.next", cluster["router_key"])
+    os.replace(f"{cluster['router_cert']}.next", cluster["router_cert"])
+    wait_until(lambda: served_serial(port, certs.ca) == serial_of(new_cert), timeout=30,
+               interval=0.1, what="the router to serve the new certificate")
+    # And the cluster still works through it.
+    with tls_channel(port, certs.ca) as channel:
+        assert health(channel) == SERVING
+
+
+def test_bad_tls_flags_stop_a_process_with_a_message(certs):
+    cases = [
+        ([f"--tls_cert={certs.cert}"], "together"),
+        ([f"--tls_cert={certs.cert}", f"--tls_key={certs.rogue_key}"], "is not the key of"),
+        ([f"--tls_cert={certs.dir}/missing.crt", f"--tls_key={certs.key}"], "cannot be read"),
+        ([f"--tls_cert={certs.key}", f"--tls_key={certs.key}"], "no PEM certificate"),
+        ([f"--tls_ca={certs.key}"], "no PEM certificate"),
+        ([f"--tls_ca={certs.ca}", "--tls_reload_s=0"], "--tls_reload_s"),
+    ]
+    for flags, message in cases:
+        result = subprocess.run([str(BIN / "tandem-router"), "--workers=127.0.0.1:1",
+                                 "--listen=127.0.0.1:0", "--http_listen=", *flags],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, (flags, result.stderr)
+        assert message in result.stderr, (flags, result.stderr)
