@@ -23,7 +23,9 @@ tandem_require_package(OpenSSL libssl-dev)
 # libevent's HTTP server carries the router's OpenAI API: one event loop for thousands of
 # streaming connections. Debian ships it with pkg-config files only.
 find_package(PkgConfig REQUIRED)
-pkg_check_modules(LIBEVENT IMPORTED_TARGET libevent_core libevent_extra libevent_pthreads)
+# libevent_openssl: its bufferevents carry the router's HTTPS (TLS over OpenSSL).
+pkg_check_modules(LIBEVENT IMPORTED_TARGET libevent_core libevent_extra libevent_pthreads
+                  libevent_openssl)
 if(NOT LIBEVENT_FOUND)
   message(FATAL_ERROR "tandem: libevent was not found. Install the Debian package 'libevent-dev'.")
 endif()

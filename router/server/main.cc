@@ -203,12 +203,21 @@ absl::Status Run() {
     LOG(INFO) << "API keys from " << file << "; open HTTP paths: '"
               << absl::GetFlag(FLAGS_auth_open_paths) << "'";
   }
+  std::unique_ptr<ServerTlsContext> https;  // declared first: outlives `http`
   std::unique_ptr<HttpServer> http;
   if (!absl::GetFlag(FLAGS_http_listen).empty()) {
+    if (TlsEnabled(*tls)) {
+      // HTTPS, like the gRPC API: any client (API keys say who it is).
+      absl::StatusOr<std::unique_ptr<ServerTlsContext>> context =
+          ServerTlsContext::Create(*tls, ClientAuth::kAnyClient);
+      if (!context.ok()) return context.status();
+      https = *std::move(context);
+    }
     absl::StatusOr<std::unique_ptr<HttpServer>> started = HttpServer::Start(
         router->get(), {.listen = absl::GetFlag(FLAGS_http_listen),
                         .max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes),
-                        .api_keys = api_keys.get()});
+                        .api_keys = api_keys.get(),
+                        .tls = https.get()});
     if (!started.ok()) return started.status();
     http = *std::move(started);
   }

@@ -6,7 +6,8 @@ TLS -- a remote prefill crosses router -> decode -> prefill.
 grpcio's SSL credentials with the cluster CA reach the router's gRPC API; a client that trusts
 another CA, a plaintext client, a client without a certificate and one whose certificate another
 CA signed are all refused by a worker; `openssl s_client` sees TLS 1.2 and 1.3 and is refused at
-TLS 1.1; a certificate replaced on disk is served without a restart (polled by its serial)."""
+TLS 1.1; a certificate replaced on disk is served without a restart (polled by its serial), and a key that does not match it is not."""
+import http.client
 import os
 import pathlib
 import re
@@ -16,6 +17,7 @@ import ssl
 import subprocess
 
 import grpc
+import openai
 import pytest
 
 from cluster_common import BIN, Process, Protos, greedy_request, wait_until
@@ -109,7 +111,7 @@ def cluster(certs):
         decode = Process("tandem-decode", *WORKER_FLAGS, "--worker_id=tls-d0", *certs.flags(),
                          env=UCX)
         procs.append(decode)
-        router = Process("tandem-router", "--listen=127.0.0.1:0", "--http_listen=",
+        router = Process("tandem-router", "--listen=127.0.0.1:0", "--http_listen=127.0.0.1:0",
                          f"--workers={prefill.address},{decode.address}",
                          "--local_prefill_threshold=16",
                          *certs.flags(router_cert, router_key, reload_s=1))
@@ -117,11 +119,30 @@ def cluster(certs):
         # Both workers joined: their WatchState streams (mutual TLS) are up.
         wait_until(lambda: sum(" joined (" in l for l in router.log) >= 2, timeout=120,
                    what="both workers to join the router over mutual TLS")
-        yield {"router": router, "prefill": prefill, "decode": decode,
+        line = next(l for l in router.log if "listening on port " in l)
+        https_port = int(line.split("(http port ")[1].split(",")[0])
+        wait_until(lambda: https_get(https_port, "/health", certs.ca)[0] == 200, timeout=60,
+                   what="GET https://.../health to answer 200")
+        yield {"router": router, "prefill": prefill, "decode": decode, "https_port": https_port,
                "router_cert": router_cert, "router_key": router_key}
     finally:
         for p in procs:
             p.stop()
+
+
+def https_get(port, path, ca):
+    """(status, body) of GET https://127.0.0.1:port/path checked against `ca`; (0, error) when
+    no response comes."""
+    context = ssl.create_default_context(cafile=str(ca))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode("utf-8", "replace")
+    except (OSError, ssl.SSLError, http.client.HTTPException) as error:
+        return 0, str(error)
+    finally:
+        conn.close()
 
 
 def tls_channel(port, ca, cert=None, key=None):
@@ -162,10 +183,43 @@ def test_generate_over_tls_with_a_remote_prefill(certs, cluster):
     assert last.timings.remote_prefill and last.timings.prefill_worker == "tls-p0", last.timings
 
 
-def test_a_client_that_trusts_another_ca_is_refused(certs, cluster):
-    with tls_channel(cluster["router"].port, certs.rogue_ca) as channel:
-        answer = health(channel)
-    assert isinstance(answer, grpc.RpcError) and answer.code() == grpc.StatusCode.UNAVAILABLE, answer
+def test_openai_sdk_over_https(certs, cluster):
+    # The SDK's own HTTP client, trusting the cluster CA only.
+    verify = ssl.create_default_context(cafile=str(certs.ca))
+    with openai.DefaultHttpxClient(verify=verify) as http_client:
+        client = openai.OpenAI(base_url=f"https://127.0.0.1:{cluster['https_port']}/v1",
+                               api_key="none", http_client=http_client)
+        model = client.models.list().data[0].id
+        chat = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8,
+            temperature=0)
+        assert chat.choices[0].message.content
+        assert chat.usage.completion_tokens > 0
+        # Streamed too (server-sent events over TLS).
+        stream = client.completions.create(model=model, prompt="Once upon a time",
+                                           max_tokens=8, temperature=0, stream=True)
+        assert "".join(c.choices[0].text for c in stream if c.choices)
+
+
+def test_plain_http_to_the_https_port_gets_no_answer(certs, cluster):
+    conn = http.client.HTTPConnection("127.0.0.1", cluster["https_port"], timeout=10)
+    with pytest.raises((OSError, http.client.HTTPException)):
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+    conn.close()
+    assert https_get(cluster["https_port"], "/health", certs.ca)[0] == 200
+
+
+@pytest.mark.parametrize("api", ["grpc", "https"])
+def test_a_client_that_trusts_another_ca_is_refused(certs, cluster, api):
+    if api == "grpc":
+        with tls_channel(cluster["router"].port, certs.rogue_ca) as channel:
+            answer = health(channel)
+        assert isinstance(answer, grpc.RpcError), answer
+        assert answer.code() == grpc.StatusCode.UNAVAILABLE, answer
+    else:
+        status, error = https_get(cluster["https_port"], "/health", certs.rogue_ca)
+        assert status == 0 and "CERTIFICATE_VERIFY_FAILED" in error, error
 
 
 @pytest.mark.parametrize("worker", ["decode", "prefill"])
@@ -194,15 +248,17 @@ def s_client(port, ca, *flags):
     return result.returncode, result.stdout + result.stderr
 
 
-def test_tls_versions(certs, cluster):
-    port = cluster["router"].port
+@pytest.mark.parametrize("api", ["grpc", "https"])
+def test_tls_versions(certs, cluster, api):
+    port = cluster["router"].port if api == "grpc" else cluster["https_port"]
     for version, name in [("-tls1_3", "TLSv1.3"), ("-tls1_2", "TLSv1.2")]:
         code, out = s_client(port, certs.ca, version)
         assert code == 0, out
         assert re.search(rf"Protocol version: {re.escape(name)}", out), out
         assert "Verification: OK" in out, out
     # TLS 1.1 (allowed on this client's side by security level 0, so its hello goes out): the
-    # server ends the handshake (gRPC closes the connection without an alert).
+    # server ends the handshake (gRPC closes the connection without an alert; OpenSSL's server
+    # sends protocol_version).
     code, out = s_client(port, certs.ca, "-tls1_1", "-cipher", "DEFAULT:@SECLEVEL=0")
     assert code != 0, out
     assert "no protocols available" not in out, out  # the client's own refusal would say so
@@ -211,21 +267,30 @@ def test_tls_versions(certs, cluster):
 
 
 def test_a_rotated_certificate_is_served_without_a_restart(certs, cluster):
-    port = cluster["router"].port
+    port, https_port = cluster["router"].port, cluster["https_port"]
     before = served_serial(port, certs.ca)
     assert before == serial_of(cluster["router_cert"])
+    assert served_serial(https_port, certs.ca) == before
     new_cert, new_key = make_leaf(certs.dir, "cluster", "router-next")
     assert serial_of(new_cert) != before
+    # A key that is not the certificate's: refused, the old pair stays in use.
+    os.replace(shutil.copy(certs.rogue_key, f"{cluster['router_key']}.next"), cluster["router_key"])
+    wait_until(lambda: any("do not load" in l for l in cluster["router"].log), timeout=30,
+               what="the router to log that the new TLS files do not load")
+    assert served_serial(https_port, certs.ca) == before
+    assert https_get(https_port, "/health", certs.ca)[0] == 200
     # As a Secret volume does it: both files at once (renamed over the old ones).
     shutil.copy(new_key, f"{cluster['router_key']}.next")
     shutil.copy(new_cert, f"{cluster['router_cert']}.next")
     os.replace(f"{cluster['router_key']}.next", cluster["router_key"])
     os.replace(f"{cluster['router_cert']}.next", cluster["router_cert"])
-    wait_until(lambda: served_serial(port, certs.ca) == serial_of(new_cert), timeout=30,
-               interval=0.1, what="the router to serve the new certificate")
-    # And the cluster still works through it.
+    for p in (port, https_port):
+        wait_until(lambda: served_serial(p, certs.ca) == serial_of(new_cert), timeout=30,
+                   interval=0.1, what=f"the router to serve the new certificate on port {p}")
+    # And both APIs still work through it.
     with tls_channel(port, certs.ca) as channel:
         assert health(channel) == SERVING
+    assert https_get(https_port, "/health", certs.ca)[0] == 200
 
 
 def test_bad_tls_flags_stop_a_process_with_a_message(certs):
