@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/status_conversion.h"
+#include "common/tls_flags.h"
 #include "engine/runtime/local_engine.h"
 #include "grpcpp/create_channel.h"
 #include "nlohmann/json.hpp"
@@ -114,7 +115,15 @@ int RunRemoteGenerate(absl::string_view url) {
   for (const std::string& stop : absl::GetFlag(FLAGS_stop)) s->add_stop(stop);
   request.set_priority(absl::GetFlag(FLAGS_priority));
 
-  auto stub = v1::Inference::NewStub(grpc::CreateChannel(*target, grpc::InsecureChannelCredentials()));
+  // TLS with --tls_ca (and --tls_cert/--tls_key for a server that asks for a client
+  // certificate); plaintext without.
+  absl::StatusOr<TlsOptions> tls = TlsOptionsFromFlags();
+  if (!tls.ok()) return ExitCode(tls.status());
+  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFor(*tls);
+  if (!security.ok()) return ExitCode(security.status());
+  grpc::ChannelArguments args;
+  std::shared_ptr<grpc::ChannelCredentials> credentials = ApplyChannelSecurity(*security, &args);
+  auto stub = v1::Inference::NewStub(grpc::CreateCustomChannel(*target, credentials, args));
   grpc::ClientContext context;
   context.set_wait_for_ready(false);
   const absl::Time start = absl::Now();

@@ -17,7 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "cli/cluster_certificates.h"
 #include "common/net.h"
+#include "common/tls_flags.h"
 
 ABSL_FLAG(int32_t, prefill_workers, 1, "Prefill workers `tandem up` starts");
 ABSL_FLAG(int32_t, decode_workers, 1, "Decode workers `tandem up` starts");
@@ -39,6 +41,11 @@ ABSL_FLAG(int64_t, decode_max_prefill_tokens, 32,
 ABSL_FLAG(std::string, api_keys_file, "",
           "`tandem up`: the router's --api_keys_file (docs/security.md): clients then need "
           "'Authorization: Bearer <key>'; `tandem apikey` makes keys. Empty: no keys needed");
+ABSL_FLAG(bool, tls, false,
+          "`tandem up`: TLS everywhere (docs/security.md): a throwaway CA and certificate made for "
+          "this run (kept in a fresh folder under $TMPDIR, removed when the cluster stops), "
+          "mutual TLS between the processes, HTTPS and TLS on the router's APIs. With "
+          "--tls_cert/--tls_key/--tls_ca those files instead");
 ABSL_FLAG(std::string, worker_kv_dtype, "f16",
           "`tandem up`: KV cache element type of every worker, f16 or f32");
 
@@ -133,6 +140,18 @@ void StopAll(std::vector<std::unique_ptr<Child>>& children) {
   }
 }
 
+// The folder of the throwaway certificates, removed with what it holds when the cluster stops.
+struct ThrowawayFolder {
+  std::string path;
+  ~ThrowawayFolder() {
+    if (path.empty()) return;
+    for (const char* name : {"ca.crt", "tls.crt", "tls.key"}) {
+      ::unlink(absl::StrCat(path, "/", name).c_str());
+    }
+    ::rmdir(path.c_str());
+  }
+};
+
 }  // namespace
 
 int RunUp(const std::string& model_path, const std::string& bin_dir) {
@@ -148,6 +167,52 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
                    component);
       return 1;
     }
+  }
+  // TLS: the user's files, or with --tls alone a throwaway CA and certificate for this run.
+  absl::StatusOr<TlsOptions> tls = TlsOptionsFromFlags();
+  if (!tls.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(tls.status().message()).c_str());
+    return 2;
+  }
+  ThrowawayFolder throwaway;
+  if (TlsEnabled(*tls) && (tls->cert_file.empty() || tls->ca_file.empty())) {
+    std::fprintf(stderr,
+                 "error: `tandem up` with TLS files needs all of --tls_cert, --tls_key and "
+                 "--tls_ca (or --tls alone for throwaway ones)\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_tls) && !TlsEnabled(*tls)) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string folder = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                                      "/tandem-tls-XXXXXX");
+    if (::mkdtemp(folder.data()) == nullptr) {
+      std::fprintf(stderr, "error: cannot make a folder for the certificates (%s)\n",
+                   folder.c_str());
+      return 1;
+    }
+    throwaway.path = folder;
+    std::vector<std::string> hosts = {"127.0.0.1", "localhost"};
+    if (const std::string host = absl::GetFlag(FLAGS_host);
+        host != "127.0.0.1" && host != "localhost" && host != "0.0.0.0") {
+      hosts.push_back(host);
+    }
+    absl::StatusOr<ClusterCertificates> made =
+        MakeClusterCertificates(folder, hosts, absl::Hours(24 * 30));
+    if (!made.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(made.status().message()).c_str());
+      return 1;
+    }
+    tls->cert_file = made->cert_file;
+    tls->key_file = made->key_file;
+    tls->ca_file = made->ca_file;
+  }
+  const bool use_tls = TlsEnabled(*tls);
+  std::vector<std::string> tls_flags;
+  if (use_tls) {
+    tls_flags = {absl::StrCat("--tls_cert=", tls->cert_file),
+                 absl::StrCat("--tls_key=", tls->key_file),
+                 absl::StrCat("--tls_ca=", tls->ca_file),
+                 absl::StrCat("--tls_reload_s=", absl::ToInt64Seconds(tls->reload_period))};
   }
   // One host: KV moves over shared memory unless the user chose the UCX transports.
   setenv("UCX_TLS", "posix,self", /*overwrite=*/0);
@@ -176,6 +241,8 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
       // The whole cluster stops at once (StopAll): a worker's streams have nowhere to move, so
       // a drain is only worth the time its streams take to end, well within StopAll's 10 s.
       "--drain_timeout_ms=5000"};
+  std::vector<std::string> worker_flags_all = worker_flags;
+  worker_flags_all.insert(worker_flags_all.end(), tls_flags.begin(), tls_flags.end());
   // A decode worker beside prefill workers prefills only what the router keeps local, in steps
   // its streams share; alone (aggregated) it prefills everything, like a prefill worker.
   const int64_t decode_prefill_cap = prefill > 0 ? absl::GetFlag(FLAGS_decode_max_prefill_tokens)
@@ -184,7 +251,7 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
   for (int i = 0; i < prefill; ++i) {
     std::vector<std::string> argv = {absl::StrCat(bin_dir, "/tandem-prefill"),
                                      absl::StrCat("--worker_id=prefill-", i)};
-    argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+    argv.insert(argv.end(), worker_flags_all.begin(), worker_flags_all.end());
     argv.push_back(absl::StrCat("--max_prefill_tokens=",
                                 absl::GetFlag(FLAGS_worker_max_prefill_tokens)));
     workers.push_back(start(absl::StrCat("prefill-", i), argv));
@@ -192,7 +259,7 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
   for (int i = 0; i < decode; ++i) {
     std::vector<std::string> argv = {absl::StrCat(bin_dir, "/tandem-decode"),
                                      absl::StrCat("--worker_id=decode-", i)};
-    argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+    argv.insert(argv.end(), worker_flags_all.begin(), worker_flags_all.end());
     argv.push_back(absl::StrCat("--max_prefill_tokens=", decode_prefill_cap));
     workers.push_back(start(absl::StrCat("decode-", i), argv));
   }
@@ -230,6 +297,7 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
       "--drain_timeout_ms=5000"};
   const std::string api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   if (!api_keys_file.empty()) router_args.push_back(absl::StrCat("--api_keys_file=", api_keys_file));
+  router_args.insert(router_args.end(), tls_flags.begin(), tls_flags.end());
   Child* router = start("router", router_args);
   if (router == nullptr) return fail("the router did not start");
   while (router->port == 0 && !stop_requested && absl::Now() < until) {
@@ -242,29 +310,45 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
   bool healthy = false;
   while (!stop_requested && absl::Now() < until) {
     if (!Alive(*router)) return fail("the router exited during start-up");
-    absl::StatusOr<HttpResponse> health =
-        HttpGet(HostPort{host, http_port}, "/health", absl::Seconds(1));
-    if (health.ok() && health->status == 200) {
+    // The router's certificate names 127.0.0.1 (and --host): check it as a client would.
+    const std::string dial = host == "0.0.0.0" ? "127.0.0.1" : host;
+    absl::StatusOr<int> status =
+        use_tls ? HttpsGetStatus(dial, http_port, "/health", tls->ca_file)
+                : [&]() -> absl::StatusOr<int> {
+      absl::StatusOr<HttpResponse> health =
+          HttpGet(HostPort{host, http_port}, "/health", absl::Seconds(1));
+      if (!health.ok()) return health.status();
+      return health->status;
+    }();
+    if (status.ok() && *status == 200) {
       healthy = true;
       break;
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
   if (!healthy) return fail(stop_requested ? "interrupted" : "the cluster did not become healthy");
+  const char* scheme = use_tls ? "https" : "http";
+  const std::string cacert = use_tls ? absl::StrCat(" --cacert ", tls->ca_file) : "";
   std::printf(
       "\ntandem cluster ready: %d prefill + %d decode worker(s)%s, policy %s\n"
-      "  OpenAI HTTP API: http://%s:%d/v1   (metrics: http://%s:%d/metrics)\n"
-      "  gRPC API:        %s:%d (tandem.v1.Inference)\n"
-      "  workers:         %s\n\n"
+      "  OpenAI HTTP API: %s://%s:%d/v1   (metrics: %s://%s:%d/metrics)\n"
+      "  gRPC API:        %s:%d (tandem.v1.Inference%s)\n"
+      "  workers:         %s\n%s\n"
       "try:\n"
-      "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"
+      "  curl%s %s://%s:%d/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"
       "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France? "
       "Answer in one sentence.\"}], \"max_tokens\": 32}'\n\n"
       "Ctrl-C stops the cluster.\n",
       prefill, decode, absl::GetFlag(FLAGS_aggregated) ? " (aggregated)" : "",
-      absl::GetFlag(FLAGS_policy).c_str(), host.c_str(), http_port, host.c_str(), http_port,
-      host.c_str(), router->port.load(), absl::StrJoin(listing, "\n                   ").c_str(),
-      host.c_str(), http_port,
+      absl::GetFlag(FLAGS_policy).c_str(), scheme, host.c_str(), http_port, scheme, host.c_str(),
+      http_port, host.c_str(), router->port.load(), use_tls ? ", TLS" : "",
+      absl::StrJoin(listing, "\n                   ").c_str(),
+      use_tls ? absl::StrCat("  TLS CA:          ", tls->ca_file,
+                             " (clients trust it: curl --cacert, `tandem generate --url=HOST:PORT "
+                             "--tls_ca=`, an OpenAI client's CA bundle)\n")
+                    .c_str()
+              : "",
+      cacert.c_str(), scheme, host.c_str(), http_port,
       api_keys_file.empty() ? "" : " \\\n    -H \"Authorization: Bearer $API_KEY\"");
   std::fflush(stdout);
   while (!stop_requested) {

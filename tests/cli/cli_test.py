@@ -331,3 +331,54 @@ def test_up_takes_api_keys_to_the_router(tmp_path):
         if up.poll() is None:
             up.kill()
             up.wait()
+
+
+def test_up_tls_serves_https_and_grpc_with_a_throwaway_ca(tmp_path):
+    """`tandem up --tls`: the router's HTTPS and gRPC APIs present a certificate for 127.0.0.1
+    that Python's ssl module verifies against the CA it prints (so the workers, which need the
+    same chain for mutual TLS, joined); `tandem generate --tls_ca` reaches the gRPC API, and
+    without the CA it is refused; the throwaway folder is gone once the cluster stops."""
+    import ssl
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    env["TMPDIR"] = str(tmp_path)
+    up = subprocess.Popen([str(BIN), "up", "--tls", "--http_port=0", "--grpc_port=0",
+                           "--prefill_workers=1"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    try:
+        port = grpc_port = ca = None
+        for line in up.stdout:
+            lines.append(line)
+            if "OpenAI HTTP API: https://127.0.0.1:" in line:
+                port = int(line.split("https://127.0.0.1:")[1].split("/")[0])
+            if "gRPC API:" in line and "TLS" in line:
+                grpc_port = int(line.split("127.0.0.1:")[1].split()[0])
+            if "TLS CA:" in line:
+                ca = line.split("TLS CA:")[1].split()[0]
+            if "Ctrl-C stops the cluster" in line:
+                break
+        assert port and grpc_port and ca, "".join(lines)
+        assert ca.startswith(str(tmp_path)), ca
+        context = ssl.create_default_context(cafile=ca)
+        request = urllib.request.Request(f"https://127.0.0.1:{port}/v1/models")
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            assert response.status == 200
+            assert json.loads(response.read())["data"]
+        for host in ("127.0.0.1", "localhost"):
+            with socket.create_connection((host, grpc_port), timeout=10) as raw:
+                with context.wrap_socket(raw, server_hostname=host) as tls:
+                    assert tls.version() in ("TLSv1.2", "TLSv1.3")
+        p = run("generate", f"--url=127.0.0.1:{grpc_port}", f"--tls_ca={ca}", "--prompt=Hello",
+                "--max_tokens=4", env=env)
+        assert p.returncode == 0 and "generated: 4 tokens" in p.stderr, p.stderr
+        p = run("generate", f"--url=127.0.0.1:{grpc_port}", "--prompt=Hello", "--max_tokens=4",
+                env=env)
+        assert p.returncode != 0, p.stderr
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=30)
+        assert up.returncode == 0
+        assert not os.path.exists(ca)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
