@@ -107,6 +107,9 @@ namespace {
 absl::Status Start(WorkerProcess& w) {
   ASSIGN_OR_RETURN(w.flags, WorkerFlagsFromCommandLine());
   ASSIGN_OR_RETURN(w.channel_security, ChannelSecurityFor(w.flags.tls));
+  // Mutual TLS with --tls_ca: only the cluster's components (their certificates chain to the
+  // cluster CA) may send a worker work or read its state.
+  ASSIGN_OR_RETURN(w.server_credentials, ServerCredentialsFor(w.flags.tls, ClientAuth::kClusterPeers));
   ASSIGN_OR_RETURN(w.transport, kvtransfer::CreateUcxTransport(
                                     {.name = w.flags.worker_id, .transports = w.flags.ucx_tls}));
   // The pool lives in memory the transport exposes best (shared memory for UCX on one host).
@@ -138,15 +141,7 @@ int RunWorkerProcess(
     std::vector<std::unique_ptr<grpc::Service>> services = make_services(w);
     std::vector<grpc::Service*> raw;
     ServeOptions serve{.keepalive = w.flags.keepalive, .drain_timeout = w.flags.drain_timeout};
-    // Mutual TLS with --tls_ca: only the cluster's components (their certificates chain to the
-    // cluster CA) may send a worker work or read its state.
-    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-        ServerCredentialsFor(w.flags.tls, ClientAuth::kClusterPeers);
-    if (!credentials.ok()) {
-      std::fprintf(stderr, "%s: %s\n", role, credentials.status().ToString().c_str());
-      return 1;
-    }
-    serve.credentials = *std::move(credentials);
+    serve.credentials = w.server_credentials;
     for (auto& s : services) {
       raw.push_back(s.get());
       // In the services' order: the work's services before the state subscriptions, so that

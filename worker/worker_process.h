@@ -47,6 +47,7 @@ struct WorkerProcess {
   std::unique_ptr<EngineLoop> loop;
   v1::KvPoolDescriptor pool;  // the registered pool, for peers
   ChannelSecurity channel_security;  // of the worker's own channels (flags.tls)
+  std::shared_ptr<grpc::ServerCredentials> server_credentials;  // of its gRPC server (flags.tls)
 };
 
 // `role` names the binary in its messages; `make_services` builds the services over the started

@@ -28,7 +28,6 @@
 #include "common/trace_context.h"
 #include "nlohmann/json.hpp"
 #include "engine/tokenizer/unicode.h"
-#include "router/server/https_listener.h"
 #include "router/server/openai_json.h"
 #include "router/server/tool_calls.h"
 
@@ -844,7 +843,6 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(RequestRouter* rou
   evhttp_set_gencb(
       impl->http, [](evhttp_request* req, void* arg) { static_cast<Impl*>(arg)->Handle(req); },
       impl.get());
-  if (options.tls != nullptr) ServeHttps(impl->http, options.tls);
   const std::string host = options.listen.substr(0, colon);
   evhttp_bound_socket* bound = evhttp_bind_socket_with_handle(
       impl->http, host.empty() ? "0.0.0.0" : host.c_str(), static_cast<uint16_t>(port));

@@ -21,7 +21,6 @@
 
 #include "absl/status/statusor.h"
 #include "common/serve.h"
-#include "common/server_tls_context.h"
 #include "router/auth/tenant_gate.h"
 #include "router/server/request_router.h"
 
@@ -35,9 +34,6 @@ class HttpServer final : public Drainable {
     // API keys and tenant limits (router/auth): every path but the gate's open ones needs a key
     // (401 without, 429 over a tenant's limit). Not owned; outlives the server. Null: no keys.
     auth::ApiKeyGate* api_keys = nullptr;
-    // HTTPS (router/server/https_listener.h): every connection is TLS with this context's
-    // current certificate. Not owned; outlives the server. Null: plain HTTP.
-    ServerTlsContext* tls = nullptr;
   };
   // UNAVAILABLE when the address cannot be bound; INVALID_ARGUMENT when it is malformed.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(RequestRouter* router,

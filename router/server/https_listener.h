@@ -1,18 +1,50 @@
-// HTTPS for the router's OpenAI HTTP server (libevent's evhttp): every connection it accepts is
-// wrapped in TLS (libevent's OpenSSL bufferevent) with the current context of a
-// ServerTlsContext, so a certificate replaced on disk is used for the connections accepted after
-// the reload. A client that does not speak TLS gets its connection closed.
+// HTTPS for the router's OpenAI HTTP API: a TLS terminator on the public address that decrypts
+// each connection with the current context of a ServerTlsContext (so a certificate replaced on
+// disk is used for the connections accepted after its reload) and relays the plaintext bytes,
+// both ways, to the HTTP server listening on a loopback port. A client that does not speak TLS
+// has its connection closed.
+//
+// Why a relay and not evhttp's own OpenSSL bufferevents (evhttp_set_bevcb): with those, libevent
+// 2.1.12 lost the end of about one streamed reply in ten under load, and pieces of others (a
+// write callback that fires after the output drained lets evhttp finish the request while later
+// bytes still wait; tests/cluster/tls_test.py streams many replies at once to keep it fixed).
+// The relay only moves bytes and never disables writing, and evhttp keeps plain sockets.
+//
+// The HTTP server's own port is plaintext on 127.0.0.1: processes on this host (in Kubernetes,
+// this pod) can reach it without TLS.
+//
+// Thread-safe to construct and destroy; it runs on a thread of its own.
 #ifndef TANDEM_ROUTER_SERVER_HTTPS_LISTENER_H_
 #define TANDEM_ROUTER_SERVER_HTTPS_LISTENER_H_
 
-#include <event2/http.h>
+#include <memory>
+#include <string>
 
+#include "absl/status/statusor.h"
 #include "common/server_tls_context.h"
 
 namespace tandem::router {
 
-// Makes `http` accept TLS only. Call before it binds. REQUIRES: `tls` outlives `http`.
-void ServeHttps(evhttp* http, ServerTlsContext* tls);
+class HttpsTerminator {
+ public:
+  struct Options {
+    std::string listen;       // host:port of the HTTPS API (port 0: any)
+    int backend_port = 0;     // the HTTP server's port on 127.0.0.1
+    ServerTlsContext* tls = nullptr;  // not owned; outlives the terminator
+  };
+  // INVALID_ARGUMENT for a malformed address; UNAVAILABLE when it cannot be bound.
+  static absl::StatusOr<std::unique_ptr<HttpsTerminator>> Start(const Options& options);
+  // Stops accepting and closes the connections still open.
+  ~HttpsTerminator();
+
+  int port() const;
+
+  struct Impl;  // opaque: the event loop and its connections
+
+ private:
+  explicit HttpsTerminator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace tandem::router
 

@@ -20,6 +20,7 @@
 #include "common/tls_flags.h"
 #include "router/auth/tenant_gate.h"
 #include "router/server/http_server.h"
+#include "router/server/https_listener.h"
 #include "router/server/inference_service.h"
 #include "router/server/registry.h"
 #include "router/server/request_router.h"
@@ -203,23 +204,37 @@ absl::Status Run() {
     LOG(INFO) << "API keys from " << file << "; open HTTP paths: '"
               << absl::GetFlag(FLAGS_auth_open_paths) << "'";
   }
-  std::unique_ptr<ServerTlsContext> https;  // declared first: outlives `http`
+  std::unique_ptr<ServerTlsContext> https_context;  // outlives `https`
   std::unique_ptr<HttpServer> http;
+  std::unique_ptr<HttpsTerminator> https;  // declared last: stops first
+  int http_port = 0;
   if (!absl::GetFlag(FLAGS_http_listen).empty()) {
-    if (TlsEnabled(*tls)) {
-      // HTTPS, like the gRPC API: any client (API keys say who it is).
+    // With TLS the HTTP server listens on loopback and a TLS terminator on --http_listen
+    // (router/server/https_listener.h). HTTPS, like the gRPC API, takes any client: API keys say
+    // who it is.
+    const bool with_tls = TlsEnabled(*tls);
+    if (with_tls) {
       absl::StatusOr<std::unique_ptr<ServerTlsContext>> context =
           ServerTlsContext::Create(*tls, ClientAuth::kAnyClient);
       if (!context.ok()) return context.status();
-      https = *std::move(context);
+      https_context = *std::move(context);
     }
     absl::StatusOr<std::unique_ptr<HttpServer>> started = HttpServer::Start(
-        router->get(), {.listen = absl::GetFlag(FLAGS_http_listen),
+        router->get(), {.listen = with_tls ? "127.0.0.1:0" : absl::GetFlag(FLAGS_http_listen),
                         .max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes),
-                        .api_keys = api_keys.get(),
-                        .tls = https.get()});
+                        .api_keys = api_keys.get()});
     if (!started.ok()) return started.status();
     http = *std::move(started);
+    http_port = http->port();
+    if (with_tls) {
+      absl::StatusOr<std::unique_ptr<HttpsTerminator>> terminator = HttpsTerminator::Start(
+          {.listen = absl::GetFlag(FLAGS_http_listen),
+           .backend_port = http->port(),
+           .tls = https_context.get()});
+      if (!terminator.ok()) return terminator.status();
+      https = *std::move(terminator);
+      http_port = https->port();
+    }
   }
   InferenceService inference(router->get(), api_keys.get());
   // The drain (docs/failures.md, "Planned shutdown"): the request router refuses new requests
@@ -234,7 +249,7 @@ absl::Status Run() {
   if (http != nullptr) serve.drainables.push_back(http.get());
   return ServeUntilSignal(absl::GetFlag(FLAGS_listen), {&inference}, [&](int port) {
     std::printf("tandem-router listening on port %d (http port %d, policy %s, workers %s)\n", port,
-                http != nullptr ? http->port() : 0, absl::GetFlag(FLAGS_policy).c_str(),
+                http_port, absl::GetFlag(FLAGS_policy).c_str(),
                 absl::StrJoin(registry_options.addresses, ",").c_str());
     std::fflush(stdout);
   }, serve);

@@ -201,6 +201,36 @@ def test_openai_sdk_over_https(certs, cluster):
         assert "".join(c.choices[0].text for c in stream if c.choices)
 
 
+def test_many_streams_at_once_over_https_all_end(certs, cluster):
+    """32 streamed completions at once through the SDK: every one ends with its usage and
+    [DONE] (libevent's own OpenSSL bufferevents under evhttp lost the ends of some; see
+    router/server/https_listener.h)."""
+    import asyncio
+
+    async def run():
+        verify = ssl.create_default_context(cafile=str(certs.ca))
+        async with openai.DefaultAsyncHttpxClient(verify=verify) as http_client:
+            client = openai.AsyncOpenAI(base_url=f"https://127.0.0.1:{cluster['https_port']}/v1",
+                                        api_key="none", http_client=http_client, max_retries=0)
+            model = (await client.models.list()).data[0].id
+
+            async def one(i):
+                stream = await client.completions.create(
+                    model=model, prompt=f"Count: {i}", max_tokens=8, temperature=0,
+                    stream=True, stream_options={"include_usage": True},
+                    extra_body={"ignore_eos": True}, timeout=60)
+                pieces, usage = 0, None
+                async for chunk in stream:
+                    pieces += sum(1 for c in chunk.choices if c.text)
+                    usage = chunk.usage or usage
+                return pieces, usage and usage.completion_tokens
+
+            return await asyncio.gather(*(one(i) for i in range(32)))
+
+    results = asyncio.run(run())
+    assert all(tokens == 8 and pieces > 0 for pieces, tokens in results), results
+
+
 def test_plain_http_to_the_https_port_gets_no_answer(certs, cluster):
     conn = http.client.HTTPConnection("127.0.0.1", cluster["https_port"], timeout=10)
     with pytest.raises((OSError, http.client.HTTPException)):
@@ -308,3 +338,29 @@ def test_bad_tls_flags_stop_a_process_with_a_message(certs):
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 1, (flags, result.stderr)
         assert message in result.stderr, (flags, result.stderr)
+
+
+def test_the_router_checks_the_name_in_a_workers_certificate(certs):
+    """A worker whose certificate names only worker.tandem.test (no IP): a router that dials its
+    IP refuses it (gRPC's hostname check fails the handshake, the worker never joins); a router told
+    --tls_server_name=worker.tandem.test accepts it."""
+    cert, key = make_leaf(certs.dir, "cluster", "named-worker", san="DNS:worker.tandem.test")
+    worker = Process("tandem-decode", *WORKER_FLAGS, "--worker_id=tls-named",
+                     *certs.flags(cert, key), env=UCX)
+    routers = []
+    try:
+        # gRPC logs a failed handshake's reason at debug verbosity only.
+        for extra, env in (([], {"GRPC_VERBOSITY": "debug"}),
+                           (["--tls_server_name=worker.tandem.test"], {})):
+            routers.append(Process("tandem-router", "--listen=127.0.0.1:0", "--http_listen=",
+                                   f"--workers={worker.address}", *certs.flags(), *extra,
+                                   env=env))
+        refused, accepted = routers
+        wait_until(lambda: any("Hostname Verification Check failed" in l for l in refused.log),
+                   timeout=60, what="the router to refuse the worker's certificate for its IP")
+        wait_until(lambda: any(" joined (" in l for l in accepted.log), timeout=60,
+                   what="the worker to join the router that checks its DNS name")
+        assert not any(" joined (" in l for l in refused.log), "".join(refused.log)
+    finally:
+        for p in routers + [worker]:
+            p.stop()
