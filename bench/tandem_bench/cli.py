@@ -7,6 +7,7 @@ tables, write the result JSON and the plots.
 """
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import json
 import math
@@ -106,6 +107,10 @@ def build_parser():
     g.add_argument("--url", help="the server: http://host:port for openai, host:port for grpc "
                                  f"(default {DEFAULT_URLS['openai']} / {DEFAULT_URLS['grpc']}, "
                                  "`tandem up`'s ports); not with --up / --ab")
+    g.add_argument("--tls-ca", metavar="FILE",
+                   help="PEM CA that verifies a server at --url over TLS: https:// for openai, "
+                        "TLS gRPC (`tandem up --tls` prints its CA); --up / --ab with `tls` in "
+                        "their flags use their cluster's")
     g.add_argument("--model", help="model id sent with every request (default: the server's only "
                                    "model)")
     g.add_argument("--request-timeout", type=_positive(float), default=300.0, metavar="S",
@@ -275,7 +280,8 @@ class Bench:
         self.kind = kind
         self.options = clients.ClientOptions(
             endpoint=args.endpoint, temperature=args.temperature, ignore_eos=args.ignore_eos,
-            send_slo=args.send_slo, request_timeout_s=args.request_timeout)
+            send_slo=args.send_slo, request_timeout_s=args.request_timeout,
+            ca_file=args.tls_ca)
         self.slo_targets = None   # {"ttft_ms", "tpot_ms"} from --slo-scale, set by the first run
 
     def _progress(self, total, desc):
@@ -285,9 +291,9 @@ class Bench:
         return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, leave=True,
                     dynamic_ncols=True)
 
-    async def run_config(self, label, url, worker_metrics, up_flags=None):
+    async def run_config(self, label, url, worker_metrics, up_flags=None, options=None):
         args = self.args
-        client = clients.make_client(args.protocol, url, self.options)
+        client = clients.make_client(args.protocol, url, options or self.options)
         run = {"label": label, "target": url, "protocol": args.protocol, "endpoint": args.endpoint,
                "up_flags": up_flags, "worker_metrics": dict(worker_metrics), "rates": []}
         try:
@@ -388,7 +394,11 @@ class Bench:
                 with cluster.LocalCluster(bin_dir, flags, timeout_s=args.up_timeout,
                                           log_path=args.cluster_log) as c:
                     url = c.http_url if args.protocol == "openai" else c.grpc_target
-                    runs.append(asyncio.run(self.run_config(label, url, c.worker_metrics, flags)))
+                    # A cluster of `tandem up --tls`: its own CA verifies it.
+                    options = dataclasses.replace(self.options, ca_file=c.ca_file) \
+                        if c.ca_file else self.options
+                    runs.append(asyncio.run(self.run_config(label, url, c.worker_metrics, flags,
+                                                            options)))
             except cluster.ClusterError as error:
                 raise SystemExit(f"tandem bench: {error}") from None
         return runs

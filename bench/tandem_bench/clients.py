@@ -55,6 +55,9 @@ class ClientOptions:
     ignore_eos: bool = True             # generate exactly output_len tokens
     send_slo: bool = True               # send the request's targets (gRPC Slo; HTTP "slo")
     request_timeout_s: float = 300.0
+    # PEM CA bundle that verifies the server's certificate: HTTPS for openai, TLS for gRPC
+    # (`tandem up --tls` prints its CA). None: plaintext gRPC, and the system's CAs for https://.
+    ca_file: str | None = None
 
 
 class _Stream:
@@ -150,7 +153,12 @@ class OpenAIClient:
         self.base = openai_base(url)
         self.options = options
         self.path = "/chat/completions" if options.endpoint == "chat" else "/completions"
+        verify = True
+        if options.ca_file:
+            import ssl
+            verify = ssl.create_default_context(cafile=options.ca_file)
         self._client = httpx2.AsyncClient(
+            verify=verify,
             timeout=httpx2.Timeout(options.request_timeout_s, connect=30.0),
             limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=None))
 
@@ -244,7 +252,7 @@ def protos():
 
 def grpc_target(url):
     """host:port from host:port, grpc://host:port or http://host:port."""
-    for scheme in ("grpc://", "http://", "dns:///"):
+    for scheme in ("grpc://", "http://", "https://", "dns:///"):
         if url.startswith(scheme):
             url = url[len(scheme):]
     return url.rstrip("/")
@@ -281,8 +289,13 @@ class GrpcClient:
         self._grpc = grpc
         self.target = grpc_target(url)
         self.options = options
-        self._channel = grpc.aio.insecure_channel(
-            self.target, options=[("grpc.max_receive_message_length", 64 << 20)])
+        channel_options = [("grpc.max_receive_message_length", 64 << 20)]
+        if options.ca_file:
+            with open(options.ca_file, "rb") as f:
+                credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+            self._channel = grpc.aio.secure_channel(self.target, credentials, channel_options)
+        else:
+            self._channel = grpc.aio.insecure_channel(self.target, options=channel_options)
         self._stub = protos().inference_grpc.InferenceStub(self._channel)
         self._finish_names = {v.number: v.name.removeprefix("FINISH_REASON_").lower()
                               for v in protos().inference.FinishReason.DESCRIPTOR.values}

@@ -20,7 +20,8 @@ import urllib.request
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-_HTTP_LINE = re.compile(r"OpenAI HTTP API:\s+(http://\S+?)/v1\b")
+_HTTP_LINE = re.compile(r"OpenAI HTTP API:\s+(https?://\S+?)/v1\b")
+_CA_LINE = re.compile(r"TLS CA:\s+(\S+)")
 _GRPC_LINE = re.compile(r"gRPC API:\s+(\S+:\d+)")
 _WORKERS_LINE = re.compile(r"^\s*workers:\s+(.+)$")
 _WORKER_LINE = re.compile(r"^\[(?P<name>[^\]]+)\] .*listening on port \d+ .*metrics port (?P<port>-?\d+)")
@@ -140,6 +141,7 @@ class LocalCluster:
         self.log_path = log_path
         self.http_url = None      # http://host:port
         self.grpc_target = None   # host:port
+        self.ca_file = None       # the CA of `tandem up --tls` (its "TLS CA:" line)
         self.worker_metrics = {}  # worker name -> http://127.0.0.1:N/metrics
         self._worker_count = None
         self._lines = []
@@ -177,6 +179,8 @@ class LocalCluster:
                     self._log_file.write(line)
             if self.http_url is None and (m := _HTTP_LINE.search(line)):
                 self.http_url = m.group(1)
+            if self.ca_file is None and (m := _CA_LINE.search(line)):
+                self.ca_file = m.group(1)
             if self.grpc_target is None and (m := _GRPC_LINE.search(line)):
                 self.grpc_target = m.group(1)
             if self._worker_count is None and (m := _WORKERS_LINE.match(line)):
@@ -225,8 +229,13 @@ class LocalCluster:
             raise
 
     def healthy(self):
+        context = None
+        if self.ca_file:
+            import ssl
+            context = ssl.create_default_context(cafile=self.ca_file)
         try:
-            with urllib.request.urlopen(self.http_url + "/health", timeout=2) as response:
+            with urllib.request.urlopen(self.http_url + "/health", timeout=2,
+                                        context=context) as response:
                 return response.status == 200
         except (OSError, urllib.error.URLError):
             return False

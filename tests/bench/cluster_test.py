@@ -176,3 +176,16 @@ def test_metrics_listen_is_set_for_the_children(tmp_path, monkeypatch):
     with pytest.raises(cluster.ClusterError, match="env 127.0.0.1:0"):
         cluster.LocalCluster(tmp_path, [], timeout_s=30).start()
     assert os.environ["TANDEM_METRICS_LISTEN"] == "0.0.0.0:9100"
+
+
+def test_local_cluster_reads_the_lines_of_tandem_up_tls():
+    """`tandem up --tls` prints https:// URLs and the CA its clients must trust."""
+    import io
+    c = cluster.LocalCluster("/nonexistent", [])
+    c._pump(io.StringIO(
+        "  OpenAI HTTP API: https://127.0.0.1:4443/v1   (metrics: https://127.0.0.1:4443/metrics)\n"
+        "  gRPC API:        127.0.0.1:7777 (tandem.v1.Inference, TLS)\n"
+        "  TLS CA:          /tmp/tandem-tls-x/ca.crt (clients trust it: curl --cacert, ...)\n"))
+    assert c.http_url == "https://127.0.0.1:4443"
+    assert c.grpc_target == "127.0.0.1:7777"
+    assert c.ca_file == "/tmp/tandem-tls-x/ca.crt"
