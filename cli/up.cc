@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "cli/cluster_certificates.h"
+#include "common/cluster_certificates.h"
 #include "common/net.h"
 #include "common/tls_flags.h"
 

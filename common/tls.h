@@ -34,19 +34,19 @@ struct TlsOptions {
   // neither. A server needs them; a client presents them to a server that asks (mutual TLS). One
   // pair serves both roles when the certificate's extended key usage allows serverAuth and
   // clientAuth (or names none).
-  std::string cert_file;
-  std::string key_file;
+  std::string cert_file = {};
+  std::string key_file = {};
   // PEM bundle of the cluster CA. A client checks its server's certificate against it (and that
   // the certificate names the host it dialled, or `server_name`); a server given it requires
   // every client to present a certificate it verifies (ClientAuth::kClusterPeers). Empty on a
   // client: the system's CAs.
-  std::string ca_file;
+  std::string ca_file = {};
   // How often the files are looked at for changes. >= 1 s (gRPC checks in whole seconds).
   absl::Duration reload_period = absl::Seconds(10);
   // Channels: the name a server's certificate must carry (a DNS SAN) instead of the host of the
   // address dialled -- for peers reached by pod IP whose certificates name a Service. Empty: the
   // host dialled.
-  std::string server_name;
+  std::string server_name = {};
 };
 
 // Whether `options` turns TLS on (any file given).
@@ -78,7 +78,7 @@ struct ChannelSecurity {
   // Null: insecure (plaintext).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // TlsOptions::server_name.
-  std::string server_name;
+  std::string server_name = {};
 };
 
 // The security of the channels of a process with `options`: none without TLS; else TLS checking

@@ -1,4 +1,4 @@
-#include "cli/cluster_certificates.h"
+#include "common/cluster_certificates.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

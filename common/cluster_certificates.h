@@ -1,9 +1,9 @@
-// The throwaway certificates of `tandem up --tls`: a cluster CA made for this run and one
-// certificate it signs, which every process of the local cluster presents (as a server and, for
-// mutual TLS, as a client: its extended key usage allows both) and clients dial by any of
-// `hosts`. Keys are ECDSA P-256; files PEM, the keys readable by their owner only.
-#ifndef TANDEM_CLI_CLUSTER_CERTIFICATES_H_
-#define TANDEM_CLI_CLUSTER_CERTIFICATES_H_
+// The throwaway certificates of `tandem up --tls` (and of the TLS unit tests): a cluster CA made
+// for one run and one certificate it signs, which every process of the local cluster presents
+// (as a server and, for mutual TLS, as a client: its extended key usage allows both) and clients
+// dial by any of `hosts`. Keys are ECDSA P-256; files PEM, the keys readable by their owner only.
+#ifndef TANDEM_COMMON_CLUSTER_CERTIFICATES_H_
+#define TANDEM_COMMON_CLUSTER_CERTIFICATES_H_
 
 #include <string>
 #include <vector>
@@ -33,4 +33,4 @@ absl::StatusOr<int> HttpsGetStatus(const std::string& host, int port, const std:
 
 }  // namespace tandem
 
-#endif  // TANDEM_CLI_CLUSTER_CERTIFICATES_H_
+#endif  // TANDEM_COMMON_CLUSTER_CERTIFICATES_H_
