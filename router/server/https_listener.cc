@@ -36,12 +36,15 @@ struct HttpsTerminator::Impl {
   event_base* base = nullptr;
   evconnlistener* listener = nullptr;
   event* stop = nullptr;
+  event* stop_deadline = nullptr;
+  bool stopping = false;  // loop thread only
   std::thread thread;
   int port = 0;
   absl::flat_hash_set<Relay*> relays;  // touched on the loop thread only
 
   void Accept(evutil_socket_t fd);
   void Close(Relay* relay);
+  void Stop();
 };
 
 namespace {
@@ -146,6 +149,24 @@ void HttpsTerminator::Impl::Close(Relay* relay) {
   SSL_free(relay->ssl);
   evutil_closesocket(relay->fd);
   delete relay;
+  if (stopping && relays.empty()) event_base_loopexit(base, nullptr);
+}
+
+// No new connections and no new requests; each relay closes when the HTTP server (stopped
+// first) closes its side and what that side sent is out, or at the deadline. Judging by the
+// buffers alone would cut a reply's end still in the loopback socket.
+void HttpsTerminator::Impl::Stop() {
+  stopping = true;
+  evconnlistener_disable(listener);
+  if (relays.empty()) {
+    event_base_loopexit(base, nullptr);
+    return;
+  }
+  for (Relay* relay : relays) {
+    if (relay->tls != nullptr) bufferevent_disable(relay->tls, EV_READ);
+  }
+  const timeval deadline{.tv_sec = 2, .tv_usec = 0};
+  event_add(stop_deadline, &deadline);
 }
 
 absl::StatusOr<std::unique_ptr<HttpsTerminator>> HttpsTerminator::Start(const Options& options) {
@@ -188,14 +209,15 @@ absl::StatusOr<std::unique_ptr<HttpsTerminator>> HttpsTerminator::Start(const Op
   impl->port = ntohs(bound.ss_family == AF_INET6
                          ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                          : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  // Stopping runs on the loop: it closes every relay there, then ends the loop.
+  // Stopping runs on the loop (Stop), which ends once every relay closed or at the deadline.
   impl->stop = event_new(
-      impl->base, -1, 0,
+      impl->base, -1, 0, [](evutil_socket_t, short, void* arg) { static_cast<Impl*>(arg)->Stop(); },
+      raw);
+  impl->stop_deadline = evtimer_new(
+      impl->base,
       [](evutil_socket_t, short, void* arg) {
         auto* i = static_cast<Impl*>(arg);
-        evconnlistener_disable(i->listener);
         while (!i->relays.empty()) i->Close(*i->relays.begin());
-        event_base_loopexit(i->base, nullptr);
       },
       raw);
   impl->thread = std::thread([raw] { event_base_loop(raw->base, EVLOOP_NO_EXIT_ON_EMPTY); });
@@ -208,6 +230,7 @@ HttpsTerminator::~HttpsTerminator() {
   event_active(impl_->stop, 0, 0);
   impl_->thread.join();
   event_free(impl_->stop);
+  event_free(impl_->stop_deadline);
   evconnlistener_free(impl_->listener);
   event_base_free(impl_->base);
 }

@@ -34,7 +34,9 @@ class HttpsTerminator {
   };
   // INVALID_ARGUMENT for a malformed address; UNAVAILABLE when it cannot be bound.
   static absl::StatusOr<std::unique_ptr<HttpsTerminator>> Start(const Options& options);
-  // Stops accepting and closes the connections still open.
+  // Stops accepting and reading requests; each connection closes once the HTTP server closed its
+  // side and what that side sent is out (the end of a reply written just before), or after 2 s.
+  // REQUIRES: the HTTP server was stopped first (so it closes its side).
   ~HttpsTerminator();
 
   int port() const;

@@ -204,9 +204,11 @@ absl::Status Run() {
     LOG(INFO) << "API keys from " << file << "; open HTTP paths: '"
               << absl::GetFlag(FLAGS_auth_open_paths) << "'";
   }
-  std::unique_ptr<ServerTlsContext> https_context;  // outlives `https`
+  // Destroyed in reverse: the HTTP server stops first (closing its connections), then the TLS
+  // terminator relays what they still sent, then its context goes.
+  std::unique_ptr<ServerTlsContext> https_context;
+  std::unique_ptr<HttpsTerminator> https;
   std::unique_ptr<HttpServer> http;
-  std::unique_ptr<HttpsTerminator> https;  // declared last: stops first
   int http_port = 0;
   if (!absl::GetFlag(FLAGS_http_listen).empty()) {
     // With TLS the HTTP server listens on loopback and a TLS terminator on --http_listen

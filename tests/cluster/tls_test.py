@@ -364,3 +364,47 @@ def test_the_router_checks_the_name_in_a_workers_certificate(certs):
     finally:
         for p in routers + [worker]:
             p.stop()
+
+
+def test_a_stream_in_flight_over_https_ends_whole_when_the_router_drains(certs, cluster):
+    """SIGTERM while a streamed completion runs over HTTPS: the router drains, and the reply's
+    end (usage, [DONE]) still reaches the client through the TLS relay before it exits."""
+    import signal
+    import threading
+    router = Process("tandem-router", "--listen=127.0.0.1:0", "--http_listen=127.0.0.1:0",
+                     f"--workers={cluster['decode'].address}", *certs.flags())
+    try:
+        line = next(l for l in router.log if "listening on port " in l)
+        port = int(line.split("(http port ")[1].split(",")[0])
+        wait_until(lambda: https_get(port, "/health", certs.ca)[0] == 200, timeout=60,
+                   what="the second router's /health over HTTPS")
+        started, result = threading.Event(), {}
+
+        def stream():
+            verify = ssl.create_default_context(cafile=str(certs.ca))
+            with openai.DefaultHttpxClient(verify=verify) as http_client:
+                client = openai.OpenAI(base_url=f"https://127.0.0.1:{port}/v1", api_key="none",
+                                       http_client=http_client, max_retries=0)
+                model = client.models.list().data[0].id
+                chunks = client.completions.create(
+                    model=model, prompt="Once upon a time", max_tokens=48, temperature=0,
+                    stream=True, stream_options={"include_usage": True},
+                    extra_body={"ignore_eos": True}, timeout=60)
+                for chunk in chunks:
+                    started.set()
+                    if chunk.usage:
+                        result["tokens"] = chunk.usage.completion_tokens
+                result["ended"] = True
+
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        assert started.wait(60), "no chunk came"
+        router.proc.send_signal(signal.SIGTERM)
+        reader.join(60)
+        assert result == {"tokens": 48, "ended": True}, result
+        # It exits; its status is not asserted: the router, with or without TLS, aborts now and
+        # then at exit after a drain (gRPC's "ref_counted.h: assertion failed: prior > 0" on a
+        # relay thread; 1 of 25 plain runs), a known problem outside TLS.
+        router.proc.wait(timeout=30)
+    finally:
+        router.stop()
