@@ -81,8 +81,11 @@ void OnWritten(bufferevent* bev, void* arg) {
     }
     return;
   }
-  // Drained below the low watermark (set to half the limit): read the other side again.
-  bufferevent_enable(relay->Other(bev), EV_READ);
+  // Drained below the low watermark (set to half the limit): read the other side again -- but
+  // no new requests from the client once the terminator stops.
+  bufferevent* other = relay->Other(bev);
+  if (other == relay->tls && relay->owner->stopping) return;
+  bufferevent_enable(other, EV_READ);
 }
 
 void OnEvent(bufferevent* bev, short what, void* arg) {

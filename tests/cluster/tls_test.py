@@ -8,6 +8,7 @@ another CA, a plaintext client, a client without a certificate and one whose cer
 CA signed are all refused by a worker; `openssl s_client` sees TLS 1.2 and 1.3 and is refused at
 TLS 1.1; a certificate replaced on disk is served without a restart (polled by its serial), and a key that does not match it is not."""
 import http.client
+import json
 import os
 import pathlib
 import re
@@ -408,3 +409,22 @@ def test_a_stream_in_flight_over_https_ends_whole_when_the_router_drains(certs, 
         router.proc.wait(timeout=30)
     finally:
         router.stop()
+
+
+def test_a_large_request_body_crosses_the_tls_relay(certs, cluster):
+    """A 3 MiB body (more than the relay holds before it pauses reading the client) arrives
+    whole: the router reads all of it and answers that the prompt is too long for the model."""
+    prompt = "hello " * (512 * 1024)  # 3 MiB
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    conn = http.client.HTTPSConnection("127.0.0.1", cluster["https_port"], context=context,
+                                       timeout=120)
+    try:
+        conn.request("POST", "/v1/completions",
+                     body=json.dumps({"prompt": prompt, "max_tokens": 1}).encode(),
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        body = json.loads(response.read())
+    finally:
+        conn.close()
+    assert response.status == 400, body
+    assert "error" in body and body["error"]["param"] in ("prompt", "max_tokens"), body
