@@ -145,6 +145,7 @@ class LocalCluster:
         self.worker_metrics = {}  # worker name -> http://127.0.0.1:N/metrics
         self._worker_count = None
         self._lines = []
+        self._pumps = []          # the threads that read its stdout and stderr
         self._lock = threading.Lock()
         self._proc = None
         self._log_file = None
@@ -202,8 +203,10 @@ class LocalCluster:
         self._proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=env,
                                       errors="replace")
-        for stream in (self._proc.stdout, self._proc.stderr):
-            threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+        self._pumps = [threading.Thread(target=self._pump, args=(stream,), daemon=True)
+                       for stream in (self._proc.stdout, self._proc.stderr)]
+        for pump in self._pumps:
+            pump.start()
         deadline = time.monotonic() + self.timeout_s
         try:
             while self.http_url is None or self.grpc_target is None or self._worker_count is None:
@@ -249,6 +252,10 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        # What the process wrote last (its goodbye) is still in the pipes: read it all before the
+        # log closes. A process that left children holding the pipes open gets 10 s.
+        for pump in self._pumps:
+            pump.join(timeout=10)
         if self._log_file is not None:
             with self._lock:
                 self._log_file.close()
