@@ -43,8 +43,8 @@ class DecodeRelay;
 class DecodeAttempt final : public grpc::ClientReadReactor<v1::DecodeResponse>,
                             public StallWatch::Stream {
  public:
-  DecodeAttempt(std::shared_ptr<DecodeRelay> relay, absl::Time now)
-      : Stream(now), relay_(std::move(relay)) {}
+  DecodeAttempt(std::shared_ptr<DecodeRelay> relay, absl::Time now, DecodeStreams* streams)
+      : Stream(now), lease_(streams), relay_(std::move(relay)) {}
 
   void Begin(v1::Decode::Stub* stub, const v1::DecodeRequest& request, const TraceContext& trace,
              absl::Time deadline, std::shared_ptr<DecodeAttempt> self, StallWatch& watch) {
@@ -76,6 +76,8 @@ class DecodeAttempt final : public grpc::ClientReadReactor<v1::DecodeResponse>,
   void OnDone(const grpc::Status& status) override;
 
  private:
+  // Declared first, so released last: after context_ (the call) is destroyed.
+  const DecodeStreams::Lease lease_;
   std::shared_ptr<DecodeRelay> relay_;
   grpc::ClientContext context_;
   v1::DecodeResponse response_;
@@ -117,7 +119,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
       cancelled_ = true;
       attempt = attempt_;
     }
-    attempt->Cancel();
+    if (attempt != nullptr) attempt->Cancel();  // else the last attempt ended: nothing to cancel
   }
 
   // On the attempt's gRPC thread; attempts run one at a time, so the fields below are only
@@ -199,13 +201,17 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
 
   // `stalled`: the router cancelled the stream because the worker had been silent for
   // `silent_for_ms` (StallWatch); `status` then says CANCELLED. `handed_off`: the worker drains
-  // and refused or ended the stream (a planned move, not a failure).
-  void OnAttemptDone(grpc::Status status, bool stalled, int64_t silent_for_ms, bool handed_off) {
+  // and refused or ended the stream (a planned move, not a failure). The relay no longer holds
+  // `attempt`: its call goes when its OnDone returns, however long the frontend holds the relay.
+  void OnAttemptDone(const DecodeAttempt* attempt, grpc::Status status, bool stalled,
+                     int64_t silent_for_ms, bool handed_off) {
     host_->registry().Release(route_);
     bool cancelled;
+    std::shared_ptr<DecodeAttempt> ended;  // released outside the lock; its self_ still holds it
     {
       absl::MutexLock lock(&mu_);
       cancelled = cancelled_;
+      if (attempt_.get() == attempt) ended = std::move(attempt_);
     }
     if (!status.ok() && !cancelled && !finished_ && !handed_off) {
       const char* cause = stalled ? "stalled"
@@ -245,7 +251,8 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
 
  private:
   void StartAttempt(v1::Decode::Stub* stub, const v1::DecodeRequest& request) {
-    auto attempt = std::make_shared<DecodeAttempt>(shared_from_this(), clock()->Now());
+    auto attempt = std::make_shared<DecodeAttempt>(shared_from_this(), clock()->Now(),
+                                                   &host_->decode_streams());
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
@@ -391,6 +398,7 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
 
   absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // The attempt running now; null once it ended and no other started.
   std::shared_ptr<DecodeAttempt> attempt_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -403,7 +411,7 @@ void DecodeAttempt::OnReadDone(bool ok) {
 
 void DecodeAttempt::OnDone(const grpc::Status& status) {
   Done();
-  relay_->OnAttemptDone(status, stalled(), silent_for_ms(), handed_off());
+  relay_->OnAttemptDone(this, status, stalled(), silent_for_ms(), handed_off());
   relay_.reset();
   self_.reset();  // may destroy this
 }

@@ -13,8 +13,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/trace_context.h"
@@ -26,9 +28,49 @@
 
 namespace tandem::router {
 
+// The Decode.Generate calls a host's relays have open: each from its start until its
+// grpc::ClientContext is destroyed, which is after the relay's sink got OnDone (the thread that
+// delivered OnDone still holds the call for a moment, and a Cancel racing with the end may hold it
+// longer). Whoever owns the channels the calls run on (the host's stubs) waits here for none
+// before it destroys them: a sink's OnDone alone does not say the call is gone. Thread-safe.
+class DecodeStreams {
+ public:
+  // One open call; the relay keeps it as long as the call's ClientContext lives.
+  class Lease {
+   public:
+    explicit Lease(DecodeStreams* owner) : owner_(owner) { owner_->Change(+1); }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { owner_->Change(-1); }
+
+   private:
+    DecodeStreams* const owner_;
+  };
+
+  int64_t open() {
+    absl::MutexLock lock(&mu_);
+    return open_;
+  }
+  // Waits until no call is open, or until `deadline`; true when none is.
+  bool AwaitNone(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return open_ == 0; };
+    return mu_.AwaitWithDeadline(absl::Condition(&none), deadline);
+  }
+
+ private:
+  void Change(int64_t delta) {
+    absl::MutexLock lock(&mu_);
+    open_ += delta;
+  }
+  absl::Mutex mu_;
+  int64_t open_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // What a relay needs of the router: a new placement when its request moves, the registry that
 // counts its route, the stall watch and the time. RequestRouter is one; a test's fake is another.
-// Thread-safe; must outlive the relays it starts.
+// Thread-safe; must outlive the relays it starts, which it learns from decode_streams(), not from
+// the sinks' OnDone.
 class RelayHost {
  public:
   virtual ~RelayHost() = default;
@@ -45,6 +87,9 @@ class RelayHost {
   virtual StallWatch& stall_watch() = 0;
   // The time of the relay's measurements (TTFT, latencies, progress) and of the stall watch.
   virtual Clock* clock() const = 0;
+  // Counts the relays' calls until each one's ClientContext is gone. The host destroys its stubs
+  // (their channels) only once none is open.
+  virtual DecodeStreams& decode_streams() = 0;
 };
 
 // A placed request, ready to relay.

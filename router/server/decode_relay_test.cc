@@ -268,9 +268,11 @@ class FakeHost final : public RelayHost {
   Registry& registry() override { return registry_; }
   StallWatch& stall_watch() override { return watch_; }
   Clock* clock() const override { return &clock_; }
+  DecodeStreams& decode_streams() override { return streams_; }
 
   mutable FakeClock clock_;
   StallWatch watch_{{.timeout = absl::Seconds(6), .clock = &clock_}};
+  DecodeStreams streams_;
 
  private:
   Registry registry_;
@@ -440,6 +442,31 @@ TEST_F(DecodeRelayTest, ACancelledRequestEndsWithoutMoving) {
   EXPECT_EQ(sink_.AwaitDone().code(), absl::StatusCode::kCancelled);
   EXPECT_THAT(host_.avoided(), IsEmpty());
   EXPECT_THAT(b.requests(), IsEmpty());
+}
+
+// The router waits for DecodeStreams to be empty before its stubs' channels go (a sink's OnDone
+// comes while the call is still open). So a call must be gone once the request ended, even while
+// its frontend still holds the relay, as frontends do until their reply is written.
+TEST_F(DecodeRelayTest, ARequestsCallIsGoneOnceItEndedWhileItsFrontendStillHoldsTheRelay) {
+  FakeDecode a({Tokens({1}), Last({2})}, End::kFinish);
+  std::shared_ptr<RelayedCall> call = Start(a);
+  ASSERT_TRUE(sink_.AwaitDone().ok());
+  // Returns at once when the call is gone; the bound only keeps a failure from hanging.
+  EXPECT_TRUE(host_.streams_.AwaitNone(absl::Now() + absl::Seconds(30)));
+  EXPECT_EQ(host_.streams_.open(), 0);
+  call->Cancel();  // after the end: nothing left to cancel
+  EXPECT_EQ(sink_.responses().size(), 2u);
+}
+
+// The same for a request that moved: the call of every attempt is gone.
+TEST_F(DecodeRelayTest, EveryAttemptsCallIsGoneOnceAMovedRequestEnded) {
+  FakeDecode a({Tokens({1})}, End::kFail);
+  FakeDecode b({Last({2})}, End::kFinish);
+  host_.AddPlacement(RouteTo("decode-b", b.address()), b.stub());
+  std::shared_ptr<RelayedCall> call = Start(a);
+  ASSERT_TRUE(sink_.AwaitDone().ok());
+  EXPECT_THAT(sink_.tokens(), ElementsAre(1, 2));
+  EXPECT_TRUE(host_.streams_.AwaitNone(absl::Now() + absl::Seconds(30)));
 }
 
 }  // namespace

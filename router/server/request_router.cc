@@ -437,6 +437,14 @@ int64_t RequestRouter::QueuedRequests() { return admission_->size(); }
 
 RequestRouter::~RequestRouter() {
   admission_.reset();  // refuses what waits while the rest of the router is still whole
+  // A request's end reaches its sink before its relay lets go of its call: the thread that
+  // delivered it still destroys the call's ClientContext afterwards. Channels and gRPC itself
+  // must outlive that (main's drain returns as soon as the sinks are done), so wait for it.
+  if (const int64_t cut = in_flight_.Cut(); cut > 0) {
+    LOG(WARNING) << "cutting " << cut << " requests still in flight as the router stops";
+  }
+  in_flight_.AwaitIdle(absl::InfiniteFuture());
+  decode_streams_.AwaitNone(absl::InfiniteFuture());
 }
 
 absl::StatusOr<Route> RequestRouter::PlaceForRelay(const placement::Request& request,

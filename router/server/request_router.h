@@ -84,7 +84,9 @@ class RequestRouter final : public RelayHost, public Drainable {
   // INVALID_ARGUMENT for options out of range, or a clock other than the registry's.
   static absl::StatusOr<std::unique_ptr<RequestRouter>> Create(const RouterOptions& options,
                                                                Registry* registry);
-  // Stops the admission queue's thread and refuses what still waits there (RESOURCE_EXHAUSTED).
+  // Stops the admission queue's thread and refuses what still waits there (RESOURCE_EXHAUSTED),
+  // cancels the requests still in flight and waits for their ends, then for every relay's
+  // Decode.Generate call to be gone (DecodeStreams) before the stubs and their channels go.
   ~RequestRouter();
 
   // A request checked and tokenized.
@@ -135,6 +137,7 @@ class RequestRouter final : public RelayHost, public Drainable {
   // The relays' decode streams, watched for silence.
   StallWatch& stall_watch() override { return *stall_watch_; }
   Clock* clock() const override { return options_.clock; }
+  DecodeStreams& decode_streams() override { return decode_streams_; }
 
  private:
   friend class WaitingCall;
@@ -180,6 +183,8 @@ class RequestRouter final : public RelayHost, public Drainable {
   absl::Mutex mu_;
   std::unique_ptr<placement::PlacementPolicy> policy_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Decode::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  // The relays' calls on stubs_' channels; none is open when the destructor lets stubs_ go.
+  DecodeStreams decode_streams_;
   // Before the admission queue and the stall watch: it outlives the requests they end.
   InFlightRequests in_flight_;
   std::unique_ptr<AdmissionQueue> admission_;
