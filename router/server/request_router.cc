@@ -443,8 +443,12 @@ RequestRouter::~RequestRouter() {
   if (const int64_t cut = in_flight_.Cut(); cut > 0) {
     LOG(WARNING) << "cutting " << cut << " requests still in flight as the router stops";
   }
-  in_flight_.AwaitIdle(absl::InfiniteFuture());
-  decode_streams_.AwaitNone(absl::InfiniteFuture());
+  // Cancelled calls end locally at once, whatever their peers do; the bound only keeps a bug here
+  // from turning a stop into a hang.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  if (!in_flight_.AwaitIdle(deadline) || !decode_streams_.AwaitNone(deadline)) {
+    LOG(ERROR) << "requests or decode calls still open 10 s after they were cut; stopping anyway";
+  }
 }
 
 absl::StatusOr<Route> RequestRouter::PlaceForRelay(const placement::Request& request,
