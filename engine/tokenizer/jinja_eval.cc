@@ -4,6 +4,7 @@
 #include <ctime>
 #include <optional>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -126,6 +127,18 @@ class Renderer {
     frames_.push_back(std::move(globals));
   }
 
+  // A macro holds the frames it was defined in and a frame may hold the macro (a macro that
+  // calls itself, any macro defined at the top), and a namespace may hold itself: reference
+  // cycles. The render's values cannot outlive it (the output is a string, the context is read
+  // only), so every frame a macro captured and every namespace assigned to is emptied here,
+  // which frees them and what they hold.
+  ~Renderer() {
+    for (const std::shared_ptr<ValueDict>& frame : cyclic_frames_) Empty(*frame);
+    for (Value& ns : cyclic_namespaces_) Empty(ns.mutable_dict());
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
+
   absl::StatusOr<std::string> Run(const Body& body) {
     std::string out;
     RETURN_IF_ERROR(RenderBody(body, &out));
@@ -229,6 +242,7 @@ class Renderer {
                                                        "object '", node.target_object, "'"));
           }
           ns.mutable_dict().Set(node.targets[0], std::move(v));
+          MayBeCyclic(ns);
           return absl::OkStatus();
         }
         return Assign(node, node.targets, std::move(v));
@@ -340,6 +354,7 @@ class Renderer {
   // variables of the frame it was defined in, as they are when it is called.
   Value MakeMacro(const Node& node, const std::string& name) {
     std::vector<std::shared_ptr<ValueDict>> defining = frames_;
+    for (const std::shared_ptr<ValueDict>& frame : defining) MayBeCyclic(frame);
     return Value::Function(name, [this, &node, name, defining](const CallArgs& args)
                                      -> absl::StatusOr<Value> {
       if (++call_depth_ > options_.limits.max_call_depth) {
@@ -1053,8 +1068,26 @@ class Renderer {
  private:
   void AddGlobals(ValueDict* globals);
 
+  // Remembers a frame or namespace to empty at the end of the render (see ~Renderer).
+  void MayBeCyclic(const std::shared_ptr<ValueDict>& frame) {
+    if (cyclic_seen_.insert(frame.get()).second) cyclic_frames_.push_back(frame);
+  }
+  void MayBeCyclic(const Value& ns) {
+    if (cyclic_seen_.insert(&ns.dict()).second) cyclic_namespaces_.push_back(ns);
+  }
+  // The entries are moved out before they are destroyed, so nothing they release finds the dict
+  // half-cleared.
+  static void Empty(ValueDict& dict) {
+    std::vector<std::pair<std::string, Value>> entries = std::move(dict.entries);
+    dict.entries.clear();
+  }
+
   const RenderOptions& options_;
   std::vector<std::shared_ptr<ValueDict>> frames_;
+  // Held until the end of the render, so an address in cyclic_seen_ is never reused.
+  std::vector<std::shared_ptr<ValueDict>> cyclic_frames_;
+  std::vector<Value> cyclic_namespaces_;
+  absl::flat_hash_set<const ValueDict*> cyclic_seen_;
   Flow flow_ = Flow::kNormal;
   int64_t steps_ = 0;
   int call_depth_ = 0;

@@ -4,6 +4,7 @@
 // rendering FAILED_PRECONDITION with the line, and runaway templates RESOURCE_EXHAUSTED quickly.
 #include "engine/tokenizer/jinja.h"
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -136,6 +137,43 @@ TEST(JinjaTest, RunawayTemplatesAreResourceExhausted) {
 TEST(JinjaTest, DefaultLimitsStopARangeThatIsTooBig) {
   EXPECT_EQ(Render("{% for i in range(1000000000) %}{% endfor %}").status().code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// A render frees everything it made, even what refers to itself: a macro and the frame that holds
+// it, a macro defined in a macro and kept after that returned, a namespace that holds itself. A
+// function in the context holds a probe; the context is dropped before rendering, so after the
+// render the probe lives on only if something of the render does.
+TEST(JinjaTest, ARenderFreesItsValuesEvenWhenTheyReferToThemselves) {
+  for (const char* source : {
+           "{% macro r(n) %}{% if n > 0 %}{{ r(n - 1) }}{% endif %}{% endmacro %}{{ r(3) }}",
+           "{% macro m() %}x{% endmacro %}{{ m() }}",
+           "{% for i in [1, 2] %}{% macro m() %}{{ m }}{% endmacro %}{% endfor %}",
+           "{% set ns = namespace() %}{% macro outer(y) %}{% macro inner() %}{{ y }}{% endmacro %}"
+           "{% set ns.f = inner %}{% endmacro %}{{ outer(probe) }}{{ ns.f() }}",
+           "{% macro wrap() %}{% set c = caller %}{{ c() }}{% endmacro %}"
+           "{% call wrap() %}in{% endcall %}",
+           "{% set ns = namespace(p=probe) %}{% set ns.me = ns %}",
+           "{% set ns = namespace() %}{% set ns.l = [ns, probe] %}",
+           // and when the render fails part way
+           "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",
+           "{% macro m() %}x{% endmacro %}{{ raise_exception('stop') }}",
+       }) {
+    absl::StatusOr<Template> t = Template::Parse(source);
+    ASSERT_TRUE(t.ok()) << source << ": " << t.status();
+    auto probe = std::make_shared<int>(0);
+    const std::weak_ptr<int> watched = probe;
+    ValueDict context;
+    context.Set("probe", Value::Function("probe", [probe](const CallArgs&) -> absl::StatusOr<Value> {
+                  return Value::Int(*probe);
+                }));
+    Value context_value = Value::Dict(std::move(context));
+    probe.reset();
+    RenderOptions options;
+    options.limits.max_call_depth = 8;
+    (void)t->Render(context_value, options);
+    context_value = Value();
+    EXPECT_TRUE(watched.expired()) << source;
+  }
 }
 
 }  // namespace

@@ -225,6 +225,13 @@ CORPUS = [
     # macros and call
     "{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}{{ greet('A') }} {{ greet('B', punct='?') }}",
     "{% macro wrap() %}<{{ caller() }}>{% endmacro %}{% call wrap() %}inside{% endcall %}",
+    # macros that call themselves, are passed around, or are called after the macro that
+    # defined them returned (its variables still visible); a namespace that holds itself
+    "{% macro r(n) %}{% if n > 0 %}{{ n }}{{ r(n - 1) }}{% endif %}{% endmacro %}{{ r(3) }}",
+    "{% macro twice(f) %}{{ f() }}{{ f() }}{% endmacro %}{% macro one() %}1{% endmacro %}{{ twice(one) }}",
+    "{% set ns = namespace() %}{% macro outer(y) %}{% macro inner() %}[{{ y }}]{% endmacro %}"
+    "{% set ns.f = inner %}{% endmacro %}{{ outer(7) }}{{ ns.f() }}",
+    "{% set ns = namespace(n=1) %}{% set ns.me = ns %}{{ ns.me.me.n }}",
     # string methods
     "{{ '  x  '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ ' a'.lstrip() }}|{{ 'a '.rstrip() }}|"
     "{{ 'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}|{{ 'a b c'.split(' ', 1) }}|"
