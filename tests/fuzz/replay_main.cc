@@ -1,7 +1,8 @@
 // The main() of a fuzz target outside the `fuzz` preset: runs LLVMFuzzerTestOneInput once on
 // each file named on the command line, or in a folder named there (not recursive), and says how
-// many it ran. A crash or sanitizer report ends the process as it would under libFuzzer; an input
-// that cannot be read fails the run. CTest's fuzz_corpus.<name> replays a corpus this way.
+// many it ran; LLVMFuzzerInitialize first where the target defines one, as libFuzzer does. A
+// crash or sanitizer report ends the process as it would under libFuzzer; an input that cannot be
+// read fails the run. CTest's fuzz_corpus.<name> replays a corpus this way.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,8 @@
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+// Defined by the targets that set something up once (libFuzzer calls it before the first input).
+extern "C" __attribute__((weak)) int LLVMFuzzerInitialize(int* argc, char*** argv);
 
 namespace {
 
@@ -37,6 +40,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s <file or folder>...\n", argv[0]);
     return 2;
   }
+  if (LLVMFuzzerInitialize != nullptr) LLVMFuzzerInitialize(&argc, &argv);
   int ran = 0;
   for (int i = 1; i < argc; ++i) {
     const std::filesystem::path arg(argv[i]);
