@@ -126,9 +126,10 @@ absl::StatusOr<ModelWeights> Phi3Weights(const GgufFile& f, const ModelConfig& c
 
   ModelWeights w;
   RETURN_IF_ERROR(GgufTopLevelWeights(f, c, &w));
-  w.layers.resize(static_cast<size_t>(c.num_layers));
+  // One layer at a time, as its tensors are found: block_count is the file's word, and a
+  // count past its tensors fails at the first missing one instead of allocating them all.
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    LayerWeights& l = w.layers[static_cast<size_t>(i)];
+    LayerWeights& l = w.layers.emplace_back();
     auto name = [i](absl::string_view part) { return absl::StrCat("blk.", i, ".", part); };
     for (absl::string_view b : {"attn_qkv.bias", "attn_q.bias", "attn_k.bias", "attn_v.bias",
                                 "attn_output.bias"}) {

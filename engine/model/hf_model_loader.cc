@@ -187,9 +187,10 @@ absl::StatusOr<ModelWeights> MapHfWeights(const std::string& dir, const ModelCon
   } else {
     ASSIGN_OR_RETURN(w.output, m.Require("lm_head.weight", {h, c.vocab_size}));
   }
-  w.layers.resize(static_cast<size_t>(c.num_layers));
+  // One layer at a time, as its tensors are found: num_hidden_layers is the config's word, and a
+  // count past its tensors fails at the first missing one instead of allocating them all.
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    LayerWeights& l = w.layers[static_cast<size_t>(i)];
+    LayerWeights& l = w.layers.emplace_back();
     auto name = [i](absl::string_view part) { return absl::StrCat("model.layers.", i, ".", part); };
     ASSIGN_OR_RETURN(l.attn_norm, m.Norm(name("input_layernorm.weight"), h, gemma));
     if (c.architecture == "phi3") {

@@ -220,9 +220,10 @@ absl::StatusOr<ModelWeights> LlamaFamilyWeightsFromGguf(
   if (f.FindTensor("rope_freqs.weight") != nullptr) {
     ASSIGN_OR_RETURN(w.rope_freqs, require("rope_freqs.weight", {c.head_dim / 2}));
   }
-  w.layers.resize(static_cast<size_t>(c.num_layers));
+  // One layer at a time, as its tensors are found: block_count is the file's word, and a
+  // count past its tensors fails at the first missing one instead of allocating them all.
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    LayerWeights& l = w.layers[static_cast<size_t>(i)];
+    LayerWeights& l = w.layers.emplace_back();
     auto name = [i](absl::string_view part) { return absl::StrCat("blk.", i, ".", part); };
     ASSIGN_OR_RETURN(l.attn_norm, require(name("attn_norm.weight"), {h}));
     ASSIGN_OR_RETURN(l.attn_q, require(name("attn_q.weight"), {h, dq}));

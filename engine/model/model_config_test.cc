@@ -583,6 +583,22 @@ TEST(ModelLoaderTest, TensorErrorsNameTheTensorAndShapes) {
   }
 }
 
+// block_count is read from the file: a count far past the layers the file has tensors for fails
+// on the first missing tensor, without first allocating every layer (the gguf fuzz target's
+// finding: a block_count of 846,595,818 asked for 100 GB).
+TEST(ModelLoaderTest, ABlockCountPastTheTensorsFailsAtTheFirstMissingLayer) {
+  for (const char* arch : {"llama", "phi3"}) {
+    SCOPED_TRACE(arch);
+    TinyModelSpec spec;
+    spec.arch = arch;
+    spec.fused_qkv = spec.fused_gate_up = spec.arch == "phi3";
+    spec.kv_override[spec.arch + ".block_count"] = U32(4'000'000'000u);
+    absl::Status s = LoadTiny(spec).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    EXPECT_THAT(s.message(), HasSubstr("'blk.2.attn_norm.weight'"));
+  }
+}
+
 TEST(ModelLoaderTest, MetadataErrorsAndRopeScaling) {
   struct Case {
     std::string name;
