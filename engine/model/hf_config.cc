@@ -52,6 +52,8 @@ constexpr HfArchitecture kArchitectures[] = {
 };
 // Gemma's head size when config.json does not state it (transformers' Gemma config classes).
 constexpr int64_t kGemmaDefaultHeadDim = 256;
+// The most num_hidden_layers accepted (real models have a few hundred at most).
+constexpr int64_t kMaxLayers = int64_t{1} << 16;
 
 class ConfigReader {
  public:
@@ -324,6 +326,10 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_t
   ASSIGN_OR_RETURN(c.hidden_size, r.Int(j, "hidden_size"));
   ASSIGN_OR_RETURN(c.intermediate_size, r.Int(j, "intermediate_size"));
   ASSIGN_OR_RETURN(c.num_layers, r.Int(j, "num_hidden_layers"));
+  // Per-layer settings are sized by it (as the GGUF reader bounds block_count).
+  if (c.num_layers > kMaxLayers) {
+    return r.Error("num_hidden_layers", absl::StrCat(c.num_layers, " is more than ", kMaxLayers));
+  }
   ASSIGN_OR_RETURN(c.num_heads, r.Int(j, "num_attention_heads"));
   ASSIGN_OR_RETURN(c.num_kv_heads, r.Int(j, "num_key_value_heads", c.num_heads));
   if (c.num_heads <= 0) return r.Error("num_attention_heads", "must be positive");

@@ -187,10 +187,9 @@ absl::StatusOr<ModelWeights> MapHfWeights(const std::string& dir, const ModelCon
   } else {
     ASSIGN_OR_RETURN(w.output, m.Require("lm_head.weight", {h, c.vocab_size}));
   }
-  // One layer at a time, as its tensors are found: num_hidden_layers is the config's word, and a
-  // count past its tensors fails at the first missing one instead of allocating them all.
+  w.layers.resize(static_cast<size_t>(c.num_layers));
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    LayerWeights& l = w.layers.emplace_back();
+    LayerWeights& l = w.layers[static_cast<size_t>(i)];
     auto name = [i](absl::string_view part) { return absl::StrCat("model.layers.", i, ".", part); };
     ASSIGN_OR_RETURN(l.attn_norm, m.Norm(name("input_layernorm.weight"), h, gemma));
     if (c.architecture == "phi3") {
