@@ -130,8 +130,9 @@ class Renderer {
   // A macro holds the frames it was defined in and a frame may hold the macro (a macro that
   // calls itself, any macro defined at the top), and a namespace may hold itself: reference
   // cycles. The render's values cannot outlive it (the output is a string, the context is read
-  // only), so every frame a macro captured and every namespace assigned to is emptied here,
-  // which frees them and what they hold.
+  // only), so every frame a macro captured and every namespace the render made (namespace()) is
+  // emptied here, which frees them and what they hold. A namespace the caller passed in the
+  // context is left as it is.
   ~Renderer() {
     for (const std::shared_ptr<ValueDict>& frame : cyclic_frames_) Empty(*frame);
     for (Value& ns : cyclic_namespaces_) Empty(ns.mutable_dict());
@@ -242,7 +243,6 @@ class Renderer {
                                                        "object '", node.target_object, "'"));
           }
           ns.mutable_dict().Set(node.targets[0], std::move(v));
-          MayBeCyclic(ns);
           return absl::OkStatus();
         }
         return Assign(node, node.targets, std::move(v));

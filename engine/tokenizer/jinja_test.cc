@@ -174,6 +174,16 @@ TEST(JinjaTest, ARenderFreesItsValuesEvenWhenTheyReferToThemselves) {
     context_value = Value();
     EXPECT_TRUE(watched.expired()) << source;
   }
+  // A namespace the caller passed keeps what the template set in it.
+  absl::StatusOr<Template> t = Template::Parse("{% set ns.x = 1 %}{% set ns.me = ns %}");
+  ASSERT_TRUE(t.ok()) << t.status();
+  Value ns = Value::Dict({}, /*is_namespace=*/true);
+  ValueDict context;
+  context.Set("ns", ns);
+  ASSERT_TRUE(t->Render(Value::Dict(std::move(context)), {}).ok());
+  EXPECT_NE(ns.dict().Find("x"), nullptr);
+  EXPECT_NE(ns.dict().Find("me"), nullptr);
+  ns.mutable_dict().entries.clear();  // the cycle the template made, broken
 }
 
 }  // namespace
