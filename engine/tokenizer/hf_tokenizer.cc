@@ -343,9 +343,16 @@ absl::StatusOr<TokenizerData> TokenizerDataFromHfJson(absl::string_view tokenize
   // The vocabulary: model.vocab, then added_tokens (which may extend it). Ids must be dense.
   absl::flat_hash_map<std::string, int32_t> ids;
   std::vector<std::string> tokens;
+  // Dense ids are below the number of entries (vocab + added_tokens), so a larger id is refused
+  // before `tokens` grows to it.
+  int64_t entries = 0;
   auto put = [&](const std::string& text, int64_t id) -> absl::Status {
     if (id < 0 || id >= (int64_t{1} << 30)) {
       return r.Invalid(absl::StrCat("token '", text, "' has id ", id));
+    }
+    if (id >= entries) {
+      return r.Invalid(absl::StrCat("token '", text, "' has id ", id, ", but there are only ",
+                                    entries, " tokens (ids must be dense)"));
     }
     if (static_cast<size_t>(id) >= tokens.size()) tokens.resize(id + 1);
     if (!tokens[id].empty() && tokens[id] != text) {
@@ -357,12 +364,15 @@ absl::StatusOr<TokenizerData> TokenizerDataFromHfJson(absl::string_view tokenize
   };
   auto vocab = model.find("vocab");
   if (vocab == model.end() || !vocab->is_object()) return r.Invalid("BPE model has no vocab object");
+  auto added_it = root.find("added_tokens");
+  entries = static_cast<int64_t>(vocab->size()) +
+            (added_it != root.end() && added_it->is_array() ? static_cast<int64_t>(added_it->size())
+                                                            : 0);
   for (const auto& [text, id] : vocab->items()) {
     if (!id.is_number_integer()) return r.Invalid(absl::StrCat("vocab id of '", text, "'"));
     RETURN_IF_ERROR(put(text, id.get<int64_t>()));
   }
   std::vector<std::pair<int32_t, bool>> added;  // id, special
-  auto added_it = root.find("added_tokens");
   if (added_it != root.end() && !added_it->is_null()) {
     if (!added_it->is_array()) return r.Invalid("added_tokens is not a list");
     for (const json& t : *added_it) {
