@@ -14,7 +14,6 @@ against a router in front of a prefill and a decode worker.
   tokenizer.chat_template is that template (written with PyPI `gguf`).
 About 11 s."""
 import json
-import pathlib
 import subprocess
 import sys
 
@@ -27,40 +26,7 @@ import pytest
 
 from cluster_common import Cluster, Process, Protos, http_get, http_request, wait_router_ready
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Adds two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer", "minimum": -1000, "maximum": 1000},
-                           "b": {"type": "integer", "minimum": -1000, "maximum": 1000}},
-            "required": ["a", "b"],
-        },
-    },
-}
-TOOLS = [WEATHER, ADD]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+from tools_common import ADD, DEFAULT_MODEL, QUESTION, SCHEMAS, TOOLS, WEATHER
 
 
 @pytest.fixture(scope="module")
