@@ -18,15 +18,14 @@ import subprocess
 import sys
 
 import grpc
-import jinja2
-import jinja2.sandbox
 import jsonschema
 import openai
 import pytest
 
 from cluster_common import Cluster, Process, Protos, http_get, http_request, wait_router_ready
 
-from tools_common import ADD, DEFAULT_MODEL, QUESTION, SCHEMAS, TOOLS, WEATHER
+from tools_common import (ADD, DEFAULT_MODEL, QUESTION, SCHEMAS, TOOLS, WEATHER, jinja2_render,
+                          tokenize)
 
 
 @pytest.fixture(scope="module")
@@ -252,29 +251,6 @@ Call one as <tool_call>
 {{ m.content }}<|im_end|>
 {% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
-
-
-def jinja2_render(template, messages, tools):
-    """The template rendered as transformers' apply_chat_template does: its jinja2 settings and
-    tojson, each call's arguments parsed from the JSON string the client sent."""
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = tojson
-    messages = json.loads(json.dumps(messages))
-    for m in messages:
-        for c in m.get("tool_calls") or []:
-            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
-    return env.from_string(template).render(messages=messages, tools=tools,
-                                            add_generation_prompt=True, bos_token="<|im_start|>",
-                                            eos_token="<|im_end|>")
-
-
-def tokenize(port, body):
-    status, reply = http_request(port, "POST", "/tokenize", body)
-    assert status == 200, reply
-    return reply["tokens"]
 
 
 @pytest.fixture(scope="module")

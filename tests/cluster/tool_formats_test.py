@@ -26,16 +26,14 @@ import subprocess
 import sys
 
 import grpc
-import jinja2
-import jinja2.ext
-import jinja2.sandbox
 import jsonschema
 import openai
 import pytest
 
-from cluster_common import Cluster, Process, Protos, http_get, http_request, wait_router_ready
+from cluster_common import Cluster, Process, Protos, http_get, wait_router_ready
 
-from tools_common import ADD, DEFAULT_MODEL, QUESTION, SCHEMAS, TOOLS, WEATHER
+from tools_common import (ADD, DEFAULT_MODEL, QUESTION, SCHEMAS, TOOLS, WEATHER, jinja2_render,
+                          tokenize)
 
 # One call per assistant message (Llama 3.1's template refuses more) and a 9-character id
 # (Mistral's refuse others); user and assistant turns alternate around the call (Mistral's check).
@@ -147,36 +145,6 @@ OTHER_STYLE = """\
 {% else %}{{ m.role }}: {{ m.content }}
 {% endif %}{% endfor %}{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]\
 {% endif %}"""
-
-
-def jinja2_render(template, messages, tools, today):
-    """The template rendered as transformers' apply_chat_template does: its jinja2 settings,
-    tojson, raise_exception and strftime_now (at `today`), each call's arguments parsed from the
-    JSON string the client sent."""
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = today.strftime
-    messages = json.loads(json.dumps(messages))
-    for m in messages:
-        for c in m.get("tool_calls") or []:
-            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
-    return env.from_string(template).render(messages=messages, tools=tools,
-                                            add_generation_prompt=True, bos_token="<|im_start|>",
-                                            eos_token="<|im_end|>")
-
-
-def tokenize(port, body):
-    status, reply = http_request(port, "POST", "/tokenize", body)
-    assert status == 200, reply
-    return reply["tokens"]
 
 
 @pytest.fixture(scope="module")

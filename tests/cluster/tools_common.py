@@ -1,6 +1,13 @@
 """The tools both function-calling tests (tool_calls_test.py, tool_formats_test.py) offer the
 default model: a weather lookup with an enum and a bounded string, and an integer adder."""
+import json
 import pathlib
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+
+from cluster_common import http_request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -36,3 +43,34 @@ ADD = {
 TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+def jinja2_render(template, messages, tools, today=None):
+    """The template rendered as transformers' apply_chat_template does: its jinja2 settings,
+    tojson, raise_exception and strftime_now (at `today`, a datetime; none without it), each
+    call's arguments parsed from the JSON string the client sent."""
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    if today is not None:
+        env.globals["strftime_now"] = today.strftime
+    messages = json.loads(json.dumps(messages))
+    for m in messages:
+        for c in m.get("tool_calls") or []:
+            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+    return env.from_string(template).render(messages=messages, tools=tools,
+                                            add_generation_prompt=True, bos_token="<|im_start|>",
+                                            eos_token="<|im_end|>")
+
+
+def tokenize(port, body):
+    status, reply = http_request(port, "POST", "/tokenize", body)
+    assert status == 200, reply
+    return reply["tokens"]
