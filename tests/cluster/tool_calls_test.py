@@ -24,8 +24,8 @@ import pytest
 
 from cluster_common import Cluster, Process, Protos, http_get, http_request, wait_router_ready
 
-from tools_common import (ADD, DEFAULT_MODEL, QUESTION, SCHEMAS, TOOLS, WEATHER, jinja2_render,
-                          tokenize)
+from tools_common import (ADD, DEFAULT_MODEL, QUESTION, TOOLS, WEATHER, accumulate, check_call,
+                          jinja2_render, tokenize)
 
 
 @pytest.fixture(scope="module")
@@ -46,33 +46,6 @@ def model_id(client):
     return client.models.list().data[0].id
 
 
-def check_call(call, allowed):
-    assert call.type == "function"
-    assert call.id.startswith("call_") and len(call.id) == 29, call.id
-    assert call.function.name in allowed, call.function.name
-    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-
-
-def accumulate(chunks):
-    """The streamed chunks of choice 0 put together as a client does: content, tool_calls by
-    index (id, name and arguments appended), finish_reason."""
-    content, calls, finish = None, {}, None
-    for chunk in chunks:
-        for choice in chunk.choices:
-            assert choice.index == 0
-            delta = choice.delta
-            if delta.content:
-                content = (content or "") + delta.content
-            for call in delta.tool_calls or []:
-                entry = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
-                entry["id"] += call.id or ""
-                if call.function is not None:
-                    entry["name"] += call.function.name or ""
-                    entry["arguments"] += call.function.arguments or ""
-            finish = choice.finish_reason or finish
-    return content, [calls[i] for i in sorted(calls)], finish
-
-
 @pytest.mark.parametrize("choice, parallel, allowed", [
     ("required", False, {"get_weather", "add"}),
     ({"type": "function", "function": {"name": "add"}}, False, {"add"}),
@@ -89,7 +62,7 @@ def test_forced_calls_streamed_and_not_are_the_same(client, model_id, choice, pa
     if not parallel:
         assert len(message.tool_calls) == 1, message.tool_calls
     for call in message.tool_calls:
-        check_call(call, allowed)
+        check_call(call, allowed, "hermes")
 
     content, calls, finish = accumulate(client.chat.completions.create(**args, stream=True))
     assert finish == "tool_calls"
@@ -121,7 +94,7 @@ def test_n_usage_and_logprobs_with_tools(client, model_id):
     for choice in whole.choices:
         assert choice.finish_reason == "tool_calls"
         assert len(choice.message.tool_calls) == 1
-        check_call(choice.message.tool_calls[0], {"get_weather", "add"})
+        check_call(choice.message.tool_calls[0], {"get_weather", "add"}, "hermes")
         # The log-probabilities are of the generated tokens, the call's text included.
         tokens = "".join(t.token for t in choice.logprobs.content)
         assert "<tool_call>" in tokens and choice.message.tool_calls[0].function.name in tokens
@@ -142,7 +115,7 @@ def test_tool_choice_none_and_auto_without_calls_are_plain_content(client, model
         else:  # the model may call on its own under "auto"
             assert choice == "auto"
             for call in message.tool_calls:
-                check_call(call, {"get_weather", "add"})
+                check_call(call, {"get_weather", "add"}, "hermes")
 
 
 def test_grpc_last_message_carries_the_calls(cluster):
@@ -201,7 +174,7 @@ def test_auto_with_a_strict_tool_is_constrained_and_refuses_response_format(clie
         model=model_id, messages=QUESTION, tools=[strict, WEATHER], max_tokens=16,
         temperature=0, seed=1)
     for call in whole.choices[0].message.tool_calls or []:
-        check_call(call, {"get_weather", "add"})
+        check_call(call, {"get_weather", "add"}, "hermes")
     with pytest.raises(openai.BadRequestError) as error:
         client.chat.completions.create(
             model=model_id, messages=QUESTION, tools=[strict], max_tokens=16,
@@ -289,7 +262,7 @@ def test_template_with_tools_renders_as_jinja2_does(hermes_router):
         tool_choice="required", parallel_tool_calls=False, max_tokens=80, temperature=0.5,
         seed=9)
     assert whole.choices[0].finish_reason == "tool_calls"
-    check_call(whole.choices[0].message.tool_calls[0], {"get_weather", "add"})
+    check_call(whole.choices[0].message.tool_calls[0], {"get_weather", "add"}, "hermes")
 
 
 def test_fallback_renders_tools_calls_and_results_as_text(cluster):

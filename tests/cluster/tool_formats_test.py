@@ -21,7 +21,6 @@ import datetime
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -32,8 +31,8 @@ import pytest
 
 from cluster_common import Cluster, Process, Protos, http_get, wait_router_ready
 
-from tools_common import (ADD, DEFAULT_MODEL, QUESTION, SCHEMAS, TOOLS, WEATHER, jinja2_render,
-                          tokenize)
+from tools_common import (ADD, DEFAULT_MODEL, QUESTION, TOOLS, WEATHER, accumulate, check_call,
+                          jinja2_render, tokenize)
 
 # One call per assistant message (Llama 3.1's template refuses more) and a 9-character id
 # (Mistral's refuse others); user and assistant turns alternate around the call (Mistral's check).
@@ -209,34 +208,6 @@ def test_prompt_renders_as_jinja2_does(routers, name):
 
 
 FORMATS = {"llama": "llama-style", "mistral": "mistral-style"}
-
-
-def check_call(call, allowed, fmt):
-    assert call.type == "function"
-    if fmt == "mistral":
-        assert re.fullmatch("[A-Za-z0-9]{9}", call.id), call.id
-    else:
-        assert re.fullmatch("call_[A-Za-z0-9]{24}", call.id), call.id
-    assert call.function.name in allowed, call.function.name
-    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-
-
-def accumulate(chunks):
-    """The streamed chunks of choice 0 put together as a client does."""
-    content, calls, finish = None, {}, None
-    for chunk in chunks:
-        for choice in chunk.choices:
-            delta = choice.delta
-            if delta.content:
-                content = (content or "") + delta.content
-            for call in delta.tool_calls or []:
-                entry = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
-                entry["id"] += call.id or ""
-                if call.function is not None:
-                    entry["name"] += call.function.name or ""
-                    entry["arguments"] += call.function.arguments or ""
-            finish = choice.finish_reason or finish
-    return content, [calls[i] for i in sorted(calls)], finish
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))

@@ -2,10 +2,12 @@
 default model: a weather lookup with an enum and a bounded string, and an integer adder."""
 import json
 import pathlib
+import re
 
 import jinja2
 import jinja2.ext
 import jinja2.sandbox
+import jsonschema
 
 from cluster_common import http_request
 
@@ -74,3 +76,37 @@ def tokenize(port, body):
     status, reply = http_request(port, "POST", "/tokenize", body)
     assert status == 200, reply
     return reply["tokens"]
+
+
+# The ids each call format gives its calls (router/server/tool_calls.cc).
+CALL_IDS = {"hermes": "call_[A-Za-z0-9]{24}", "llama": "call_[A-Za-z0-9]{24}",
+            "mistral": "[A-Za-z0-9]{9}"}
+
+
+def check_call(call, allowed, fmt):
+    """A parsed call: its format's id, one of the `allowed` functions, arguments valid against
+    that function's parameters."""
+    assert call.type == "function"
+    assert re.fullmatch(CALL_IDS[fmt], call.id), call.id
+    assert call.function.name in allowed, call.function.name
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def accumulate(chunks):
+    """The streamed chunks of choice 0 put together as a client does: content, tool_calls by
+    index (id, name and arguments appended), finish_reason."""
+    content, calls, finish = None, {}, None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            assert choice.index == 0
+            delta = choice.delta
+            if delta.content:
+                content = (content or "") + delta.content
+            for call in delta.tool_calls or []:
+                entry = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+                entry["id"] += call.id or ""
+                if call.function is not None:
+                    entry["name"] += call.function.name or ""
+                    entry["arguments"] += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
