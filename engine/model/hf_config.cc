@@ -132,11 +132,28 @@ class ConfigReader {
   absl::string_view source_;
 };
 
-absl::Status ReadRopeScaling(const ConfigReader& r, const json& j, ModelConfig* c) {
-  const auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_object()) return r.Error("rope_scaling", "expected an object or null");
-  const json& rs = *it;
+// One RoPE settings object: `rope_scaling` (transformers < 5: "rope_type"/"type" and the scaling's
+// keys) or `rope_parameters` (transformers 5: the same keys, plus "rope_theta" and
+// "partial_rotary_factor"). `j` is the whole config (Phi-3 keeps original_max_position_embeddings
+// at the top level).
+// `key` names the object in errors.
+absl::Status ReadRopeScaling(const ConfigReader& r, const json& j, const json& rs,
+                             const char* key, ModelConfig* c) {
+  // Phi-4-mini rotates only part of each head.
+  ASSIGN_OR_RETURN(const float rotary_fraction, r.Float(rs, "partial_rotary_factor", 1.0f));
+  if (rotary_fraction != 1.0f) {
+    return r.Unimplemented("partial_rotary_factor",
+                           absl::StrCat("RoPE over part of a head (", rotary_fraction,
+                                        ") is not supported"));
+  }
+  if (!rs.contains("rope_type") && !rs.contains("type")) {
+    for (const auto& [name, value] : rs.items()) {
+      if (name != "rope_theta" && name != "partial_rotary_factor") {
+        return r.Error(key, absl::StrCat("'", name, "' without a rope_type"));
+      }
+    }
+    return absl::OkStatus();
+  }
   std::string type;
   if (rs.contains("rope_type")) {
     ASSIGN_OR_RETURN(type, r.String(rs, "rope_type"));
@@ -191,8 +208,92 @@ absl::Status ReadRopeScaling(const ConfigReader& r, const json& j, ModelConfig* 
     }
     return absl::OkStatus();
   }
-  return absl::UnimplementedError(absl::StrCat(
-      "rope_scaling type '", type, "' is not supported (supported: linear, llama3, longrope)"));
+  return r.Unimplemented(key, absl::StrCat("RoPE type '", type, "' is not supported (supported: "
+                                           "default, linear, llama3, longrope)"));
+}
+
+// Where config.json keeps the RoPE settings. transformers < 5 writes rope_theta and rope_scaling
+// (and Gemma 3's rope_local_base_freq) at the top level; transformers 5 writes one
+// rope_parameters object, or, where layers differ (Gemma 3), one per layer type:
+// {"full_attention": {...}, "sliding_attention": {...}}. As transformers 5 reads them: a
+// rope_scaling that is not null gives the scaling (over rope_parameters' own; for Gemma 3, the
+// full-attention layers'), and each base comes from the RoPE object, else the top-level key,
+// else the family's default. Anything else per layer type is UNIMPLEMENTED.
+absl::Status ReadRope(const ConfigReader& r, const json& j, const HfArchitecture& arch,
+                      ModelConfig* c) {
+  static const json kNone = json::object();
+  const json* params = &kNone;
+  if (const auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return r.Error("rope_parameters", "expected an object or null");
+    params = &*it;
+  }
+  const json* full = params;
+  const json* sliding = nullptr;
+  if (params->contains("full_attention") || params->contains("sliding_attention")) {
+    full = sliding = &kNone;
+    for (const auto& [key, value] : params->items()) {
+      if (key != "full_attention" && key != "sliding_attention") {
+        return r.Error("rope_parameters", absl::StrCat("'", key, "' next to per-layer-type "
+                                                       "entries (full_attention, "
+                                                       "sliding_attention)"));
+      }
+      if (value.is_null()) continue;
+      if (!value.is_object()) {
+        return r.Error("rope_parameters", absl::StrCat("'", key, "': expected an object or null"));
+      }
+      (key == "full_attention" ? full : sliding) = &value;
+    }
+  }
+  const json* scaling = full;
+  const char* scaling_key = "rope_parameters";
+  if (const auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return r.Error("rope_scaling", "expected an object or null");
+    scaling = &*it;
+    scaling_key = "rope_scaling";
+    // transformers 5 replaces a flat rope_parameters with it (and updates the full-attention
+    // layers' with it).
+    if (sliding == nullptr) full = scaling;
+  }
+  // The base: the scaling's object, the full-attention layers' (per layer type), the top level.
+  const json* theta_holder = &j;
+  for (const json* o : {scaling, full}) {
+    if (o->contains("rope_theta") && !(*o)["rope_theta"].is_null()) {
+      theta_holder = o;
+      break;
+    }
+  }
+  ASSIGN_OR_RETURN(c->rope_theta, r.Float(*theta_holder, "rope_theta", arch.default_rope_theta));
+  ASSIGN_OR_RETURN(const float top_fraction, r.Float(j, "partial_rotary_factor", 1.0f));
+  if (top_fraction != 1.0f) {
+    return r.Unimplemented("partial_rotary_factor",
+                           absl::StrCat("RoPE over part of a head (", top_fraction,
+                                        ") is not supported"));
+  }
+  RETURN_IF_ERROR(ReadRopeScaling(r, j, *scaling, scaling_key, c));
+  if (arch.gemma == Gemma::k3) {
+    // The windowed layers: their own base (rope_local_base_freq before transformers 5), no
+    // scaling.
+    const json* local = &j;
+    const char* key = "rope_local_base_freq";
+    if (sliding != nullptr && sliding->contains("rope_theta")) {
+      local = sliding;
+      key = "rope_theta";
+    }
+    ASSIGN_OR_RETURN(c->rope_theta_sliding, r.Float(*local, key, 10000.0f));
+    if (sliding != nullptr) {
+      ModelConfig unscaled;
+      RETURN_IF_ERROR(ReadRopeScaling(r, j, *sliding, "rope_parameters", &unscaled));
+      if (unscaled.rope_scaling.type != RopeScaling::Type::kNone) {
+        return r.Unimplemented("rope_parameters",
+                               "a RoPE scaling on the sliding-window layers is not supported");
+      }
+    }
+  } else if (sliding != nullptr && *sliding != *full) {
+    return r.Unimplemented("rope_parameters",
+                           "RoPE settings that differ per layer type are not supported for this "
+                           "architecture");
+  }
+  return absl::OkStatus();
 }
 
 // A soft-cap key: absent -> `fallback` (the config class's default), null -> 0 (none).
@@ -241,6 +342,14 @@ absl::Status ReadGemma(const ConfigReader& r, const json& j, Gemma gemma, ModelC
   // sliding_window_pattern), or one "sliding_attention" / "full_attention" per layer
   // (layer_types, newer configs of both).
   const auto w = j.find("sliding_window");
+  if (gemma == Gemma::k3) {
+    // EmbeddingGemma's encoder: every token attends to every other.
+    ASSIGN_OR_RETURN(const bool bidirectional, r.Bool(j, "use_bidirectional_attention", false));
+    if (bidirectional) {
+      return r.Unimplemented("use_bidirectional_attention",
+                             "bidirectional attention (an embedding model) is not supported");
+    }
+  }
   if (w != j.end() && w->is_null()) {
     if (gemma == Gemma::k3) {
       // Gemma 3's "sliding" layers would still take the local RoPE base.
@@ -275,10 +384,6 @@ absl::Status ReadGemma(const ConfigReader& r, const json& j, Gemma gemma, ModelC
     for (size_t l = 0; l < layers; ++l) {
       c->sliding_layers[l] = static_cast<int64_t>(l) % period < period - 1;
     }
-  }
-  if (gemma == Gemma::k3) {
-    // The windowed layers' base; the rope_scaling (linear on 4B and up) is the global layers'.
-    ASSIGN_OR_RETURN(c->rope_theta_sliding, r.Float(j, "rope_local_base_freq", 10000.0f));
   }
   return absl::OkStatus();
 }
@@ -338,7 +443,6 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_t
                                                           : c.hidden_size / c.num_heads));
   ASSIGN_OR_RETURN(c.max_context, r.Int(j, "max_position_embeddings"));
   ASSIGN_OR_RETURN(c.rms_norm_eps, r.Float(j, "rms_norm_eps", arch->default_rms_norm_eps));
-  ASSIGN_OR_RETURN(c.rope_theta, r.Float(j, "rope_theta", arch->default_rope_theta));
   // Gemma's config classes tie by default; the others do not.
   ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool(j, "tie_word_embeddings", gemma));
   switch (arch->bias) {
@@ -353,14 +457,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_t
       break;
   }
   c.qk_norm = arch->qk_norm;
-  // Phi-4-mini rotates only part of each head.
-  ASSIGN_OR_RETURN(const float rotary_fraction, r.Float(j, "partial_rotary_factor", 1.0f));
-  if (rotary_fraction != 1.0f) {
-    return absl::UnimplementedError(absl::StrCat(
-        source, ": config.json key 'partial_rotary_factor': RoPE over part of a head (",
-        rotary_fraction, ") is not supported"));
-  }
-  RETURN_IF_ERROR(Annotate(ReadRopeScaling(r, j, &c), source));
+  RETURN_IF_ERROR(ReadRope(r, j, *arch, &c));
   if (gemma) {
     RETURN_IF_ERROR(ReadGemma(r, j, arch->gemma, &c));
     RETURN_IF_ERROR(Annotate(c.Validate(), source));

@@ -35,7 +35,14 @@ namespace tandem {
 // on the layers layer_types names "sliding_attention", else every other layer from 0 (Gemma 2) or
 // all but the last of each sliding_window_pattern (6) layers (Gemma 3), whose RoPE base is
 // rope_local_base_freq (10000; rope_theta defaults to 1e6 and rope_scaling is the full-attention
-// layers'). The result is validated.
+// layers'; use_bidirectional_attention true is UNIMPLEMENTED). transformers 5 writes the RoPE
+// settings as rope_parameters instead: one object with rope_theta and the rope_scaling keys
+// ("rope_type", ...; partial_rotary_factor), or, for Gemma 3, one per layer type
+// ({"full_attention": {...}, "sliding_attention": {...}}: the global layers' base and scaling,
+// the windowed layers' base; a scaling there, or settings that differ per layer type in another
+// family, is UNIMPLEMENTED). Read as transformers 5 reads them: a rope_scaling that is not null
+// gives the scaling, and a base inside the RoPE object wins over the top-level rope_theta.
+// The result is validated.
 // Errors name `source` (e.g. the file path) and the key.
 absl::StatusOr<ModelConfig> ModelConfigFromHfConfigJson(absl::string_view json_text,
                                                         absl::string_view source);

@@ -514,6 +514,138 @@ TEST(HfConfigTest, GemmaErrors) {
   }
 }
 
+// transformers 5 writes the RoPE settings into one rope_parameters object (base included), nested
+// per layer type for Gemma 3, and no rope_theta / rope_scaling / rope_local_base_freq.
+TEST(HfConfigTest, RopeParametersOfTransformers5) {
+  json j = SmolLM2Config();
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0},
+                          {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                          {"original_max_position_embeddings", 8192}};
+  absl::StatusOr<ModelConfig> c = ModelConfigFromHfConfigJson(j.dump(), "llama3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_theta, 500000.0f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c->rope_scaling.factor, 8.0f);
+  EXPECT_EQ(c->rope_scaling.original_max_position, 8192);
+
+  // The base in rope_parameters wins over a top-level one, as in transformers 5; a rope_scaling
+  // that is not null gives the scaling.
+  j["rope_theta"] = 1.0;
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  c = ModelConfigFromHfConfigJson(j.dump(), "both");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c->rope_theta, 1.0f);  // rope_scaling states none: the top level's
+  j.erase("rope_scaling");
+  c = ModelConfigFromHfConfigJson(j.dump(), "both");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_theta, 500000.0f);
+
+  j = Qwen3Config();
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  c = ModelConfigFromHfConfigJson(j.dump(), "qwen3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_theta, 1e6f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+
+  // Phi-3's LongRoPE, its original context still at the top level.
+  j = SmolLM2Config();
+  j.erase("rope_scaling");
+  j["architectures"] = {"Phi3ForCausalLM"};
+  j["max_position_embeddings"] = 131072;
+  j["original_max_position_embeddings"] = 4096;
+  j["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 10000.0},
+                          {"long_factor", std::vector<double>(32, 2.0)},
+                          {"short_factor", std::vector<double>(32, 1.0)}};
+  c = ModelConfigFromHfConfigJson(j.dump(), "phi3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLongRope);
+  EXPECT_EQ(c->rope_scaling.original_max_position, 4096);
+  EXPECT_EQ(c->rope_theta, 1e4f);
+
+  // Gemma 3 (4B's text part): the full-attention layers' base and linear scaling, the sliding
+  // layers' own base, written as transformers 5 saves it (layer_types spelled out).
+  j = Gemma3Config();
+  for (const char* key : {"rope_theta", "rope_scaling", "rope_local_base_freq",
+                          "sliding_window_pattern"}) {
+    j.erase(key);
+  }
+  j["num_hidden_layers"] = 3;
+  j["layer_types"] = {"sliding_attention", "sliding_attention", "full_attention"};
+  j["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1000000.0}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
+  j["use_bidirectional_attention"] = false;
+  c = ModelConfigFromHfConfigJson(j.dump(), "gemma3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_theta, 1e6f);
+  EXPECT_EQ(c->rope_theta_sliding, 1e4f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c->rope_scaling.factor, 8.0f);
+  EXPECT_EQ(Windowed(*c), (std::vector<bool>{true, true, false}));
+  // Without a base in the nested objects: Gemma3TextConfig's defaults.
+  j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}},
+                          {"sliding_attention", nullptr}};
+  c = ModelConfigFromHfConfigJson(j.dump(), "gemma3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_theta, 1e6f);
+  EXPECT_EQ(c->rope_theta_sliding, 1e4f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+}
+
+TEST(HfConfigTest, RopeParametersErrors) {
+  using C = absl::StatusCode;
+  struct Case {
+    const char* name;
+    json config;
+    json rope_parameters;
+    C code;
+    const char* substring;
+  };
+  json nested_gemma3 = Gemma3Config();
+  nested_gemma3.erase("rope_local_base_freq");
+  const json full = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  const Case cases[] = {
+      {"not an object", SmolLM2Config(), 3, C::kInvalidArgument, "'rope_parameters'"},
+      {"yarn", SmolLM2Config(), {{"rope_type", "yarn"}, {"factor", 4.0}}, C::kUnimplemented,
+       "'yarn'"},
+      {"partial rotary", SmolLM2Config(),
+       {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}, C::kUnimplemented,
+       "'partial_rotary_factor'"},
+      {"a factor without a type", SmolLM2Config(), {{"factor", 4.0}}, C::kInvalidArgument,
+       "'factor' without a rope_type"},
+      {"a key next to layer types", nested_gemma3, {{"full_attention", full}, {"factor", 2.0}},
+       C::kInvalidArgument, "'factor' next to per-layer-type entries"},
+      {"a layer type not an object", nested_gemma3, {{"full_attention", 1}},
+       C::kInvalidArgument, "'full_attention': expected an object or null"},
+      {"scaled sliding layers", nested_gemma3,
+       {{"full_attention", full},
+        {"sliding_attention", {{"rope_type", "linear"}, {"factor", 2.0}}}},
+       C::kUnimplemented, "RoPE scaling on the sliding-window layers"},
+      {"per layer type outside Gemma 3", SmolLM2Config(),
+       {{"full_attention", full}, {"sliding_attention", {{"rope_theta", 1e4}}}},
+       C::kUnimplemented, "differ per layer type"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    json j = c.config;
+    j["rope_parameters"] = c.rope_parameters;
+    absl::Status s = ModelConfigFromHfConfigJson(j.dump(), "dir/config.json").status();
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_THAT(s.message(), HasSubstr("dir/config.json")) << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.substring)) << s;
+  }
+  // EmbeddingGemma's bidirectional attention.
+  json j = Gemma3Config();
+  j["use_bidirectional_attention"] = true;
+  absl::Status s = ModelConfigFromHfConfigJson(j.dump(), "dir/config.json").status();
+  EXPECT_EQ(s.code(), C::kUnimplemented) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'use_bidirectional_attention'"));
+}
+
 TEST(HfConfigTest, LoadsAFile) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/hf_config_test_config.json");
   {
