@@ -15,27 +15,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${TANDEM_LMEVAL_VENV:-$ROOT/.venv-lmeval}"
 REQUIREMENTS="$ROOT/scripts/requirements-lmeval.txt"
 
-say() { printf '[setup_lmeval] %s\n' "$*"; }
-die() {
-  printf '[setup_lmeval] FAILED: %s\n' "$1" >&2
-  shift
-  for line in "$@"; do printf '[setup_lmeval]   %s\n' "$line" >&2; done
-  exit 1
-}
-
-stamp="$VENV/.tandem-requirements.sha256"
-want="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)"
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
-  say "$VENV is up to date"
-  exit 0
-fi
-py="${TANDEM_SETUP_PYTHON:-/usr/bin/python3}"
-[ -x "$py" ] || die "$py not found" "install the Debian packages python3 and python3-venv"
-if [ ! -x "$VENV/bin/python" ]; then
-  say "creating $VENV with $py"
-  "$py" -m venv "$VENV" || die "could not create the virtual environment $VENV" \
-    "install the Debian package python3-venv"
-fi
+TAG=setup_lmeval
+# shellcheck source=scripts/optin_venv.sh
+source "$ROOT/scripts/optin_venv.sh"
+optin_venv_create
 say "installing scripts/requirements-lmeval.txt into $VENV (about 0.9 GB)"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQUIREMENTS" ||
   die "pip could not install scripts/requirements-lmeval.txt into $VENV" \
@@ -46,5 +29,4 @@ if "$VENV/bin/python" -c 'import importlib.util, sys; sys.exit(importlib.util.fi
   die "$VENV has torch, which scripts/requirements-lmeval.txt should not bring in" \
     "check what required it: $VENV/bin/python -m pip show torch"
 fi
-printf '%s\n' "$want" >"$stamp"
-say "done: TANDEM_LM_EVAL=1 ctest --preset release -R lm_eval_test runs the test"
+optin_venv_done "done: TANDEM_LM_EVAL=1 ctest --preset release -R lm_eval_test runs the test"

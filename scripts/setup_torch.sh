@@ -20,33 +20,16 @@ REQUIREMENTS="$ROOT/scripts/requirements-torch.txt"
 # Free space needed to install: 4.3 GB installed plus the largest wheel while it unpacks.
 NEED_KIB=$((6 * 1024 * 1024))
 
-say() { printf '[setup_torch] %s\n' "$*"; }
-die() {
-  printf '[setup_torch] FAILED: %s\n' "$1" >&2
-  shift
-  for line in "$@"; do printf '[setup_torch]   %s\n' "$line" >&2; done
-  exit 1
-}
-
-stamp="$VENV/.tandem-requirements.sha256"
-want="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)"
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
-  say "$VENV is up to date"
-  exit 0
-fi
-py="${TANDEM_SETUP_PYTHON:-/usr/bin/python3}"
-[ -x "$py" ] || die "$py not found" "install the Debian packages python3 and python3-venv"
+TAG=setup_torch
+# shellcheck source=scripts/optin_venv.sh
+source "$ROOT/scripts/optin_venv.sh"
 parent="$(dirname "$VENV")"
 free_kib="$(df -Pk "$parent" | awk 'NR == 2 { print $4 }')"
 if [ ! -d "$VENV" ] && [ "$free_kib" -lt "$NEED_KIB" ]; then
   die "$((free_kib / 1024 / 1024)) GiB free under $parent; $VENV needs about 6 GiB to install" \
     "free some space, or set TANDEM_TORCH_VENV to a path on a larger disk"
 fi
-if [ ! -x "$VENV/bin/python" ]; then
-  say "creating $VENV with $py"
-  "$py" -m venv "$VENV" || die "could not create the virtual environment $VENV" \
-    "install the Debian package python3-venv"
-fi
+optin_venv_create
 say "installing scripts/requirements-torch.txt into $VENV (about 4.3 GB)"
 # --no-deps: the file lists everything wanted, and torch's CUDA-only requirements are left out.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir --no-deps \
@@ -70,5 +53,4 @@ if foreign:
 print(f"torch {torch.__version__}, transformers {transformers.__version__}")
 PY
   die "$VENV cannot run torch on the CPU with only its own libraries" "see the message above"
-printf '%s\n' "$want" >"$stamp"
-say "done: TANDEM_TORCH=1 ctest --preset release -R transformers_reference_test runs the test"
+optin_venv_done "done: TANDEM_TORCH=1 ctest --preset release -R transformers_torch_test runs the test"
