@@ -4,6 +4,7 @@
 //   tandem generate  generate text in this process (single-process mode), or on a cluster (--url)
 //   tandem apikey    make an API key for the router's --api_keys_file
 //   tandem bench     load-test a running cluster or OpenAI-compatible server (bench/tandem_bench)
+//   tandem sim       tandem bench's workloads on the simulator (bench/tandem_bench/sim.py)
 //   tandem version   print the version, build and accelerators
 #include <unistd.h>
 
@@ -48,6 +49,8 @@ commands:
             of the router's --api_keys_file that lets it in (docs/security.md)
   bench     load-test a running cluster or any OpenAI-compatible server: open-loop arrivals,
             latency percentiles, SLO attainment and goodput, plots (`tandem bench --help`)
+  sim       tandem bench's workloads and report on the discrete-event simulator (tandem_sim)
+            with workers of a measured or roofline profile (`tandem sim --help`, docs/sim.md)
   version   print the version, the build and the accelerators this binary can use
   help      print this message)";
 
@@ -88,9 +91,10 @@ int Up() {
   return RunUp(*model, SelfDir());
 }
 
-// `tandem bench ARGS...`: the load generator is Python (bench/tandem_bench, docs/bench.md); it runs
-// in the project's environment, with this build's binaries for the clusters it starts.
-int Bench(int argc, char** argv) {
+// `tandem bench ARGS...` and `tandem sim ARGS...`: the load generator and its simulated twin are
+// Python (bench/tandem_bench, docs/bench.md, docs/sim.md); `module` runs in the project's
+// environment, with this build's binaries for the clusters (or the simulator) it starts.
+int RunPython(const char* module, int argc, char** argv) {
   const std::string python = absl::StrCat(kSourceDir, "/.venv/bin/python");
   if (::access(python.c_str(), X_OK) != 0) {
     std::fprintf(stderr, "error: %s is missing: run scripts/setup.sh first\n", python.c_str());
@@ -104,17 +108,22 @@ int Bench(int argc, char** argv) {
   ::setenv("TANDEM_BIN_DIR", SelfDir().c_str(), 0);
   ::setenv("TANDEM_SOURCE_DIR", kSourceDir, 0);
   std::vector<char*> args = {const_cast<char*>(python.c_str()), const_cast<char*>("-m"),
-                             const_cast<char*>("tandem_bench")};
+                             const_cast<char*>(module)};
   for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
   ::execv(python.c_str(), args.data());
-  std::perror("error: cannot run the load generator");
+  std::perror("error: cannot run the project's Python");
   return 1;
 }
 
 int Main(int argc, char** argv) {
-  // Its flags are the load generator's own, not this binary's.
-  if (argc > 1 && absl::string_view(argv[1]) == "bench") return Bench(argc, argv);
+  // Their flags are the Python tools' own, not this binary's.
+  if (argc > 1 && absl::string_view(argv[1]) == "bench") {
+    return RunPython("tandem_bench", argc, argv);
+  }
+  if (argc > 1 && absl::string_view(argv[1]) == "sim") {
+    return RunPython("tandem_bench.sim", argc, argv);
+  }
   std::vector<char*> args = ParseFlagsWithEnvironment(argc, argv, kUsage);
   const auto level = ParseLogSeverity(absl::GetFlag(FLAGS_log_level));
   const auto format = ParseLogFormat(absl::GetFlag(FLAGS_log_format));

@@ -134,6 +134,14 @@ def build_parser():
     g.add_argument("--cluster-log", type=pathlib.Path, metavar="FILE",
                    help="append the clusters' output to this file")
 
+    add_workload_args(p, live=True)
+    return p
+
+
+def add_workload_args(p, live):
+    """The load, workload, SLO and output flags, shared with `tandem sim` (tandem_bench.sim).
+    `live` adds the flags that only mean something against a real server (concurrency cap,
+    warm-up, sampling, EOS, sending the targets)."""
     g = p.add_argument_group("load")
     rate = g.add_mutually_exclusive_group()
     rate.add_argument("--rate", type=_rate, default=None,
@@ -150,13 +158,15 @@ def build_parser():
                       help="requests per rate [default: 100]")
     size.add_argument("--duration", type=_positive(float), default=None, metavar="S",
                       help="send for this many seconds per rate (then wait for the answers)")
-    g.add_argument("--max-concurrency", type=_positive(int), default=None, metavar="N",
-                   help="at most N requests in flight; later arrivals wait here")
+    if live:
+        g.add_argument("--max-concurrency", type=_positive(int), default=None, metavar="N",
+                       help="at most N requests in flight; later arrivals wait here")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of prompts, lengths, mixes and arrivals: the same seed, the same run")
-    g.add_argument("--warmup", type=int, default=1, metavar="N",
-                   help="requests sent one by one before measuring (not in the figures; if all "
-                        "of them fail the run stops)")
+    if live:
+        g.add_argument("--warmup", type=int, default=1, metavar="N",
+                       help="requests sent one by one before measuring (not in the figures; if "
+                            "all of them fail the run stops)")
 
     g = p.add_argument_group("workload")
     g.add_argument("--input-len", type=_positive(int), default=128, metavar="TOKENS",
@@ -178,9 +188,11 @@ def build_parser():
                    help="\"name=chat,weight=0.8,ttft_ms=300,tpot_ms=50[,priority=1]\" "
                         "(repeatable); a class's targets and priority beat the defaults")
     g.add_argument("--priority", type=int, default=0, help="priority of every request")
-    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
-    g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="let the model stop at EOS (output lengths then vary; reported as sent)")
+    if live:
+        g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
+        g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                       help="let the model stop at EOS (output lengths then vary; reported as "
+                            "sent)")
 
     g = p.add_argument_group("SLOs and goodput")
     g.add_argument("--ttft-slo-ms", type=_positive(float), metavar="MS",
@@ -194,9 +206,10 @@ def build_parser():
                    help="sequential requests that measure the unloaded latencies")
     g.add_argument("--attainment-target", type=_ratio, default=0.9, metavar="F",
                    help="DistServe goodput: the highest rate whose attainment stays >= F")
-    g.add_argument("--no-send-slo", dest="send_slo", action="store_false",
-                   help="do not send the targets with the requests (GenerateRequest.slo over "
-                        "gRPC, Tandem's \"slo\" field over HTTP); they are still measured")
+    if live:
+        g.add_argument("--no-send-slo", dest="send_slo", action="store_false",
+                       help="do not send the targets with the requests (GenerateRequest.slo over "
+                            "gRPC, Tandem's \"slo\" field over HTTP); they are still measured")
 
     g = p.add_argument_group("output")
     g.add_argument("--result-json", type=pathlib.Path, metavar="FILE",
@@ -206,7 +219,6 @@ def build_parser():
     g.add_argument("--label", help="name of this configuration in tables and plots")
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
-    return p
 
 
 def _check(parser, args):
@@ -219,6 +231,19 @@ def _check(parser, args):
         parser.error("--label names one configuration; --ab names its two by their flags")
     if args.bin is not None and args.up is None and not args.ab:
         parser.error("--bin is only used with --up or --ab")
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    try:
+        for flags in ([args.up or ""] + list(args.ab or [])):
+            cluster.parse_up_flags(flags)
+    except ValueError as error:
+        parser.error(str(error))
+    return check_workload(parser, args)
+
+
+def check_workload(parser, args):
+    """The flags of add_workload_args as (workload config, rates, arrival kind); parser.error on
+    bad ones."""
     kind = args.arrival or ("gamma" if args.burstiness != 1.0 else "poisson")
     if kind != "gamma" and args.burstiness != 1.0:
         parser.error(f"--burstiness {args.burstiness:g} needs --arrival gamma (not {kind})")
@@ -228,13 +253,9 @@ def _check(parser, args):
                      "use --num-requests)")
     if args.slo_scale is not None and (args.ttft_slo_ms is not None or args.tpot_slo_ms is not None):
         parser.error("give either --slo-scale or --ttft-slo-ms / --tpot-slo-ms, not both")
-    if args.warmup < 0:
-        parser.error("--warmup must be >= 0")
     if args.dataset is not None and args.shared_prefix:
         parser.error("--dataset and --shared-prefix cannot be combined")
     try:
-        for flags in ([args.up or ""] + list(args.ab or [])):
-            cluster.parse_up_flags(flags)
         tenants = tuple(workload.parse_tenant(t) for t in args.tenant)
         classes = tuple(workload.parse_slo_class(c) for c in args.slo_class)
         config = workload.WorkloadConfig(
@@ -244,7 +265,8 @@ def _check(parser, args):
             output_len_override=args.output_len is not None,
             shared_prefix=(workload.parse_shared_prefix(args.shared_prefix)
                            if args.shared_prefix else None),
-            tenants=tenants, slo_classes=classes, model=args.model, priority=args.priority,
+            tenants=tenants, slo_classes=classes, model=getattr(args, "model", None),
+            priority=args.priority,
             ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms)
     except (workload.WorkloadError, ValueError) as error:
         parser.error(str(error))
@@ -413,15 +435,8 @@ class Bench:
             "slo_scale_targets": self.slo_targets, "runs": runs})
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    config, rates, kind = _check(parser, args)
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    bench = Bench(args, config, rates, kind)
-    runs = bench.run()
-    print()
+def print_report(runs):
+    """The table (side by side for two runs) and each rate's commonest errors."""
     if len(runs) == 2:
         print(report.ab_table(runs[0], runs[1]))
     else:
@@ -433,6 +448,18 @@ def main(argv=None):
                 top = "; ".join(f"{n} x {message}" for message, n in list(errors.items())[:3])
                 print(f"{run['label']} @ {report.rate_text(point['rate'])} req/s: failed requests: "
                       f"{top}")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config, rates, kind = _check(parser, args)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    bench = Bench(args, config, rates, kind)
+    runs = bench.run()
+    print()
+    print_report(runs)
     if args.result_json:
         args.result_json.parent.mkdir(parents=True, exist_ok=True)
         args.result_json.write_text(json.dumps(bench.result(runs, started, argv), indent=1,

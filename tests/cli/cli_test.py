@@ -228,6 +228,21 @@ def test_bench_runs_the_load_generator_with_its_own_flags():
     assert p.returncode == 2 and "rate" in p.stderr, p.stderr
 
 
+def test_sim_runs_the_simulated_bench_with_its_own_flags(tmp_path):
+    """`tandem sim` hands its arguments to bench/tandem_bench/sim.py; without a simulator in the
+    folder it looks in, it says which file is missing."""
+    p = run("sim", "--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("usage: tandem sim") and "--decode-workers" in p.stdout, p.stdout[:300]
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"format": "tandem-profile-v1", "step": {
+        "base_seconds": 0.01, "prefill_token_seconds": 0, "decode_token_seconds": 0,
+        "context_token_seconds": 0, "prompt_context_token_seconds": 0},
+        "kv_blocks": 64, "block_size": 16, "max_running": 8, "token_budget": 64}))
+    p = run("sim", f"--bin={tmp_path}", f"--profile={profile}", "--num-requests=2")
+    assert p.returncode == 2 and f"{tmp_path}/tandem_sim is missing" in p.stderr, p.stderr
+
+
 def test_generate_with_a_bad_url_is_a_clear_error():
     p = run("generate", "--prompt=hi", "--url=http://127.0.0.1:8000/v1")
     assert p.returncode == 2 and "is an HTTP URL" in p.stderr, p.stderr
