@@ -5,6 +5,7 @@
 //   tandem apikey    make an API key for the router's --api_keys_file
 //   tandem bench     load-test a running cluster or OpenAI-compatible server (bench/tandem_bench)
 //   tandem sim       tandem bench's workloads on the simulator (bench/tandem_bench/sim.py)
+//   tandem profile   a worker's step profile (profile.json), captured or from a roofline
 //   tandem version   print the version, build and accelerators
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "engine/model/model_path.h"
 #include "cli/apikey.h"
 #include "cli/generate.h"
+#include "cli/profile.h"
 #include "cli/up.h"
 #include "common/device.h"
 #include "common/flags.h"
@@ -51,6 +53,10 @@ commands:
             latency percentiles, SLO attainment and goodput, plots (`tandem bench --help`)
   sim       tandem bench's workloads and report on the discrete-event simulator (tandem_sim)
             with workers of a measured or roofline profile (`tandem sim --help`, docs/sim.md)
+  profile   write a worker's step profile for `tandem sim`: --worker=HOST:PORT --out=FILE
+            fits a running worker's reported steps with the router's step model (TLS flags as
+            for the cluster); --roofline derives one from hardware figures and a model's shape
+            (`tandem profile --roofline --help`)
   version   print the version, the build and the accelerators this binary can use
   help      print this message)";
 
@@ -124,6 +130,13 @@ int Main(int argc, char** argv) {
   if (argc > 1 && absl::string_view(argv[1]) == "sim") {
     return RunPython("tandem_bench.sim", argc, argv);
   }
+  if (argc > 1 && absl::string_view(argv[1]) == "profile") {
+    for (int i = 2; i < argc; ++i) {
+      if (absl::string_view(argv[i]) == "--roofline") {
+        return RunPython("tandem_bench.profile", argc, argv);
+      }
+    }
+  }
   std::vector<char*> args = ParseFlagsWithEnvironment(argc, argv, kUsage);
   const auto level = ParseLogSeverity(absl::GetFlag(FLAGS_log_level));
   const auto format = ParseLogFormat(absl::GetFlag(FLAGS_log_format));
@@ -142,6 +155,7 @@ int Main(int argc, char** argv) {
   if (command == "version" || command == "--version") return Version();
   if (command == "up") return Up();
   if (command == "apikey") return RunApiKey();
+  if (command == "profile") return RunProfile();
   if (command == "generate") {
     if (!absl::GetFlag(FLAGS_url).empty()) return RunGenerate("");
     const auto model =
