@@ -36,8 +36,8 @@ int Fail(const absl::Status& status) {
 
 }  // namespace
 
-absl::StatusOr<nlohmann::json> ProfileOfWorker(const v1::Snapshot& snapshot,
-                                               absl::Span<const v1::LoadSample> later) {
+absl::StatusOr<CapturedProfile> ProfileOfWorker(const v1::Snapshot& snapshot,
+                                                absl::Span<const v1::LoadSample> later) {
   absl::StatusOr<placement::StepCostModel> model =
       placement::StepCostModel::Create(placement::CalibrationOptions());
   if (!model.ok()) return model.status();
@@ -62,7 +62,7 @@ absl::StatusOr<nlohmann::json> ProfileOfWorker(const v1::Snapshot& snapshot,
   }
   const placement::StepProfile& p = model->profile();
   const int64_t kv_bytes = KvBytesPerToken(snapshot.kv_pool().layout());
-  return nlohmann::json{
+  return CapturedProfile{.profile = nlohmann::json{
       {"format", kFormat},
       {"model", snapshot.model_id()},
       {"engine", snapshot.engine()},
@@ -80,12 +80,12 @@ absl::StatusOr<nlohmann::json> ProfileOfWorker(const v1::Snapshot& snapshot,
       {"max_running", snapshot.max_running()},
       {"token_budget", snapshot.max_tokens_per_step()},
       {"max_prefill_tokens", snapshot.max_prefill_tokens()},
-      {"worker_id", snapshot.worker_id()},
-      {"role", v1::WorkerRole_Name(snapshot.role())},
-      {"version", snapshot.version()},
-      {"steps", steps},
-      {"notes", "the worker's reported engine steps fitted with the router's step model "
-                "(StepCostModel, CalibrationOptions)"}};
+      {"notes", absl::StrCat("captured from worker ", snapshot.worker_id(), " (",
+                             v1::WorkerRole_Name(snapshot.role()), ", version ",
+                             snapshot.version(), "): ", steps, " engine steps it reported, "
+                             "fitted with the router's step model (StepCostModel, "
+                             "CalibrationOptions)")}},
+      .steps = steps};
 }
 
 int RunProfile() {
@@ -141,21 +141,21 @@ int RunProfile() {
                  status.ok() ? "the stream ended first" : status.error_message().c_str());
     return 1;
   }
-  absl::StatusOr<nlohmann::json> profile = ProfileOfWorker(*snapshot, later);
-  if (!profile.ok()) return Fail(profile.status());
+  absl::StatusOr<CapturedProfile> captured = ProfileOfWorker(*snapshot, later);
+  if (!captured.ok()) return Fail(captured.status());
   std::ofstream file(out);
-  file << profile->dump(1) << "\n";
+  file << captured->profile.dump(1) << "\n";
   file.close();
   if (!file) {
     std::fprintf(stderr, "error: cannot write %s\n", out.c_str());
     return 1;
   }
-  const nlohmann::json& s = (*profile)["step"];
+  const nlohmann::json& s = captured->profile["step"];
   std::printf("%s: worker %s (%s, %s) from %lld steps: step = %.4g ms + %.4g us/prompt token + "
               "%.4g us/decoding sequence + %.4g ns/decode context token + %.4g ns/prompt context "
               "token\n",
               out.c_str(), snapshot->worker_id().c_str(), snapshot->model_id().c_str(),
-              snapshot->engine().c_str(), static_cast<long long>((*profile)["steps"]),
+              snapshot->engine().c_str(), static_cast<long long>(captured->steps),
               s["base_seconds"].get<double>() * 1e3, s["prefill_token_seconds"].get<double>() * 1e6,
               s["decode_token_seconds"].get<double>() * 1e6,
               s["context_token_seconds"].get<double>() * 1e9,

@@ -10,6 +10,7 @@
 #ifndef TANDEM_CLI_PROFILE_H_
 #define TANDEM_CLI_PROFILE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -27,8 +28,12 @@ inline constexpr int kMinProfileSteps = 8;
 // fewer than kMinProfileSteps steps remain (a worker started with --nocalibrate that has served
 // nothing yet); INVALID_ARGUMENT for a step the model refuses. kv_bytes_per_token is null when
 // the snapshot has no KV pool layout (prefill workers export none).
-absl::StatusOr<nlohmann::json> ProfileOfWorker(const v1::Snapshot& snapshot,
-                                               absl::Span<const v1::LoadSample> later);
+struct CapturedProfile {
+  nlohmann::json profile;  // profile.json: exactly the keys of docs/sim.md's format
+  int64_t steps = 0;       // engine steps fitted
+};
+absl::StatusOr<CapturedProfile> ProfileOfWorker(const v1::Snapshot& snapshot,
+                                                absl::Span<const v1::LoadSample> later);
 
 // The command. Returns the exit code: 0, 2 for bad flags, 1 for other failures.
 int RunProfile();

@@ -289,12 +289,13 @@ def make_profile(args):
         "source": "roofline", "step": step, "kv_bytes_per_token": kv_bytes,
         "block_size": args.block_size, "kv_blocks": kv_blocks, "max_running": args.max_running,
         "token_budget": args.token_budget,
-        "roofline": {"flops": flops, "mem_bw_bytes_per_s": mem_bw, "mfu": args.mfu,
-                     "mbu": args.mbu, "launch_overhead_s": args.launch_overhead_us * 1e-6,
-                     "mem_bytes": mem_bytes, "mem_util": args.mem_util, "gpu": args.gpu,
-                     "kv_dtype": args.kv_dtype, "shape": shape},
-        "notes": "roofline from peak figures x efficiency (docs/sim.md, \"Roofline profiles\"); "
-                 "measure a real worker with `tandem profile --worker` when you have one",
+        "notes": (f"roofline (docs/sim.md, \"Roofline profiles\"): {flops / 1e12:g} TFLOP/s x "
+                  f"mfu {args.mfu:g}, {mem_bw / 1e9:g} GB/s x mbu {args.mbu:g}, launch "
+                  f"{args.launch_overhead_us:g} us; {shape['weight_bytes'] / 1e9:.4g} GB of "
+                  f"weights, {shape['matmul_params']:.4g} matmul params, {shape['layers']} layers, "
+                  f"{shape['heads']} heads / {shape['kv_heads']} KV heads of {shape['head_dim']}, "
+                  f"KV {args.kv_dtype}; measure a real worker with `tandem profile --worker` "
+                  "when you have one"),
     }
 
 

@@ -393,6 +393,8 @@ def record(spec, result, arrival_s, rate):
         decode_worker=result.get("decode_worker"), prefill_worker=result.get("prefill_worker"))
     out = runner.record(spec, outcome, arrival_s, arrival_s, rate)
     out["migrated"] = bool(result.get("migrated"))
+    if result.get("preemptions") is not None:
+        out["preemptions"] = result["preemptions"]
     return out
 
 

@@ -64,6 +64,9 @@ def test_gguf_model_on_an_h100(tmp_path):
     # KV blocks: what 90% of 80 GB holds after the weights, in blocks of 16 tokens.
     assert p["kv_blocks"] == int((H100["mem"] * 0.9 - weight_bytes) // (kv * 16))
     assert p["source"] == "roofline" and p["format"] == "tandem-profile-v1"
+    # Exactly the keys of the format (the simulator refuses others).
+    assert set(p) == {"format", "model", "engine", "source", "step", "kv_bytes_per_token",
+                      "block_size", "kv_blocks", "max_running", "token_budget", "notes"}
     # It is a profile `tandem sim` takes.
     sim.check_profile(p, "roofline profile")
 

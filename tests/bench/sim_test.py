@@ -345,3 +345,30 @@ def test_module_entry_point_runs(tmp_path, bin_dir, profile):
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "sim: rate (req/s)" in result.stdout
+
+
+def test_the_real_simulator_drops_in(tmp_path, capsys):
+    """sim/'s tandem_sim from TANDEM_BIN_DIR (the build), when it is there, on a roofline profile
+    of the default model: every request answered, the shared prefixes cached, and the simulator's
+    own attainment equal to the one metrics.summarize computes from its results."""
+    bin_dir = os.environ.get("TANDEM_BIN_DIR")
+    if not bin_dir or not os.access(os.path.join(bin_dir, "tandem_sim"), os.X_OK):
+        pytest.skip("tandem_sim is not built in TANDEM_BIN_DIR (sim/ is not on this branch yet)")
+    from tandem_bench import profile as roofline
+    assert roofline.main(["--roofline", "--gpu", "h100", "--model",
+                          str(HERE.parents[1] / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"),
+                          "--kv_blocks", "2048", "--max_running", "32", "--token_budget", "256",
+                          "--out", str(tmp_path / "p.json")]) == 0
+    run_sim(capsys, "--bin", bin_dir, "--profile", tmp_path / "p.json", "--decode-workers", "2",
+            "--rates", "100,400", "--num-requests", "64", "--shared-prefix", "2,8,128",
+            "--input-len", "32", "--output-len", "8", "--ttft-slo-ms", "2", "--tpot-slo-ms", "1",
+            "--result-json", tmp_path / "r.json")
+    for point in json.loads((tmp_path / "r.json").read_text())["runs"][0]["rates"]:
+        records = point["requests"]
+        assert all(r["ok"] and r["output_tokens"] == 8 for r in records)
+        assert {r["decode_worker"] for r in records} <= {"d0", "d1"}
+        # 2 groups x 8 prompts repeated: after the first few, the 128-token prefix is cached.
+        assert sum(r["cached_prompt_tokens"] >= 128 for r in records) >= 48
+        assert point["simulator"]["requests"] == 64
+        assert point["simulator"]["slo_attainment"] == pytest.approx(
+            point["summary"]["slo_attainment"], abs=1e-9)
