@@ -454,7 +454,8 @@ class Sim:
                                       num_requests=(None if args.duration else
                                                     args.num_requests or 100),
                                       duration_s=args.duration)
-            specs = workload.build(self.config, args.seed, len(times), stream=f"rate{k}")
+            specs = workload.build(self.config, args.seed, len(times), stream=f"rate{k}",
+                                   text=False)
             out.append((k, rate, specs, times))
         return out
 
@@ -463,7 +464,8 @@ class Sim:
         configuration (its own process each); sets self.slo_targets from their medians."""
         args = self.args
         label, cluster_json = configs[0]
-        specs = workload.build(self.config, args.seed, args.unloaded_requests, stream="unloaded")
+        specs = workload.build(self.config, args.seed, args.unloaded_requests, stream="unloaded",
+                               text=False)
         futures = [pool.submit(simulate, self.sim, self.work_dir / f"unloaded{i}", cluster_json,
                                [s], [0.0], args.seed) for i, s in enumerate(specs)]
         recs = [record(s, f.result()[0][request_id(s.index)], 0.0, 0.0)

@@ -263,12 +263,14 @@ class WorkloadConfig:
                 raise WorkloadError(f"every {kind} needs a positive weight")
 
 
-def build(config, seed, count, stream="requests"):
+def build(config, seed, count, stream="requests", text=True):
     """The first `count` requests of the workload seeded by `seed` on `stream`. The same (config,
     seed, stream) gives the same requests, and a longer list starts with a shorter one, so both
     sides of an A/B comparison send the same requests. Different streams give different prompts
     from the same distributions (each rate of a sweep has its own, so that it does not find the
-    previous rate's prompts in the prefix cache)."""
+    previous rate's prompts in the prefix cache). text=False leaves synthetic prompts' text
+    empty (the simulator needs only their lengths) and draws exactly the same random numbers, so
+    every other field is the same."""
     prompt_rng = rng_for(seed, stream, "prompts")
     mix_rng = rng_for(seed, stream, "mix")
     order = None
@@ -305,7 +307,11 @@ def build(config, seed, count, stream="requests"):
         else:
             input_len = config.input_lengths.draw(prompt_rng)
             output_len = config.output_lengths.draw(prompt_rng)
-            system, user = "", words(prompt_rng, input_len)
+            if text:
+                system, user = "", words(prompt_rng, input_len)
+            else:
+                prompt_rng.integers(0, len(WORDS), input_len)  # the draw words() would make
+                system, user = "", ""
         tenant = _weighted_pick(mix_rng, list(config.tenants))
         slo_class = _weighted_pick(mix_rng, list(config.slo_classes))
         if config.dataset is not None and entry.slo_class is not None:

@@ -1,6 +1,7 @@
 """Workload generators: lengths, repeatability, shared prefixes that really share, tenant and SLO
 mixes that honour their weights, dataset files and the errors on bad ones."""
 import collections
+import dataclasses
 import json
 
 import pytest
@@ -196,3 +197,23 @@ def test_spec_parsers():
 def test_vocabulary_is_distinct_single_words():
     assert len(set(workload.WORDS)) == len(workload.WORDS) > 100
     assert all(w.isalpha() and w.islower() for w in workload.WORDS)
+
+
+@pytest.mark.parametrize("config", [
+    workload.WorkloadConfig(input_lengths=workload.Lengths(40, 0.5),
+                            output_lengths=workload.Lengths(9, 0.3),
+                            slo_classes=(workload.SloClass("a", 1, ttft_ms=5),
+                                         workload.SloClass("b", 2)),
+                            tenants=(workload.Tenant("x", 1, priority=3), workload.Tenant("y", 1))),
+    workload.WorkloadConfig(shared_prefix=workload.SharedPrefix(3, 2, 12),
+                            input_lengths=workload.Lengths(5, 0.5)),
+])
+def test_lengths_only_build_draws_the_same_requests(config):
+    """text=False (what `tandem sim` uses) changes nothing but the synthetic prompts' text."""
+    full = workload.build(config, 7, 50)
+    lengths_only = workload.build(config, 7, 50, text=False)
+    for a, b in zip(full, lengths_only):
+        if config.shared_prefix is None:
+            assert b.system == b.user == "" and len(a.user.split()) == a.input_len
+            a = dataclasses.replace(a, system="", user="")
+        assert a == b
