@@ -66,6 +66,16 @@ def _nonneg_int(text):
     return value
 
 
+def _nonneg_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {text}")
+    return value
+
+
 def _failure(text):
     at, sep, worker = text.partition(":")
     try:
@@ -106,9 +116,9 @@ def add_cluster_args(p):
               help=f"{what} (default: the profile's)")
     _flag(g, "link-bandwidth-gbps", type=cli._positive(float), default=None, metavar="GBPS",
           help="KV transfer bandwidth between two workers (default 10)")
-    _flag(g, "link-latency-us", type=float, default=None, metavar="US",
+    _flag(g, "link-latency-us", type=_nonneg_float, default=None, metavar="US",
           help="KV transfer latency between two workers (default 50)")
-    _flag(g, "step-noise", type=float, default=None, metavar="F",
+    _flag(g, "step-noise", type=_nonneg_float, default=None, metavar="F",
           help="multiplicative jitter of step times, seeded (default 0)")
     g.add_argument("--fail", action="append", default=None, type=_failure, metavar="AT_S:WORKER",
                    help="worker WORKER (p0.., d0..) dies at AT_S simulated seconds (repeatable)")

@@ -319,6 +319,10 @@ def test_simulator_errors_are_passed_on(tmp_path, capsys, bin_dir):
     (["--ab", "frobnicate=1", "policy=slo"], "not cluster flags"),
     (["--label", "x", "--ab", "policy=slo", "policy=prefix"], "--label names one"),
     (["--duration", "5"], "--duration needs finite rates"),
+    (["--link-latency-us", "-1"], "must be a finite number >= 0"),
+    (["--step-noise", "nan"], "must be a finite number >= 0"),
+    (["--fail", "d3"], "is not AT_S:WORKER"),
+    (["--kv-blocks", "-2"], "must be >= 0"),
 ])
 def test_bad_flags_are_argparse_errors(capsys, bin_dir, profile, args, message):
     with pytest.raises(SystemExit) as info:
