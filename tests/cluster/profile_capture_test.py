@@ -16,6 +16,7 @@ import pytest
 from gguf import GGUFReader
 
 from cluster_common import BIN, ROOT, UCX, WORKER_FLAGS, Cluster, Process, Protos
+from tls_test import OPENSSL, make_ca, make_leaf
 
 sys.path.insert(0, str(ROOT / "bench"))
 from tandem_bench import sim  # noqa: E402
@@ -174,3 +175,24 @@ def test_roofline_is_handed_to_python(tmp_path):
                 "--kv_heads=4", "--head_dim=64", f"--out={tmp_path}/p.json")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "p.json").read_text())["source"] == "roofline"
+
+
+def test_capture_over_mutual_tls(tmp_path):
+    """A worker that takes only clients with a certificate of its CA (`openssl`-made): the TLS
+    flags every client has get the profile; a plaintext capture gets a clear error."""
+    assert OPENSSL, "the openssl command is needed (scripts/setup.sh installs it)"
+    make_ca(tmp_path, "cluster")
+    cert, key = make_leaf(tmp_path, "cluster", "worker")
+    client_cert, client_key = make_leaf(tmp_path, "cluster", "client")
+    ca = tmp_path / "cluster-ca.crt"
+    worker = Process("tandem-decode", *WORKER_FLAGS, "--worker_id=tls", f"--tls_cert={cert}",
+                     f"--tls_key={key}", f"--tls_ca={ca}", env=UCX)
+    try:
+        r = profile(f"--worker={worker.address}", f"--out={tmp_path}/p.json", f"--tls_ca={ca}",
+                    f"--tls_cert={client_cert}", f"--tls_key={client_key}")
+        assert r.returncode == 0, r.stderr
+        sim.check_profile(json.loads((tmp_path / "p.json").read_text()), "profile over TLS")
+        r = profile(f"--worker={worker.address}", f"--out={tmp_path}/q.json")
+        assert r.returncode == 1 and f"no worker state from {worker.address}" in r.stderr, r.stderr
+    finally:
+        worker.kill()
