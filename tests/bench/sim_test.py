@@ -272,6 +272,33 @@ def test_ab_compares_two_policies_on_the_same_requests(tmp_path, capsys, bin_dir
     assert "A: policy=round_robin" in out and "B/A" in out
 
 
+def test_ab_sides_only_add_to_the_base_flags(tmp_path, capsys, bin_dir, profile):
+    run_sim(capsys, "--bin", bin_dir, "--profile", profile, "--fail", "5:d0",
+            "--ab", "fail=9:d1 aggregated", "policy=least_loaded", "--rate", "2",
+            "--num-requests", "3", "--result-json", tmp_path / "r.json")
+    a, b = (r["cluster"] for r in json.loads((tmp_path / "r.json").read_text())["runs"])
+    assert a["failures"] == [{"at_s": 5.0, "worker": "d0"}, {"at_s": 9.0, "worker": "d1"}]
+    assert [p["role"] for p in a["pools"]] == ["both"] and a["policy"] == "slo"
+    assert b["failures"] == [{"at_s": 5.0, "worker": "d0"}]
+    assert [p["role"] for p in b["pools"]] == ["prefill", "decode"]
+    assert b["policy"] == "least_loaded"
+
+
+def test_dataset_prompts_become_trace_lengths(tmp_path, capsys, bin_dir, profile):
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(x) for x in [
+        {"prompt": "x" * 400, "output_tokens": 7},
+        {"conversations": [{"from": "human", "value": "y" * 80},
+                           {"from": "gpt", "value": "z" * 40}]}]) + "\n")
+    run_sim(capsys, "--bin", bin_dir, "--profile", profile, "--dataset", data, "--rate", "1",
+            "--num-requests", "4", "--work-dir", tmp_path / "work")
+    trace = [json.loads(x) for x in (tmp_path / "work" / "c0-r0" / "trace.jsonl").read_text()
+             .splitlines()]
+    # 4 characters a token, as tandem bench estimates them; the reply's length is the output's.
+    assert sorted({(x["prompt_tokens"], x["output_tokens"]) for x in trace}) == [(20, 10),
+                                                                               (100, 7)]
+
+
 def test_parallel_and_serial_runs_agree(tmp_path, capsys, bin_dir, profile):
     def records(jobs):
         path = tmp_path / f"j{jobs}.json"
