@@ -1,6 +1,7 @@
 #include "cli/generate.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,10 @@ ABSL_FLAG(int32_t, threads, 0, "Compute threads; 0 uses every core");
 ABSL_FLAG(std::string, url, "",
           "A cluster's gRPC API (host:port or grpc://host:port, as `tandem up` prints it): "
           "generate there instead of in this process");
+ABSL_FLAG(std::string, api_key, "",
+          "With --url: the API key sent to a router with --api_keys_file (the `authorization` "
+          "metadata, Bearer); empty: $OPENAI_API_KEY when set. Prefer the environment "
+          "(TANDEM_API_KEY) to this flag, which other users of the machine can see in `ps`");
 ABSL_FLAG(int32_t, priority, 0, "Scheduling priority of the request with --url (higher first)");
 ABSL_FLAG(std::string, prompt_ids, "",
           "The prompt as comma-separated token ids, used as given (no BOS added), instead of "
@@ -76,6 +81,27 @@ absl::StatusOr<std::string> GrpcTarget(absl::string_view url) {
   return std::string(url);
 }
 
+// The key for --url: --api_key (or TANDEM_API_KEY), else $OPENAI_API_KEY; empty for none.
+// INVALID_ARGUMENT, without the key's text, for one that cannot travel as gRPC metadata.
+absl::StatusOr<std::string> ApiKey() {
+  std::string key = absl::GetFlag(FLAGS_api_key);
+  absl::string_view source = "--api_key";
+  if (key.empty()) {
+    const char* openai = std::getenv("OPENAI_API_KEY");
+    if (openai != nullptr) key = openai;
+    source = "OPENAI_API_KEY";
+  }
+  for (const char c : key) {
+    // A metadata value is printable ASCII; a space would split "Bearer <key>" differently.
+    if (c <= ' ' || c > '~') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the API key from ", source, " has a space, a control or a non-ASCII character; an "
+          "API key is printable ASCII without spaces"));
+    }
+  }
+  return key;
+}
+
 // `tandem generate --url=...`: the same flags, sent to a cluster's tandem.v1.Inference.
 int RunRemoteGenerate(absl::string_view url) {
   absl::StatusOr<std::string> target = GrpcTarget(url);
@@ -114,6 +140,8 @@ int RunRemoteGenerate(absl::string_view url) {
   if (absl::GetFlag(FLAGS_seed) >= 0) s->set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
   for (const std::string& stop : absl::GetFlag(FLAGS_stop)) s->add_stop(stop);
   request.set_priority(absl::GetFlag(FLAGS_priority));
+  absl::StatusOr<std::string> api_key = ApiKey();
+  if (!api_key.ok()) return ExitCode(api_key.status());
 
   // TLS with --tls_ca (and --tls_cert/--tls_key for a server that asks for a client
   // certificate); plaintext without.
@@ -126,6 +154,7 @@ int RunRemoteGenerate(absl::string_view url) {
   auto stub = v1::Inference::NewStub(grpc::CreateCustomChannel(*target, credentials, args));
   grpc::ClientContext context;
   context.set_wait_for_ready(false);
+  if (!api_key->empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", *api_key));
   const absl::Time start = absl::Now();
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
       stub->Generate(&context, request);
@@ -143,6 +172,13 @@ int RunRemoteGenerate(absl::string_view url) {
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
       std::fprintf(stderr, "\nerror: no cluster answers at %s: %s\n", target->c_str(),
                    status.error_message().c_str());
+      return 1;
+    }
+    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      std::fprintf(stderr,
+                   "\nerror: the cluster at %s refused the request: %s (an API key comes from "
+                   "--api_key, TANDEM_API_KEY or OPENAI_API_KEY)\n",
+                   target->c_str(), status.error_message().c_str());
       return 1;
     }
     return ExitCode(status);
@@ -232,6 +268,11 @@ int RunGenerate(const std::string& model_path) {
   if (!prompt_ids.empty() && (!absl::GetFlag(FLAGS_prompt).empty() || absl::GetFlag(FLAGS_chat))) {
     return ExitCode(
         absl::InvalidArgumentError("--prompt_ids replaces --prompt and --chat; give one"));
+  }
+  if (!absl::GetFlag(FLAGS_api_key).empty()) {
+    return ExitCode(absl::InvalidArgumentError(
+        "--api_key (or TANDEM_API_KEY) is for a cluster at --url; generating in this process "
+        "needs no key"));
   }
   const bool json = absl::GetFlag(FLAGS_json);
   if (!json && (absl::GetFlag(FLAGS_logprobs) != 0 || absl::GetFlag(FLAGS_prompt_logprobs) != 0)) {

@@ -44,7 +44,8 @@ usage: tandem <command> [flags]
 commands:
   up        start a local cluster (router, prefill and decode workers) on the default model
   generate  generate text from --prompt in this process (--chat for the chat template), or on
-            a running cluster with --url=HOST:PORT (its gRPC API, as `tandem up` prints it);
+            a running cluster with --url=HOST:PORT (its gRPC API, as `tandem up` prints it;
+            its API key from TANDEM_API_KEY, OPENAI_API_KEY or --api_key);
             in this process, --json prints token ids and log-probabilities (--logprobs,
             --prompt_logprobs) and --prompt_ids takes the prompt as token ids
   apikey    print a fresh API key for --tenant=NAME [--rps=N] [--concurrency=N] and the line

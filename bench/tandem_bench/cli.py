@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import pathlib
 import sys
 
@@ -111,6 +112,11 @@ def build_parser():
                    help="PEM CA that verifies a server at --url over TLS: https:// for openai, "
                         "TLS gRPC (`tandem up --tls` prints its CA); --up / --ab with `tls` in "
                         "their flags use their cluster's")
+    g.add_argument("--api-key", metavar="KEY",
+                   help="API key sent to the server (Authorization: Bearer; gRPC `authorization` "
+                        "metadata); without it $TANDEM_API_KEY, then $OPENAI_API_KEY. Never "
+                        "printed or written to the result JSON; prefer the environment, since "
+                        "other users of the machine can read a command line")
     g.add_argument("--model", help="model id sent with every request (default: the server's only "
                                    "model)")
     g.add_argument("--request-timeout", type=_positive(float), default=300.0, metavar="S",
@@ -221,6 +227,35 @@ def add_workload_args(p, live):
                    help="no progress bar")
 
 
+def api_key(flag, environ):
+    """The key to send: --api-key, else $TANDEM_API_KEY, else $OPENAI_API_KEY; None for none."""
+    for value in (flag, environ.get("TANDEM_API_KEY"), environ.get("OPENAI_API_KEY")):
+        if value:
+            return value
+    return None
+
+
+def redact_api_key(argv):
+    """argv with the value of --api-key (either spelling, or an unambiguous prefix such as
+    --ap, which argparse accepts too) replaced by "<redacted>"."""
+    out, hide_next = [], False
+    for arg in argv:
+        name, eq, _ = arg.partition("=")
+        if hide_next:
+            out.append("<redacted>")
+            hide_next = False
+        elif name.startswith("--ap") and "--api-key".startswith(name):
+            out.append(f"{name}=<redacted>" if eq else arg)
+            hide_next = not eq
+        else:
+            out.append(arg)
+    return out
+
+
+def _printable_token(text):
+    return all(" " < c <= "~" for c in text)
+
+
 def _check(parser, args):
     """Turns the flags into (workload config, rates, arrival kind); parser.error on bad ones."""
     if args.url and (args.up is not None or args.ab):
@@ -238,6 +273,12 @@ def _check(parser, args):
             cluster.parse_up_flags(flags)
     except ValueError as error:
         parser.error(str(error))
+    args.api_key = api_key(args.api_key, os.environ)
+    if args.api_key is not None and not _printable_token(args.api_key):
+        # The key's text stays out of the message.
+        parser.error("the API key (--api-key, TANDEM_API_KEY or OPENAI_API_KEY) has a space, a "
+                     "control or a non-ASCII character; an API key is printable ASCII without "
+                     "spaces")
     return check_workload(parser, args)
 
 
@@ -303,7 +344,7 @@ class Bench:
         self.options = clients.ClientOptions(
             endpoint=args.endpoint, temperature=args.temperature, ignore_eos=args.ignore_eos,
             send_slo=args.send_slo, request_timeout_s=args.request_timeout,
-            ca_file=args.tls_ca)
+            ca_file=args.tls_ca, api_key=args.api_key)
         self.slo_targets = None   # {"ttft_ms", "tpot_ms"} from --slo-scale, set by the first run
 
     def _progress(self, total, desc):
@@ -427,10 +468,12 @@ class Bench:
 
     def result(self, runs, started, argv):
         args = self.args
-        config = {k: v for k, v in vars(args).items()}
+        # Every flag but the key (whose presence is recorded, not its text).
+        config = {k: v for k, v in vars(args).items() if k != "api_key"}
+        config["api_key_sent"] = args.api_key is not None
         return _jsonable({
             "tool": "tandem_bench", "format_version": 1,
-            "started_at": started, "command": list(argv), "seed": args.seed,
+            "started_at": started, "command": redact_api_key(argv), "seed": args.seed,
             "rates": self.rates, "arrival": self.kind, "config": config,
             "slo_scale_targets": self.slo_targets, "runs": runs})
 

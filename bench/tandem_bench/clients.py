@@ -58,6 +58,9 @@ class ClientOptions:
     # PEM CA bundle that verifies the server's certificate: HTTPS for openai, TLS for gRPC
     # (`tandem up --tls` prints its CA). None: plaintext gRPC, and the system's CAs for https://.
     ca_file: str | None = None
+    # Sent as `Authorization: Bearer` (gRPC: `authorization` metadata); None sends none. Kept out
+    # of repr() so that it never reaches a log or a traceback.
+    api_key: str | None = dataclasses.field(default=None, repr=False)
 
 
 class _Stream:
@@ -172,6 +175,8 @@ class OpenAIClient:
         body = openai_body(spec, self.options)
         stream = _Stream()
         headers = {"X-Request-Id": request_id}
+        if self.options.api_key:
+            headers["Authorization"] = f"Bearer {self.options.api_key}"
         try:
             async with asyncio.timeout(self.options.request_timeout_s):
                 return await self._send(body, headers, stream)
@@ -296,6 +301,8 @@ class GrpcClient:
             self._channel = grpc.aio.secure_channel(self.target, credentials, channel_options)
         else:
             self._channel = grpc.aio.insecure_channel(self.target, options=channel_options)
+        self._metadata = (("authorization", f"Bearer {options.api_key}"),) \
+            if options.api_key else None
         self._stub = protos().inference_grpc.InferenceStub(self._channel)
         self._finish_names = {v.number: v.name.removeprefix("FINISH_REASON_").lower()
                               for v in protos().inference.FinishReason.DESCRIPTOR.values}
@@ -316,7 +323,8 @@ class GrpcClient:
         stream = _Stream()
         outcome = stream.outcome
         try:
-            call = self._stub.Generate(request, timeout=self.options.request_timeout_s)
+            call = self._stub.Generate(request, timeout=self.options.request_timeout_s,
+                                       metadata=self._metadata)
             async for response in call:
                 if response.token_ids:
                     stream.piece(len(response.token_ids))

@@ -61,6 +61,33 @@ def test_bad_flags_are_argparse_errors(args, message):
     assert message in result.stderr
 
 
+def test_a_key_that_cannot_be_a_header_is_refused_without_printing_it():
+    for args, env in [(["--api-key", "tdm-secret key"], {}),
+                      ([], {"TANDEM_API_KEY": "tdm-secret\tkey"})]:
+        result = bench(*args, env=env)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "printable ASCII without spaces" in result.stderr
+        assert "secret" not in result.stderr
+
+
+def test_the_api_key_comes_from_the_flag_then_tandem_then_openai():
+    env = {"TANDEM_API_KEY": "t", "OPENAI_API_KEY": "o"}
+    assert cli.api_key("f", env) == "f"
+    assert cli.api_key(None, env) == "t"
+    assert cli.api_key(None, {"OPENAI_API_KEY": "o"}) == "o"
+    assert cli.api_key(None, {"TANDEM_API_KEY": "", "OPENAI_API_KEY": ""}) is None
+
+
+@pytest.mark.parametrize("argv,redacted", [
+    (["--api-key", "k", "--rate", "1"], ["--api-key", "<redacted>", "--rate", "1"]),
+    (["--api-key=k"], ["--api-key=<redacted>"]),
+    (["--api", "k"], ["--api", "<redacted>"]),   # argparse's unambiguous prefix
+    (["--ab", "a", "b"], ["--ab", "a", "b"]),
+])
+def test_the_recorded_command_hides_the_api_key(argv, redacted):
+    assert cli.redact_api_key(argv) == redacted
+
+
 def test_missing_binaries_are_a_clear_error(tmp_path):
     result = bench("--up", "aggregated", "--bin", str(tmp_path), "--num-requests", "1")
     assert result.returncode == 1

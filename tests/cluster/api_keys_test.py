@@ -9,16 +9,18 @@ default and /metrics closed by --auth_open_paths; no key's text in the router's 
 The key file's lines are written here with Python's hashlib (an implementation no one here
 wrote), and one key comes from `tandem apikey`, whose line must agree with hashlib."""
 import hashlib
+import json
 import os
 import re
 import secrets
 import subprocess
+import sys
 
 import grpc
 import openai
 import pytest
 
-from cluster_common import BIN, Cluster, Process, Protos, http_request, wait_until
+from cluster_common import BIN, ROOT, Cluster, Process, Protos, http_request, wait_until
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
@@ -284,6 +286,96 @@ def test_a_malformed_file_stops_the_router_at_start(tmp_path):
     assert run.returncode == 1, run
     assert "line 3:" in run.stderr, run.stderr
     assert ALPHA not in run.stdout + run.stderr
+
+
+def client_env(**keys):
+    """This environment without any API key variable, plus `keys`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TANDEM_API_KEY", "OPENAI_API_KEY")}
+    env.update(keys)
+    return env
+
+
+def generate(cluster, *flags, env):
+    return subprocess.run([str(BIN / "tandem"), "generate", f"--url={cluster.grpc_address}",
+                           "--prompt=The capital of France is", "--max_tokens=2", *flags],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_generate_sends_its_api_key(cluster):
+    """`tandem generate --url`: refused without a key (a hint names where one comes from); served
+    with --api_key, TANDEM_API_KEY or OPENAI_API_KEY, the flag first; the key never printed."""
+    def admitted():
+        return metric(cluster.http_port, "tandem_router_tenant_requests_total",
+                      '{outcome="admitted",tenant="beta"}')
+
+    runs = []
+    none = generate(cluster, env=client_env())
+    runs.append(none)
+    assert none.returncode == 1, none
+    assert "refused" in none.stderr and "TANDEM_API_KEY" in none.stderr, none.stderr
+    before = admitted()
+    for flags, env in [(["--api_key=" + BETA], client_env()),
+                       ([], client_env(TANDEM_API_KEY=BETA)),
+                       ([], client_env(OPENAI_API_KEY=BETA)),
+                       ([], client_env(TANDEM_API_KEY=BETA, OPENAI_API_KEY=WRONG))]:
+        served = generate(cluster, *flags, env=env)
+        runs.append(served)
+        assert served.returncode == 0, (flags, served.stderr)
+        assert "generated: 2 tokens" in served.stderr, served.stderr
+    # Counted against beta by the router: the key reached it as beta's.
+    assert admitted() == before + 4
+    # The flag wins over the environment: a wrong flag is refused with a right variable.
+    wrong = generate(cluster, "--api_key=" + WRONG, env=client_env(OPENAI_API_KEY=BETA))
+    runs.append(wrong)
+    assert wrong.returncode == 1 and "invalid API key" in wrong.stderr, wrong.stderr
+    # A key that cannot be metadata: a usage error that does not print it.
+    spaced = generate(cluster, env=client_env(TANDEM_API_KEY=BETA + " x"))
+    runs.append(spaced)
+    assert spaced.returncode == 2 and "printable ASCII" in spaced.stderr, spaced.stderr
+    # In this process no key is needed, so one given is a mistake, not ignored.
+    local = subprocess.run([str(BIN / "tandem"), "generate", "--prompt=hi", "--max_tokens=1"],
+                           capture_output=True, text=True, env=client_env(TANDEM_API_KEY=BETA),
+                           timeout=120)
+    runs.append(local)
+    assert local.returncode == 2 and "--api_key" in local.stderr, local.stderr
+    for run in runs:
+        assert BETA not in run.stdout + run.stderr and WRONG not in run.stdout + run.stderr
+
+
+def bench(cluster, protocol, *flags, env, tmp_path):
+    """`tandem bench` (as `python -m tandem_bench`) at the router: three short requests."""
+    url = (f"http://127.0.0.1:{cluster.http_port}" if protocol == "openai"
+           else cluster.grpc_address)
+    result = tmp_path / f"{protocol}.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "tandem_bench", "--url", url, "--protocol", protocol,
+         "--num-requests", "3", "--rate", "inf", "--input-len", "8", "--output-len", "2",
+         "--no-progress", "--result-json", str(result), *flags],
+        capture_output=True, text=True, timeout=240,
+        env=dict(env, PYTHONPATH=str(ROOT / "bench"), TANDEM_BIN_DIR=str(BIN)))
+    return run, result
+
+
+@pytest.mark.parametrize("protocol", ["openai", "grpc"])
+def test_bench_sends_its_api_key(cluster, protocol, tmp_path):
+    """`tandem bench`: its warm-up refused without a key (401 / UNAUTHENTICATED named); every
+    request served with --api-key or TANDEM_API_KEY; the key in neither output nor result JSON."""
+    refused, _ = bench(cluster, protocol, env=client_env(), tmp_path=tmp_path)
+    assert refused.returncode != 0
+    assert ("HTTP 401" if protocol == "openai" else "UNAUTHENTICATED") in refused.stderr, \
+        refused.stderr
+    for flags, env in [(["--api-key", BETA], client_env(OPENAI_API_KEY=WRONG)),
+                       ([], client_env(TANDEM_API_KEY=BETA))]:
+        run, result = bench(cluster, protocol, *flags, env=env, tmp_path=tmp_path)
+        assert run.returncode == 0, run.stderr
+        text = result.read_text()
+        assert BETA not in run.stdout + run.stderr + text
+        data = json.loads(text)
+        assert data["config"]["api_key_sent"] is True and "api_key" not in data["config"]
+        requests = data["runs"][0]["rates"][0]["requests"]
+        assert len(requests) == 3 and all(r["ok"] for r in requests), requests
+        if flags:
+            assert data["command"][data["command"].index("--api-key") + 1] == "<redacted>"
 
 
 def test_no_key_appears_in_the_log_or_the_metrics(cluster):
