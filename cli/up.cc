@@ -243,6 +243,8 @@ int RunUp(const std::string& model_path, const std::string& bin_dir) {
       "--drain_timeout_ms=5000"};
   std::vector<std::string> worker_flags_all = worker_flags;
   worker_flags_all.insert(worker_flags_all.end(), tls_flags.begin(), tls_flags.end());
+  // Everything on: the workers' /metrics too (over HTTPS, trusting the same CA).
+  if (use_tls) worker_flags_all.push_back("--metrics_tls");
   // A decode worker beside prefill workers prefills only what the router keeps local, in steps
   // its streams share; alone (aggregated) it prefills everything, like a prefill worker.
   const int64_t decode_prefill_cap = prefill > 0 ? absl::GetFlag(FLAGS_decode_max_prefill_tokens)

@@ -6,7 +6,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/https_terminator.h"
 #include "common/net.h"
+#include "common/server_tls_context.h"
 #include "common/status_macros.h"
 #include "prometheus/exposer.h"
 #include "prometheus/text_serializer.h"
@@ -16,6 +18,9 @@ namespace {
 
 absl::Mutex g_server_mu;
 prometheus::Exposer* g_exposer ABSL_GUARDED_BY(g_server_mu) = nullptr;  // leaked on purpose
+// With TLS: the terminator on the public port and the context it uses, leaked with the exposer.
+HttpsTerminator* g_terminator ABSL_GUARDED_BY(g_server_mu) = nullptr;
+ServerTlsContext* g_tls ABSL_GUARDED_BY(g_server_mu) = nullptr;
 int g_port ABSL_GUARDED_BY(g_server_mu) = 0;
 
 std::shared_ptr<prometheus::Registry>& RegistryPtr() {
@@ -28,30 +33,60 @@ std::shared_ptr<prometheus::Registry>& RegistryPtr() {
 
 prometheus::Registry& ProcessMetrics() { return *RegistryPtr(); }
 
-absl::StatusOr<int> StartProcessMetricsServer(absl::string_view bind_address) {
-  ASSIGN_OR_RETURN(HostPort address, ParseHostPort(bind_address));
+absl::StatusOr<int> StartProcessMetricsServer(const MetricsServerOptions& options) {
+  ASSIGN_OR_RETURN(HostPort address, ParseHostPort(options.listen));
+  const bool tls = !options.tls.cert_file.empty() || !options.tls.key_file.empty();
+  std::unique_ptr<ServerTlsContext> context;
+  if (tls) {
+    // The CA plays no part: no client certificate is asked for.
+    TlsOptions server = options.tls;
+    server.ca_file.clear();
+    RETURN_IF_ERROR(ValidateTls(server));
+    ASSIGN_OR_RETURN(context, ServerTlsContext::Create(server, ClientAuth::kAnyClient));
+  }
   absl::MutexLock lock(&g_server_mu);
   if (g_exposer != nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("the metrics server already runs on port ", g_port));
   }
+  // With TLS the HTTP server listens on loopback only, behind the terminator.
+  const std::string http_address = tls ? "127.0.0.1:0" : address.ToString();
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
     // One civetweb thread is plenty for scrapes.
-    exposer = std::make_unique<prometheus::Exposer>(address.ToString(), /*num_threads=*/1);
+    exposer = std::make_unique<prometheus::Exposer>(http_address, /*num_threads=*/1);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address.ToString(), ": ", e.what()));
+        absl::StrCat("cannot serve metrics on ", http_address, ": ", e.what()));
   }
   exposer->RegisterCollectable(RegistryPtr(), "/metrics");
   const std::vector<int> ports = exposer->GetListeningPorts();
   if (ports.empty()) {
     return absl::UnavailableError(
-        absl::StrCat("metrics server on ", address.ToString(), " reports no listening port"));
+        absl::StrCat("metrics server on ", http_address, " reports no listening port"));
   }
-  g_port = ports.front();
+  int port = ports.front();
+  if (tls) {
+    ASSIGN_OR_RETURN(std::unique_ptr<HttpsTerminator> terminator,
+                     HttpsTerminator::Start({.listen = options.listen,
+                                             .backend_port = port,
+                                             .tls = context.get()}));
+    port = terminator->port();
+    g_terminator = terminator.release();
+    g_tls = context.release();
+  }
+  g_port = port;
   g_exposer = exposer.release();
   return g_port;
+}
+
+absl::StatusOr<int> StartProcessMetricsServer(absl::string_view bind_address) {
+  return StartProcessMetricsServer(MetricsServerOptions{.listen = std::string(bind_address)});
+}
+
+bool ProcessMetricsOverTls() {
+  absl::MutexLock lock(&g_server_mu);
+  return g_terminator != nullptr;
 }
 
 int ProcessMetricsPort() {

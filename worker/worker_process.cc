@@ -20,6 +20,9 @@
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:0", "host:port of the worker's gRPC server (port 0: any)");
 ABSL_FLAG(std::string, metrics_listen, "", "host:port of the Prometheus /metrics server; empty: none");
+ABSL_FLAG(bool, metrics_tls, false,
+          "Serve --metrics_listen over HTTPS only, with --tls_cert/--tls_key (reloaded like them); "
+          "no client certificate is asked for: scrape it trusting the cluster CA");
 ABSL_FLAG(std::string, model, "", "Model file (GGUF); empty: the default model");
 ABSL_FLAG(std::string, models_dir, "", "Folder of downloaded models; empty: <source>/models");
 ABSL_FLAG(std::string, worker_id, "",
@@ -63,6 +66,14 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromCommandLine() {
   f.listen = absl::GetFlag(FLAGS_listen);
   ASSIGN_OR_RETURN(f.tls, TlsOptionsFromFlags());
   f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  f.metrics_tls = absl::GetFlag(FLAGS_metrics_tls);
+  if (f.metrics_tls && f.metrics_listen.empty()) {
+    return absl::InvalidArgumentError("--metrics_tls needs --metrics_listen (the port it secures)");
+  }
+  if (f.metrics_tls && f.tls.cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--metrics_tls needs --tls_cert and --tls_key (the pair the metrics port presents)");
+  }
   ASSIGN_OR_RETURN(f.model_path,
                    ResolveModelPath(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_models_dir)));
   f.worker_id = absl::GetFlag(FLAGS_worker_id);
@@ -121,7 +132,9 @@ absl::Status Start(WorkerProcess& w) {
     LOG(INFO) << "calibrated in " << absl::FormatDuration(absl::Now() - start);
   }
   if (!w.flags.metrics_listen.empty()) {
-    RETURN_IF_ERROR(StartProcessMetricsServer(w.flags.metrics_listen).status());
+    MetricsServerOptions metrics{.listen = w.flags.metrics_listen};
+    if (w.flags.metrics_tls) metrics.tls = w.flags.tls;
+    RETURN_IF_ERROR(StartProcessMetricsServer(metrics).status());
   }
   ASSIGN_OR_RETURN(kvtransfer::PoolDescriptor pool, w.transport->RegisterPool(&w.loop->kv_storage()));
   kvtransfer::ToProto(pool, &w.pool);
@@ -149,8 +162,9 @@ int RunWorkerProcess(
       if (auto* d = dynamic_cast<Drainable*>(s.get()); d != nullptr) serve.drainables.push_back(d);
     }
     status = ServeUntilSignal(w.flags.listen, raw, [&](int port) {
-      std::printf("%s %s listening on port %d (model %s, metrics port %d)\n", role,
-                  w.flags.worker_id.c_str(), port, w.loop->model_id().c_str(), ProcessMetricsPort());
+      std::printf("%s %s listening on port %d (model %s, metrics port %d%s)\n", role,
+                  w.flags.worker_id.c_str(), port, w.loop->model_id().c_str(), ProcessMetricsPort(),
+                  ProcessMetricsOverTls() ? ", https" : "");
       std::fflush(stdout);
     }, serve);
     // Stopped in order: the services (their threads and timers), then the engine, then the

@@ -23,6 +23,7 @@ namespace tandem {
 struct WorkerFlags {
   std::string listen;          // host:port of the gRPC server; port 0 picks one
   std::string metrics_listen;  // host:port of /metrics; empty: none
+  bool metrics_tls = false;    // /metrics over HTTPS with tls's certificate and key
   std::string model_path;      // resolved
   std::string worker_id;       // never empty
   std::string ucx_tls;         // UCX transports; empty: UCX_TLS or UCX's choice

@@ -123,7 +123,8 @@ def build_parser():
                    help="a request that takes longer fails")
     g.add_argument("--worker-metrics", action="append", default=[], metavar="URL",
                    help="a worker's Prometheus /metrics URL, for the prefix-hit rate of a server "
-                        "at --url (repeatable); --up / --ab find their workers' themselves")
+                        "at --url (repeatable; an https:// one is checked against --tls-ca); "
+                        "--up / --ab find their workers' themselves")
 
     g = p.add_argument_group("cluster (started with `tandem up`, stopped with SIGTERM)")
     g.add_argument("--up", nargs="?", const="", metavar="FLAGS",
@@ -395,7 +396,9 @@ class Bench:
                           f"{report.fmt(figures['tpot_ms'])} ms; SLO x{args.slo_scale:g}: TTFT "
                           f"{self.slo_targets['ttft_ms']:.1f} ms, TPOT "
                           f"{report.fmt(self.slo_targets['tpot_ms'])} ms", file=sys.stderr)
-            probe = cluster.PrefixHitProbe(worker_metrics) if worker_metrics else None
+            probe = (cluster.PrefixHitProbe(worker_metrics,
+                                            ca_file=(options or self.options).ca_file)
+                     if worker_metrics else None)
             for k, rate in enumerate(self.rates):
                 process = arrivals.ArrivalProcess(self.kind, rate, args.burstiness)
                 times = arrivals.schedule(process, arrivals.rng_for(args.seed, "arrivals", k),

@@ -24,7 +24,8 @@ _HTTP_LINE = re.compile(r"OpenAI HTTP API:\s+(https?://\S+?)/v1\b")
 _CA_LINE = re.compile(r"TLS CA:\s+(\S+)")
 _GRPC_LINE = re.compile(r"gRPC API:\s+(\S+:\d+)")
 _WORKERS_LINE = re.compile(r"^\s*workers:\s+(.+)$")
-_WORKER_LINE = re.compile(r"^\[(?P<name>[^\]]+)\] .*listening on port \d+ .*metrics port (?P<port>-?\d+)")
+_WORKER_LINE = re.compile(r"^\[(?P<name>[^\]]+)\] .*listening on port \d+ .*metrics port (?P<port>-?\d+)"
+                          r"(?P<https>, https)?")
 _FLAG_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 PREFIX_HIT_METRIC = "tandem_worker_prefix_hit_tokens_total"
@@ -59,9 +60,14 @@ def parse_up_flags(text):
     return flags
 
 
-def scrape(url, timeout_s=5.0):
-    """A Prometheus text page as {metric name: sum of its samples' values}."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+def scrape(url, timeout_s=5.0, ca_file=None):
+    """A Prometheus text page as {metric name: sum of its samples' values}; an https:// URL is
+    checked against `ca_file` (the system's CAs without it)."""
+    context = None
+    if url.startswith("https://") and ca_file:
+        import ssl
+        context = ssl.create_default_context(cafile=ca_file)
+    with urllib.request.urlopen(url, timeout=timeout_s, context=context) as response:
         text = response.read().decode("utf-8", "replace")
     totals = {}
     for line in text.splitlines():
@@ -89,15 +95,16 @@ class PrefixHitProbe:
     worker is told apart by its own metrics (tandem_prefill_*), which it exports once it has
     served a request (one that served none adds nothing to either sum)."""
 
-    def __init__(self, metrics_urls):
+    def __init__(self, metrics_urls, ca_file=None):
         self.urls = dict(metrics_urls)
+        self.ca_file = ca_file  # verifies https:// URLs (workers with --metrics_tls)
         self._before = None
 
     def _read(self):
         out = {}
         for name, url in self.urls.items():
             try:
-                values = scrape(url)
+                values = scrape(url, ca_file=self.ca_file)
                 prefill = any(k.startswith(PREFILL_METRIC_PREFIX) for k in values)
                 out[name] = (values.get(PREFIX_HIT_METRIC, 0.0),
                              values.get(PROMPT_TOKENS_METRIC, 0.0), prefill)
@@ -187,8 +194,9 @@ class LocalCluster:
             if self._worker_count is None and (m := _WORKERS_LINE.match(line)):
                 self._worker_count = len([a for a in m.group(1).split(",") if a.strip()])
             if (m := _WORKER_LINE.match(line)) and int(m.group("port")) > 0:
+                scheme = "https" if m.group("https") else "http"
                 self.worker_metrics[m.group("name")] = (
-                    f"http://127.0.0.1:{m.group('port')}/metrics")
+                    f"{scheme}://127.0.0.1:{m.group('port')}/metrics")
 
     def start(self):
         binary = self.bin_dir / "tandem"

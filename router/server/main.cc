@@ -20,7 +20,7 @@
 #include "common/tls_flags.h"
 #include "router/auth/tenant_gate.h"
 #include "router/server/http_server.h"
-#include "router/server/https_listener.h"
+#include "common/https_terminator.h"
 #include "router/server/inference_service.h"
 #include "router/server/registry.h"
 #include "router/server/request_router.h"
@@ -212,7 +212,7 @@ absl::Status Run() {
   int http_port = 0;
   if (!absl::GetFlag(FLAGS_http_listen).empty()) {
     // With TLS the HTTP server listens on loopback and a TLS terminator on --http_listen
-    // (router/server/https_listener.h). HTTPS, like the gRPC API, takes any client: API keys say
+    // (common/https_terminator.h). HTTPS, like the gRPC API, takes any client: API keys say
     // who it is.
     const bool with_tls = TlsEnabled(*tls);
     if (with_tls) {

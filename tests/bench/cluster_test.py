@@ -185,7 +185,11 @@ def test_local_cluster_reads_the_lines_of_tandem_up_tls():
     c._pump(io.StringIO(
         "  OpenAI HTTP API: https://127.0.0.1:4443/v1   (metrics: https://127.0.0.1:4443/metrics)\n"
         "  gRPC API:        127.0.0.1:7777 (tandem.v1.Inference, TLS)\n"
-        "  TLS CA:          /tmp/tandem-tls-x/ca.crt (clients trust it: curl --cacert, ...)\n"))
+        "  TLS CA:          /tmp/tandem-tls-x/ca.crt (clients trust it: curl --cacert, ...)\n"
+        "[decode-0] tandem-decode decode-0 listening on port 4242 (model m, metrics port 5151, "
+        "https)\n"))
     assert c.http_url == "https://127.0.0.1:4443"
+    # Its workers' /metrics are HTTPS (--metrics_tls).
+    assert c.worker_metrics == {"decode-0": "https://127.0.0.1:5151/metrics"}
     assert c.grpc_target == "127.0.0.1:7777"
     assert c.ca_file == "/tmp/tandem-tls-x/ca.crt"

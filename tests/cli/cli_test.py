@@ -352,7 +352,8 @@ def test_up_tls_serves_https_and_grpc_with_a_throwaway_ca(tmp_path):
     """`tandem up --tls`: the router's HTTPS and gRPC APIs present a certificate for 127.0.0.1
     that Python's ssl module verifies against the CA it prints (so the workers, which need the
     same chain for mutual TLS, joined); `tandem generate --tls_ca` reaches the gRPC API, and
-    without the CA it is refused; the throwaway folder is gone once the cluster stops."""
+    without the CA it is refused; the workers' /metrics are HTTPS with the same CA; the throwaway
+    folder is gone once the cluster stops."""
     import ssl
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
     env["TMPDIR"] = str(tmp_path)
@@ -362,8 +363,11 @@ def test_up_tls_serves_https_and_grpc_with_a_throwaway_ca(tmp_path):
     lines = []
     try:
         port = grpc_port = ca = None
+        metrics_ports = []
         for line in up.stdout:
             lines.append(line)
+            if m := re.search(r"metrics port (\d+), https\)", line):
+                metrics_ports.append(int(m.group(1)))
             if "OpenAI HTTP API: https://127.0.0.1:" in line:
                 port = int(line.split("https://127.0.0.1:")[1].split("/")[0])
             if "gRPC API:" in line and "TLS" in line:
@@ -383,6 +387,11 @@ def test_up_tls_serves_https_and_grpc_with_a_throwaway_ca(tmp_path):
             with socket.create_connection((host, grpc_port), timeout=10) as raw:
                 with context.wrap_socket(raw, server_hostname=host) as tls:
                     assert tls.version() in ("TLSv1.2", "TLSv1.3")
+        assert len(metrics_ports) == 2, "".join(lines)  # a prefill and a decode worker
+        for metrics_port in metrics_ports:
+            with urllib.request.urlopen(f"https://127.0.0.1:{metrics_port}/metrics", timeout=30,
+                                        context=context) as response:
+                assert b"tandem_worker_kv_blocks" in response.read()
         p = run("generate", f"--url=127.0.0.1:{grpc_port}", f"--tls_ca={ca}", "--prompt=Hello",
                 "--max_tokens=4", env=env)
         assert p.returncode == 0 and "generated: 4 tokens" in p.stderr, p.stderr

@@ -6,7 +6,11 @@ TLS -- a remote prefill crosses router -> decode -> prefill.
 grpcio's SSL credentials with the cluster CA reach the router's gRPC API; a client that trusts
 another CA, a plaintext client, a client without a certificate and one whose certificate another
 CA signed are all refused by a worker; `openssl s_client` sees TLS 1.2 and 1.3 and is refused at
-TLS 1.1; a certificate replaced on disk is served without a restart (polled by its serial), and a key that does not match it is not."""
+TLS 1.1; a certificate replaced on disk is served without a restart (polled by its serial), and a key that does not match it is not.
+
+A worker's /metrics with --metrics_tls: scraped over HTTPS by Python's ssl trusting the cluster CA
+(what comes back passes `promtool check metrics`), plaintext refused on that port, a rotated
+certificate served there without a restart."""
 import http.client
 import json
 import os
@@ -205,7 +209,7 @@ def test_openai_sdk_over_https(certs, cluster):
 def test_many_streams_at_once_over_https_all_end(certs, cluster):
     """32 streamed completions at once through the SDK: every one ends with its usage and
     [DONE] (libevent's own OpenSSL bufferevents under evhttp lost the ends of some; see
-    router/server/https_listener.h)."""
+    common/https_terminator.h)."""
     import asyncio
 
     async def run():
@@ -322,6 +326,85 @@ def test_a_rotated_certificate_is_served_without_a_restart(certs, cluster):
     with tls_channel(port, certs.ca) as channel:
         assert health(channel) == SERVING
     assert https_get(https_port, "/health", certs.ca)[0] == 200
+
+
+@pytest.fixture(scope="module")
+def metrics_worker(certs):
+    """A prefill worker with --metrics_tls, its pair in files of its own (the rotation test
+    replaces them) checked every second; its metrics port is read from its start-up line."""
+    cert, key = certs.dir / "metrics.crt", certs.dir / "metrics.key"
+    shutil.copy(certs.cert, cert)
+    shutil.copy(certs.key, key)
+    worker = Process("tandem-prefill", *WORKER_FLAGS, "--worker_id=tls-m0",
+                     "--metrics_listen=127.0.0.1:0", "--metrics_tls",
+                     *certs.flags(cert, key, reload_s=1), env=UCX)
+    try:
+        line = next(l for l in worker.log if "listening on port " in l)
+        match = re.search(r"metrics port (\d+), https\)", line)
+        assert match, line
+        yield {"worker": worker, "port": int(match.group(1)), "cert": cert, "key": key}
+    finally:
+        worker.stop()
+
+
+def test_worker_metrics_over_https_trusting_the_cluster_ca(certs, metrics_worker):
+    port = metrics_worker["port"]
+    # No client certificate: a scraper only checks the server against the cluster CA.
+    status, text = https_get(port, "/metrics", certs.ca)
+    assert status == 200, text
+    assert "tandem_worker_kv_blocks" in text
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                           text=True, timeout=60)
+    # Exit 3 lists lint problems: only the colons of vLLM's names are allowed (workers_test.py).
+    problems = [l for l in (check.stdout + check.stderr).splitlines() if l.strip()]
+    assert check.returncode in (0, 3), problems
+    assert all(p.startswith("vllm:") and "should not contain ':'" in p for p in problems), problems
+    # A client that trusts another CA is refused.
+    assert https_get(port, "/metrics", certs.rogue_ca)[0] == 0
+    # TLS 1.2 and 1.3 only, as on every other port (test_tls_versions).
+    for version, name in [("-tls1_3", "TLSv1.3"), ("-tls1_2", "TLSv1.2")]:
+        code, out = s_client(port, certs.ca, version)
+        assert code == 0 and f"Protocol version: {name}" in out, out
+    code, out = s_client(port, certs.ca, "-tls1_1", "-cipher", "DEFAULT:@SECLEVEL=0")
+    assert code != 0 and "no protocols available" not in out, out
+    assert "Protocol version" not in out, out
+
+
+def test_plain_http_to_the_metrics_port_gets_no_answer(certs, metrics_worker):
+    conn = http.client.HTTPConnection("127.0.0.1", metrics_worker["port"], timeout=10)
+    with pytest.raises((OSError, http.client.HTTPException)):
+        conn.request("GET", "/metrics")
+        conn.getresponse().read()
+    conn.close()
+    assert https_get(metrics_worker["port"], "/metrics", certs.ca)[0] == 200
+
+
+def test_a_rotated_metrics_certificate_is_served_without_a_restart(certs, metrics_worker):
+    port, cert, key = metrics_worker["port"], metrics_worker["cert"], metrics_worker["key"]
+    before = served_serial(port, certs.ca)
+    assert before == serial_of(cert)
+    new_cert, new_key = make_leaf(certs.dir, "cluster", "metrics-next")
+    # As a Secret volume does it: both files at once (renamed over the old ones).
+    shutil.copy(new_key, f"{key}.next")
+    shutil.copy(new_cert, f"{cert}.next")
+    os.replace(f"{key}.next", key)
+    os.replace(f"{cert}.next", cert)
+    wait_until(lambda: served_serial(port, certs.ca) == serial_of(new_cert), timeout=30,
+               interval=0.1, what="the worker to serve the new certificate on its metrics port")
+    assert https_get(port, "/metrics", certs.ca)[0] == 200
+    assert metrics_worker["worker"].proc.poll() is None
+
+
+def test_bad_metrics_tls_flags_stop_a_worker_with_a_message(certs):
+    cases = [
+        (["--metrics_tls"], "--metrics_tls needs --metrics_listen"),
+        (["--metrics_tls", "--metrics_listen=127.0.0.1:0"], "--metrics_tls needs --tls_cert"),
+    ]
+    for flags, message in cases:
+        result = subprocess.run([str(BIN / "tandem-prefill"), *WORKER_FLAGS, *flags],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, (flags, result.stderr)
+        assert message in result.stderr, (flags, result.stderr)
 
 
 def test_bad_tls_flags_stop_a_process_with_a_message(certs):

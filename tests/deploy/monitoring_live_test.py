@@ -200,7 +200,8 @@ def prometheus_config(workdir, groups):
     [local_job] = local["scrape_configs"]
     local_job["file_sd_configs"] = [{"files": [str(workdir / "targets" / "*.json")],
                                      "refresh_interval": "1s"}]
-    [k8s_job] = k8s["scrape_configs"]
+    # The plain job (the HTTPS jobs are prometheus_tls_test.py's).
+    [k8s_job] = [j for j in k8s["scrape_configs"] if j["job_name"] == "tandem"]
     assert set(k8s_job) == {"job_name", "kubernetes_sd_configs", "relabel_configs"}, k8s_job
     del k8s_job["kubernetes_sd_configs"]
     k8s_job["job_name"] = "tandem-k8s"

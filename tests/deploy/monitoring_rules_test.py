@@ -68,9 +68,12 @@ def test_kubernetes_config_passes_promtool_check(tmp_path):
         # This promtool cannot parse Kubernetes discovery: check everything else (relabelling,
         # rule files) with the discovery swapped for a file, beside the rules it names.
         data = yaml.safe_load(config.read_text())
-        [job] = data["scrape_configs"]
-        assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
-        job["file_sd_configs"] = [{"files": [str(tmp_path / "pods.json")]}]
+        jobs = data["scrape_configs"]
+        assert [j["job_name"] for j in jobs] == ["tandem", "tandem-tls-router",
+                                                 "tandem-tls-workers"]
+        for job in jobs:
+            assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+            job["file_sd_configs"] = [{"files": [str(tmp_path / "pods.json")]}]
         (tmp_path / "pods.json").write_text("[]")
         shutil.copytree(PROMETHEUS_DIR / "rules", tmp_path / "rules")
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(data))

@@ -1,8 +1,9 @@
-// HTTPS for the router's OpenAI HTTP API: a TLS terminator on the public address that decrypts
-// each connection with the current context of a ServerTlsContext (so a certificate replaced on
-// disk is used for the connections accepted after its reload) and relays the plaintext bytes,
-// both ways, to the HTTP server listening on a loopback port. A client that does not speak TLS
-// has its connection closed.
+// HTTPS in front of a plain HTTP server of this process (the router's OpenAI HTTP API, a worker's
+// /metrics with --metrics_tls): a TLS terminator on the public address that decrypts each
+// connection with the current context of a ServerTlsContext (so a certificate replaced on disk is
+// used for the connections accepted after its reload) and relays the plaintext bytes, both ways,
+// to the HTTP server listening on a loopback port. A client that does not speak TLS has its
+// connection closed.
 //
 // Why a relay and not evhttp's own OpenSSL bufferevents (evhttp_set_bevcb): with those, libevent
 // 2.1.12 lost the end of about one streamed reply in ten under load, and pieces of others (a
@@ -14,8 +15,8 @@
 // this pod) can reach it without TLS.
 //
 // Thread-safe to construct and destroy; it runs on a thread of its own.
-#ifndef TANDEM_ROUTER_SERVER_HTTPS_LISTENER_H_
-#define TANDEM_ROUTER_SERVER_HTTPS_LISTENER_H_
+#ifndef TANDEM_COMMON_HTTPS_TERMINATOR_H_
+#define TANDEM_COMMON_HTTPS_TERMINATOR_H_
 
 #include <memory>
 #include <string>
@@ -23,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "common/server_tls_context.h"
 
-namespace tandem::router {
+namespace tandem {
 
 class HttpsTerminator {
  public:
@@ -48,6 +49,6 @@ class HttpsTerminator {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tandem::router
+}  // namespace tandem
 
-#endif  // TANDEM_ROUTER_SERVER_HTTPS_LISTENER_H_
+#endif  // TANDEM_COMMON_HTTPS_TERMINATOR_H_

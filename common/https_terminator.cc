@@ -1,4 +1,4 @@
-#include "router/server/https_listener.h"
+#include "common/https_terminator.h"
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>
@@ -20,7 +20,7 @@
 #include "common/logging.h"
 #include "common/net.h"
 
-namespace tandem::router {
+namespace tandem {
 namespace {
 
 // How much one side may hold unsent before the other side stops being read (a client that
@@ -240,4 +240,4 @@ HttpsTerminator::~HttpsTerminator() {
 
 int HttpsTerminator::port() const { return impl_->port; }
 
-}  // namespace tandem::router
+}  // namespace tandem
