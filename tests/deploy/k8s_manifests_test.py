@@ -10,8 +10,10 @@ Then what would only fail on a cluster: probes, resources and security on every 
 ConfigMaps' TANDEM_* keys are flags of the binary that reads them (its --helpfull); the router's
 TANDEM_WORKERS_DNS names the headless Services; Services, PodDisruptionBudgets and monitors
 select real pods and name ports that exist; the drain fits in the grace period; /dev/shm and the
-memory limit hold the KV pool; the GPU overlay asks for GPUs on GPU nodes; and the init
-container's model fetch (its script as rendered) fetches, verifies and refuses a bad digest."""
+memory limit hold the KV pool; the GPU overlay asks for GPUs on GPU nodes; the TLS overlay points
+every TLS and key-file flag at a file of a mounted Secret, and its cert-manager example makes those
+Secrets with the names the peers and Prometheus check; and the init container's model fetch (its
+script as rendered) fetches, verifies and refuses a bad digest."""
 import hashlib
 import json
 import os
@@ -141,10 +143,20 @@ _RELABELING = {
         "regex": {"type": "string"}, "replacement": {"type": "string"},
         "action": {"enum": ["replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep",
                             "hashmod", "lowercase", "uppercase", "keepequal", "dropequal"]}}}
+_SECRET_KEY = {
+    "type": "object", "additionalProperties": False, "required": ["name", "key"],
+    "properties": {"name": {"type": "string"}, "key": {"type": "string"},
+                   "optional": {"type": "boolean"}}}
+_TLS_CONFIG = {  # the operator's SafeTLSConfig, the fields a scrape without client certificate uses
+    "type": "object", "additionalProperties": False,
+    "properties": {"ca": {"type": "object", "additionalProperties": False,
+                          "properties": {"secret": _SECRET_KEY, "configMap": _SECRET_KEY}},
+                   "serverName": {"type": "string"}, "insecureSkipVerify": {"type": "boolean"}}}
 _ENDPOINT = {
     "type": "object", "additionalProperties": False, "required": ["port"],
     "properties": {"port": {"type": "string"}, "path": {"type": "string"},
                    "interval": _DURATION, "scrapeTimeout": _DURATION,
+                   "scheme": {"enum": ["http", "https"]}, "tlsConfig": _TLS_CONFIG,
                    "relabelings": {"type": "array", "items": _RELABELING}}}
 
 
@@ -247,8 +259,13 @@ def test_every_workload_has_probes_resources_and_runs_locked_down(name):
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert probe in container, (who, probe)
             handler = container[probe]
+            assert len({"grpc", "tcpSocket", "httpGet", "exec"} & set(handler)) == 1, \
+                (who, probe, handler)
             if "grpc" in handler:
                 assert handler["grpc"]["port"] in ports.values(), (who, probe, ports)
+            elif "tcpSocket" in handler:
+                port = handler["tcpSocket"]["port"]
+                assert port in ports or port in ports.values(), (who, probe, ports)
             else:
                 port = handler["httpGet"]["port"]
                 assert port in ports or port in ports.values(), (who, probe, ports)
@@ -319,7 +336,7 @@ def test_the_router_discovers_the_headless_services(name):
 
 @pytest.mark.parametrize("name", OVERLAYS)
 def test_services_pdbs_and_monitors_select_real_pods_and_ports(name):
-    objects = overlay(name) + overlay("monitoring")
+    objects = overlay(name) + overlay("monitoring-tls" if name == "overlays/tls" else "monitoring")
     pods = {w["metadata"]["name"]: w for w in k8s.workloads(objects)}
 
     def selected(selector):
@@ -445,6 +462,114 @@ def test_the_overlays_differ_where_they_should():
             spec["tolerations"]
         assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"]
         assert "tcp" in environment(gpu, w)["TANDEM_UCX_TLS"].split(",")
+
+
+# ------------------------------------------------------------------------------------------------
+# TLS and API keys from Secrets (overlays/tls, monitoring-tls, the cert-manager example).
+# ------------------------------------------------------------------------------------------------
+
+# What each process reads from a Secret: its variable -> the Secret key it must be (cert-manager's
+# shape for the TLS files).
+TLS_FILES = {"TANDEM_TLS_CERT": "tls.crt", "TANDEM_TLS_KEY": "tls.key", "TANDEM_TLS_CA": "ca.crt"}
+SECRET_FILES = {"router": dict(TLS_FILES, TANDEM_API_KEYS_FILE="api_keys"),
+                "prefill": TLS_FILES, "decode": TLS_FILES}
+
+
+def _cert_manager_example():
+    path = k8s.K8S / "overlays" / "tls" / "cert-manager.yaml"
+    return [o for o in yaml.safe_load_all(path.read_text()) if o]
+
+
+def _mounted_secret_file(workload, path):
+    """(Secret name, key) that the file `path` of the workload's container comes from, following
+    its volumeMounts and the Secret volume's items; AssertionError when it is not mounted."""
+    container = k8s.main_container(workload)
+    directory, _, name = path.rpartition("/")
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == directory] or [None]
+    assert mount is not None, f"{path}: no volume is mounted at {directory}"
+    assert mount.get("readOnly") is True and "subPath" not in mount, mount  # subPath: no updates
+    volume = next(v for v in workload["spec"]["template"]["spec"]["volumes"]
+                  if v["name"] == mount["name"])
+    assert "secret" in volume, f"{path}: {mount['name']} is not a Secret volume"
+    secret = volume["secret"]
+    [item] = [i for i in secret.get("items", []) if i["path"] == name] or [None]
+    assert item is not None, f"{path}: the Secret volume {mount['name']} has no file {name}"
+    # The process (uid and fsGroup 10001) reads it; nobody else does.
+    assert secret.get("defaultMode", 0o644) & 0o077 == 0o040, secret
+    return secret["secretName"], item["key"]
+
+
+def test_the_tls_overlay_points_every_flag_at_a_file_of_a_mounted_secret():
+    objects = overlay("overlays/tls")
+    secrets = {}
+    for workload in k8s.workloads(objects):
+        role, who = k8s.role_of(workload), workload["metadata"]["name"]
+        env = environment(objects, workload)
+        for variable, key in SECRET_FILES[role].items():
+            assert variable in env, (who, variable)
+            secret, found = _mounted_secret_file(workload, env[variable])
+            assert found == key, (who, variable, env[variable], found)
+            secrets.setdefault(secret, set()).add(who)
+        # Peers dialled by pod IP are checked by a name their certificates carry.
+        assert env["TANDEM_TLS_SERVER_NAME"] == "tandem-worker", who
+        if role != "router":
+            assert env["TANDEM_METRICS_TLS"] == "true", who
+        template = workload["spec"]["template"]
+        assert template["metadata"]["annotations"]["prometheus.io/scheme"] == "https", who
+        # The kubelet's gRPC probes speak no TLS: none is left; HTTP probes go over HTTPS.
+        container = k8s.main_container(workload)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert "grpc" not in container[probe], (who, probe)
+            if "httpGet" in container[probe]:
+                assert container[probe]["httpGet"]["scheme"] == "HTTPS", (who, probe)
+    # One TLS Secret per component (one leaked key is one component), the keys the router's.
+    assert secrets == {"tandem-router-tls": {"tandem-router"}, "tandem-api-keys": {"tandem-router"},
+                       "tandem-prefill-tls": {"tandem-prefill"},
+                       "tandem-decode-tls": {"tandem-decode"}}, secrets
+    # Everything else is the cpu overlay's.
+    cpu = {(o["kind"], o["metadata"]["name"]) for o in overlay("overlays/cpu")}
+    assert {(o["kind"], re.sub(r"-[a-z0-9]{10}$", "", o["metadata"]["name"])) for o in objects} \
+        == {(kind, re.sub(r"-[a-z0-9]{10}$", "", name)) for kind, name in cpu}
+
+
+def test_the_cert_manager_example_makes_the_secrets_the_overlay_mounts():
+    """Every TLS Secret the overlay mounts is a Certificate's, signed by the example's CA issuer,
+    usable as server and client, naming what its peers and Prometheus check: tandem-worker for
+    the workers (TANDEM_TLS_SERVER_NAME), tandem-router for the router (the monitors' and
+    prometheus.yml's server names)."""
+    example = _cert_manager_example()
+    issuers = {o["metadata"]["name"]: o for o in example if o["kind"] == "Issuer"}
+    certificates = {o["spec"]["secretName"]: o["spec"] for o in example
+                    if o["kind"] == "Certificate"}
+    ca_secret = issuers["tandem-ca"]["spec"]["ca"]["secretName"]
+    assert certificates[ca_secret]["isCA"] is True
+    objects = overlay("overlays/tls")
+    mounted = {v["secret"]["secretName"] for w in k8s.workloads(objects)
+               for v in w["spec"]["template"]["spec"]["volumes"] if "secret" in v}
+    assert mounted - set(certificates) == {"tandem-api-keys"}  # keys are the operator's, not CA's
+    for secret in mounted - {"tandem-api-keys"}:
+        spec = certificates[secret]
+        assert spec["issuerRef"] == {"name": "tandem-ca", "kind": "Issuer"}, secret
+        assert {"server auth", "client auth"} <= set(spec["usages"]), secret
+        wanted = "tandem-router" if secret == "tandem-router-tls" else "tandem-worker"
+        assert wanted in spec["dnsNames"], (secret, spec["dnsNames"])
+    # The operator's monitors check those names against those Secrets' CA ...
+    names = {"tandem-router": "tandem-router-tls"}
+    for monitor in overlay("monitoring-tls"):
+        [endpoint] = monitor["spec"].get("endpoints") or monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["scheme"] == "https", monitor["metadata"]["name"]
+        tls = endpoint["tlsConfig"]
+        assert tls["ca"]["secret"]["key"] == "ca.crt"
+        secret = tls["ca"]["secret"]["name"]
+        assert secret in mounted and tls["serverName"] in certificates[secret]["dnsNames"], tls
+        names.setdefault(tls["serverName"], secret)
+    # ... as do prometheus.yml's HTTPS jobs.
+    config = yaml.safe_load((k8s.ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    for job in config["scrape_configs"]:
+        if job.get("scheme") == "https":
+            server_name = job["tls_config"]["server_name"]
+            assert server_name in names, (job["job_name"], server_name)
+            assert server_name in certificates[names[server_name]]["dnsNames"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,9 +16,11 @@ import yaml
 ROOT = pathlib.Path(os.environ.get("TANDEM_SOURCE_DIR",
                                    pathlib.Path(__file__).resolve().parents[2]))
 K8S = ROOT / "deploy" / "k8s"
-OVERLAYS = ("overlays/cpu", "overlays/gpu")
-# Every kustomization a user applies: the overlays and the Prometheus operator's objects.
-APPLIED = OVERLAYS + ("monitoring",)
+OVERLAYS = ("overlays/cpu", "overlays/gpu", "overlays/tls")
+# Every kustomization a user applies: the overlays and the Prometheus operator's objects (plain
+# and HTTPS).
+MONITORING = ("monitoring", "monitoring-tls")
+APPLIED = OVERLAYS + MONITORING
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 # The image's entrypoint runs the binary of its first argument (deploy/docker, the image
 # contract).
