@@ -11,7 +11,8 @@ included), the way a kubelet would start them, on one machine and without a clus
 What is taken from the manifests, unchanged: each container's command and args ($(VAR)
 expanded), its environment (envFrom ConfigMaps, env values, downward API metadata.name,
 metadata.namespace and status.podIP), the replicas, the Services' selectors (DNS), the probes
-(run against the pod's address from a "node" namespace, as the kubelet does), and the pod's
+(run against the pod's address from a "node" namespace, as the kubelet does: an HTTPS probe
+without checking the certificate), and the pod's
 securityContext as far as a process has one (runAsUser, runAsGroup, fsGroup as a supplementary
 group, allowPrivilegeEscalation false as no_new_privs, dropped capabilities; setpriv(1)).
 
@@ -19,6 +20,9 @@ What is mapped to this machine, and only through the arguments:
   image_paths  a path in the image -> the file here (the image's entrypoint script)
   mounts       a volume's mountPath -> the folder here that holds its content (env values under
                a mountPath are rewritten; every other volume is an emptyDir: a fresh folder)
+  secrets      a Secret's name -> the folder here whose files are its keys: a Secret volume of
+               it gets a folder of its own per pod holding its items (key -> path, or every
+               key), with the volume's defaultMode, as the kubelet writes them
   extra_env    variables the image itself would set (TANDEM_BIN_DIR: where the binaries are)
   overrides    env values replaced (each must exist in the manifest): sizes for a small machine
 Not emulated: readOnlyRootFilesystem (no mount namespace), resource limits, init containers
@@ -33,11 +37,13 @@ The hosts files are removed at close(). resolv.conf points at 127.0.0.1, where n
 so that a name not in the file never leaves the namespace.
 
 Needs root, iproute2 and setpriv (util-linux); see netns_hosts.unavailable_reason()."""
+import http.client
 import os
 import pathlib
 import re
 import shutil
 import signal
+import ssl
 import tempfile
 
 import grpc
@@ -116,11 +122,13 @@ class PodCluster:
     """The pods of `objects`' workloads in namespace `namespace`, plus a host "node" from which
     probes and the test's clients reach them. See the module comment. Not thread-safe."""
 
-    def __init__(self, objects, namespace, image_paths, mounts, extra_env=None, overrides=None):
+    def __init__(self, objects, namespace, image_paths, mounts, extra_env=None, overrides=None,
+                 secrets=None):
         self.objects = objects
         self.namespace = namespace
         self.image_paths = {k: str(v) for k, v in image_paths.items()}
         self.mounts = {k: str(v) for k, v in mounts.items()}
+        self.secrets = {k: pathlib.Path(v) for k, v in (secrets or {}).items()}
         self.extra_env = dict(extra_env or {})
         self.overrides = dict(overrides or {})
         self.maps = config_maps(objects)
@@ -229,6 +237,24 @@ class PodCluster:
                 self._overridden.add(name)
         local = dict(self.mounts)
         pod_folder = pathlib.Path(self._folder, pod.name)
+        volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+        modes = []
+        for mount in pod.container.get("volumeMounts", []):
+            secret = volumes.get(mount["name"], {}).get("secret")
+            if secret is None:
+                continue
+            assert secret["secretName"] in self.secrets, \
+                f"{pod.name}: no content for the Secret {secret['secretName']}"
+            source = self.secrets[secret["secretName"]]
+            path = pod_folder / mount["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            items = secret.get("items") or [{"key": f.name, "path": f.name}
+                                             for f in source.iterdir()]
+            for item in items:
+                shutil.copyfile(source / item["key"], path / item["path"])
+                modes.append((path / item["path"], item.get("mode", secret.get("defaultMode",
+                                                                                0o644))))
+            local[mount["mountPath"]] = str(path)
         for mount in pod.container.get("volumeMounts", []):
             if mount["mountPath"] not in local and mount["mountPath"] != "/dev/shm":
                 path = pod_folder / mount["name"]
@@ -249,6 +275,8 @@ class PodCluster:
         security = pod.spec.get("securityContext", {})
         for path in [pod_folder, *pod_folder.rglob("*")]:
             os.chown(path, security.get("runAsUser", 0), security.get("fsGroup", 0))
+        for path, mode in modes:
+            os.chmod(path, mode)
 
     def _security(self, pod):
         """setpriv(1) arguments for the pod's and container's securityContext."""
@@ -307,8 +335,16 @@ class PodCluster:
         if "httpGet" in spec:
             port = spec["httpGet"]["port"]
             port = pod.ports[port] if isinstance(port, str) else port
-            status, _ = self.node.http_get(port, spec["httpGet"].get("path", "/"), ip=pod.ip,
+            if spec["httpGet"].get("scheme", "HTTP") == "HTTPS":
+                # As the kubelet does: TLS without checking the certificate.
+                context = ssl.create_default_context()
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+                status, _ = self.https_get(pod, port, spec["httpGet"].get("path", "/"), context,
                                            timeout=timeout)
+            else:
+                status, _ = self.node.http_get(port, spec["httpGet"].get("path", "/"),
+                                               ip=pod.ip, timeout=timeout)
             return 200 <= status < 400
         if "tcpSocket" in spec:
             port = spec["tcpSocket"]["port"]
@@ -318,6 +354,26 @@ class PodCluster:
             except OSError:
                 return False
         raise AssertionError(f"{pod.name} {kind}: {spec}")
+
+    def https_get(self, pod, port, path, context, server_hostname=None, headers=None,
+                  timeout=5):
+        """(status, body text) of GET https://<pod>:port/path from the node, over `context`
+        (checking `server_hostname` when the context checks names); (0, error) when it fails."""
+        try:
+            raw = self.node.connect(pod.ip, port, timeout=timeout)
+            sock = context.wrap_socket(raw, server_hostname=server_hostname)
+        except (OSError, ssl.SSLError) as error:
+            return 0, str(error)
+        conn = http.client.HTTPSConnection(pod.ip, port, timeout=timeout, context=context)
+        conn.sock = sock
+        try:
+            conn.request("GET", path, headers=headers or {})
+            response = conn.getresponse()
+            return response.status, response.read().decode("utf-8", "replace")
+        except (OSError, http.client.HTTPException) as error:
+            return 0, str(error)
+        finally:
+            conn.close()
 
     # After which line of its log a pod's probe must pass at once: its server listens (its gRPC
     # health answers SERVING from then on), and a router's GET /health answers 200 once a decode
