@@ -85,7 +85,7 @@ absl::StatusOr<std::string> GrpcTarget(absl::string_view url) {
 // INVALID_ARGUMENT, without the key's text, for one that cannot travel as gRPC metadata.
 absl::StatusOr<std::string> ApiKey() {
   std::string key = absl::GetFlag(FLAGS_api_key);
-  absl::string_view source = "--api_key";
+  absl::string_view source = "--api_key (or TANDEM_API_KEY)";
   if (key.empty()) {
     const char* openai = std::getenv("OPENAI_API_KEY");
     if (openai != nullptr) key = openai;
