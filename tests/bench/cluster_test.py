@@ -193,3 +193,48 @@ def test_local_cluster_reads_the_lines_of_tandem_up_tls():
     assert c.worker_metrics == {"decode-0": "https://127.0.0.1:5151/metrics"}
     assert c.grpc_target == "127.0.0.1:7777"
     assert c.ca_file == "/tmp/tandem-tls-x/ca.crt"
+
+
+def test_the_prefix_hit_probe_scrapes_https_metrics_checked_against_the_ca(tmp_path):
+    """A worker with --metrics_tls serves HTTPS: the probe reads it trusting the cluster's CA,
+    and reads nothing from a server that CA did not sign. The server here is Python's own, with
+    certificates made by the `openssl` command."""
+    import shutil
+    import ssl
+    import subprocess
+    openssl = shutil.which("openssl")
+    assert openssl, "the openssl command is missing (scripts/setup.sh installs it)"
+    for name in ("server", "other"):
+        subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{name}.key",
+                        "-out", f"{name}.crt", "-days", "1", "-subj", "/CN=test",
+                        "-addext", "subjectAltName=IP:127.0.0.1"],
+                       cwd=tmp_path, check=True, capture_output=True, timeout=60)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (f"{cluster.PREFIX_HIT_METRIC} 7\n{cluster.PROMPT_TOKENS_METRIC} 20\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{server.server_address[1]}/metrics"
+        assert cluster.scrape(url, ca_file=str(tmp_path / "server.crt")) == {
+            cluster.PREFIX_HIT_METRIC: 7.0, cluster.PROMPT_TOKENS_METRIC: 20.0}
+        probe = cluster.PrefixHitProbe({"decode-0": url}, ca_file=str(tmp_path / "other.crt"))
+        assert probe._read() == {"decode-0": None}
+        probe = cluster.PrefixHitProbe({"decode-0": url}, ca_file=str(tmp_path / "server.crt"))
+        assert probe._read() == {"decode-0": (7.0, 20.0, False)}
+    finally:
+        server.shutdown()
+        server.server_close()
