@@ -1,0 +1,725 @@
+#include "sim/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "engine/kv/block_pool.h"
+#include "engine/sched/scheduler.h"
+#include "router/placement/admission.h"
+#include "router/placement/placement.h"
+#include "sim/event_queue.h"
+
+namespace tandem::sim {
+namespace {
+
+// SplitMix64's output function: spreads a key over 64 bits.
+uint64_t Mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// FNV-1a: a prefix group's name as a key, the same in every run.
+uint64_t KeyOf(absl::string_view s) {
+  uint64_t h = 0xCBF29CE484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001B3ULL;
+  return h;
+}
+
+int32_t TokenFromKey(uint64_t key, int64_t position) {
+  return static_cast<int32_t>(Mix(key ^ Mix(static_cast<uint64_t>(position))) & 0x7FFFFFFF);
+}
+
+// Simulated seconds as the absl::Time that admission reads.
+absl::Time At(double seconds) { return absl::UnixEpoch() + absl::Seconds(seconds); }
+
+// Memory that no one reads: the simulator's KV pools hold bookkeeping only.
+alignas(64) std::byte kNoMemory[64];
+
+KvAllocator NoMemoryAllocator() {
+  return KvAllocator{.allocate = [](size_t) -> absl::StatusOr<void*> { return kNoMemory; },
+                     .release = [](void*) {},
+                     .zero = [](void*, size_t) {},
+                     .copy = [](void*, const void*, size_t) {}};
+}
+
+std::string StatusText(const absl::Status& s) {
+  return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
+}
+
+SequenceId SeqId(uint32_t request, uint32_t attempt) {
+  return (static_cast<uint64_t>(attempt) << 32) | request;
+}
+uint32_t RequestOf(SequenceId id) { return static_cast<uint32_t>(id & 0xFFFFFFFFu); }
+uint32_t AttemptOf(SequenceId id) { return static_cast<uint32_t>(id >> 32); }
+
+constexpr int32_t kNone = -1;
+
+}  // namespace
+
+class Simulator::Impl {
+ public:
+  Impl(const ClusterConfig& cluster, const SimulatorOptions& options)
+      : cfg_(cluster), opts_(options), noise_state_(Mix(options.seed ^ 0x5157ULL)) {}
+
+  absl::Status Init();
+  absl::StatusOr<std::vector<RequestResult>> Run(absl::Span<const TraceRequest> trace);
+  std::vector<std::string> WorkerIds() const {
+    std::vector<std::string> ids;
+    for (const auto& w : workers_) ids.push_back(w->id);
+    return ids;
+  }
+  SimSummary summary_;
+
+ private:
+  struct Worker {
+    std::string id;
+    placement::Role role = placement::Role::kDecode;
+    const PoolConfig* pool = nullptr;
+    std::unique_ptr<BlockPool> kv;
+    std::unique_ptr<Scheduler> sched;
+    // The prefix cache as the router knows it: the hashes of the pool's KV events.
+    absl::flat_hash_set<BlockHash> cached;
+    std::optional<placement::StepCostModel> model;
+    uint32_t cell = 0;
+    bool alive = true;
+    bool busy = false;
+    bool dirty = true;
+    uint64_t step_serial = 0;
+    double step_start = 0;
+    ScheduledStep step;
+    // Requests this worker decodes, and those it prefills for another worker.
+    absl::flat_hash_set<uint32_t> decoding;
+    absl::flat_hash_set<uint32_t> prefilling;
+  };
+  struct Cell {
+    std::vector<uint32_t> workers;
+    placement::ClusterView view;
+    std::unique_ptr<placement::PlacementPolicy> policy;
+    std::optional<placement::Admission> admission;
+    double deadline_pushed = -1;  // the admission deadline event pending, -1: none
+  };
+  // A request's progress.
+  struct Live {
+    uint32_t attempt = 0;
+    int32_t decode = kNone;
+    int32_t prefill = kNone;  // a remote prefill in progress (or its transfer)
+    bool remote = false;
+    int64_t transfer_bytes = 0;
+    int64_t generated = 0;
+    double first_token_s = -1;
+    double decode_start_s = -1;  // first token on the current decode worker
+    bool done = false;
+    uint32_t cell = 0;
+    uint64_t id_key = 0;
+    uint64_t group_key = 0;
+  };
+
+  // The request's tokens so far: its prompt, then what it generated.
+  std::vector<int32_t> Tokens(uint32_t i) const;
+  void MarkDirty(uint32_t w) { workers_[w]->dirty = true; }
+  void Refresh(Cell& cell);
+  placement::WorkerCandidate CandidateOf(const Worker& w) const;
+  absl::StatusOr<placement::Decision> Place(uint32_t i, bool placed_before);
+  void OnArrival(uint32_t i);
+  // Starts request `i` where `d` says. False when it failed (the result says why).
+  void Start(uint32_t i, const placement::Decision& d);
+  void Kick(uint32_t w);
+  void StartStep(uint32_t w);
+  void OnStepDone(uint32_t w, uint64_t serial);
+  void OnSample(uint32_t w, SequenceId id);
+  void EmitToken(uint32_t i);
+  void OnTransferDone(uint32_t i, uint32_t attempt, uint32_t p);
+  void OnFailure(uint32_t w);
+  void Migrate(uint32_t i);
+  void DrainQueue(uint32_t c);
+  void PushDeadline(uint32_t c);
+  void Fail(uint32_t i, const absl::Status& status);
+  void Complete(uint32_t i);
+  double Noise();
+
+  ClusterConfig cfg_;
+  SimulatorOptions opts_;
+  uint64_t noise_state_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  absl::flat_hash_map<std::string, uint32_t> worker_index_;
+  std::vector<Cell> cells_;
+  placement::TransferModel transfers_ = *placement::TransferModel::Create({});
+  double seconds_per_byte_ = 0;
+  double latency_s_ = 0;
+  int64_t block_size_ = 16;
+  uint64_t model_hash_ = 0;
+
+  EventQueue q_;
+  absl::Span<const TraceRequest> trace_;
+  std::vector<Live> live_;
+  std::vector<RequestResult> results_;
+  uint32_t next_cell_ = 0;
+  bool ran_ = false;
+};
+
+absl::Status Simulator::Impl::Init() {
+  static constexpr const char* kPrefixes[] = {"p", "d", "w"};
+  int64_t per_role[3] = {0, 0, 0};
+  std::vector<std::pair<int, const PoolConfig*>> order;  // by role, then pool order
+  for (int role = 0; role < 3; ++role) {
+    for (const PoolConfig& pool : cfg_.pools) {
+      if (static_cast<int>(pool.role) == role) order.emplace_back(role, &pool);
+    }
+  }
+  for (const auto& [role, pool] : order) {
+    for (int64_t k = 0; k < pool->count; ++k) {
+      auto w = std::make_unique<Worker>();
+      w->id = absl::StrCat(kPrefixes[role], per_role[role]++);
+      w->role = pool->role;
+      w->pool = pool;
+      KvLayout layout{.num_blocks = pool->kv_blocks, .num_layers = 1, .block_size = pool->block_size,
+                      .num_kv_heads = 1, .head_dim = 1};
+      ASSIGN_OR_RETURN(w->kv, BlockPool::Create(layout, {.model_id = "tandem-sim",
+                                                         .allocator = NoMemoryAllocator()}));
+      Worker* raw = w.get();
+      w->kv->set_event_listener([raw](const KvEvent& e) {
+        switch (e.kind) {
+          case KvEvent::Kind::kStored:
+            raw->cached.insert(e.hashes.begin(), e.hashes.end());
+            break;
+          case KvEvent::Kind::kRemoved:
+            for (BlockHash h : e.hashes) raw->cached.erase(h);
+            break;
+          case KvEvent::Kind::kCleared:
+            raw->cached.clear();
+            break;
+        }
+      });
+      w->sched = std::make_unique<Scheduler>(
+          w->kv.get(), SchedulerOptions{.max_running = pool->max_running,
+                                        .max_tokens_per_step = pool->token_budget,
+                                        .max_prefill_chunk = pool->max_prefill_chunk,
+                                        .max_prefill_tokens = pool->max_prefill_tokens});
+      ASSIGN_OR_RETURN(placement::StepCostModel model,
+                       placement::StepCostModel::Create({.prior = pool->step}));
+      w->model = std::move(model);
+      worker_index_.emplace(w->id, static_cast<uint32_t>(workers_.size()));
+      workers_.push_back(std::move(w));
+    }
+  }
+  model_hash_ = workers_.front()->kv->model_hash();
+  block_size_ = cfg_.pools.front().block_size;
+  seconds_per_byte_ = 8.0 / (cfg_.links.bandwidth_gbps * 1e9);
+  latency_s_ = cfg_.links.latency_us * 1e-6;
+  ASSIGN_OR_RETURN(transfers_,
+                   placement::TransferModel::Create({.default_seconds_per_byte = seconds_per_byte_}));
+
+  const size_t n = workers_.size();
+  const size_t cell_size = cfg_.router_cell_size > 0 ? static_cast<size_t>(cfg_.router_cell_size) : n;
+  const size_t num_cells = (n + cell_size - 1) / cell_size;
+  cells_.resize(num_cells);
+  // Worker k goes to cell k mod cells: every cell gets its share of each role.
+  for (size_t k = 0; k < n; ++k) {
+    workers_[k]->cell = static_cast<uint32_t>(k % num_cells);
+    cells_[k % num_cells].workers.push_back(static_cast<uint32_t>(k));
+  }
+  for (size_t c = 0; c < num_cells; ++c) {
+    Cell& cell = cells_[c];
+    placement::PolicyOptions po = cfg_.policy_options;
+    po.seed = Mix(opts_.seed + c);
+    ASSIGN_OR_RETURN(cell.policy, placement::CreatePolicy(cfg_.policy, po));
+    ASSIGN_OR_RETURN(placement::Admission admission, placement::Admission::Create(cfg_.admission));
+    cell.admission.emplace(std::move(admission));
+    cell.view.transfers = &transfers_;
+    bool can_decode = false;
+    for (uint32_t w : cell.workers) {
+      can_decode = can_decode || workers_[w]->role != placement::Role::kPrefill;
+    }
+    if (!can_decode) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "router cell ", c, " has no decode-capable worker: make router_cell_size larger"));
+    }
+  }
+  for (const FailureConfig& f : cfg_.failures) {
+    if (!worker_index_.contains(f.worker)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("failures: worker \"", f.worker, "\" is not in the cluster (workers are p0.., "
+                                                        "d0.., w0.. by role)"));
+    }
+  }
+  summary_.workers = static_cast<int64_t>(n);
+  return absl::OkStatus();
+}
+
+double Simulator::Impl::Noise() {
+  if (cfg_.step_noise <= 0) return 1.0;
+  noise_state_ += 0x9E3779B97F4A7C15ULL;
+  const double u = static_cast<double>(Mix(noise_state_) >> 11) * 0x1.0p-53;  // [0, 1)
+  return 1.0 + cfg_.step_noise * (2 * u - 1);
+}
+
+std::vector<int32_t> Simulator::Impl::Tokens(uint32_t i) const {
+  const TraceRequest& r = trace_[i];
+  const Live& l = live_[i];
+  const int64_t n = r.prompt_tokens + l.generated;
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int64_t p = 0; p < n; ++p) {
+    tokens[static_cast<size_t>(p)] = TokenFromKey(p < r.prefix_tokens ? l.group_key : l.id_key, p);
+  }
+  return tokens;
+}
+
+placement::WorkerCandidate Simulator::Impl::CandidateOf(const Worker& w) const {
+  placement::WorkerCandidate c{.id = w.id, .role = w.role, .healthy = w.alive,
+                               .max_running = w.pool->max_running};
+  c.cached_hashes = &w.cached;
+  c.slo.cost_model = &*w.model;
+  c.slo.max_tokens_per_step = w.pool->token_budget;
+  c.slo.max_prefill_tokens = w.pool->max_prefill_tokens;
+  c.slo.kv_bytes_per_token = w.pool->kv_bytes_per_token;
+  if (!w.alive) return c;
+  // What the worker's load sample says (worker/worker_state_service.cc MakeLoad), read with no
+  // delay: the simulated router sees each worker's state as of now.
+  const SchedulerStats s = w.sched->stats();
+  c.running_seqs = s.running + s.remote_prefills;
+  c.waiting_seqs = s.waiting;
+  c.queued_prefill_tokens = s.queued_prefill_tokens;
+  c.slo.active_decode_tokens = s.active_decode_tokens;
+  for (const QueuedPrompts& q : s.queued_by_priority) {
+    c.slo.queued_by_priority.push_back(
+        {.priority = q.priority, .tokens = q.tokens, .prompts = q.prompts});
+  }
+  c.slo.step_elapsed_seconds = w.busy ? q_.now() - w.step_start : 0;
+  if (cfg_.policy == "slo") {
+    for (uint32_t i : w.decoding) {
+      const Live& l = live_[i];
+      const TraceRequest& r = trace_[i];
+      placement::RunningGroup g{.tpot_ms = r.tpot_slo_ms ? static_cast<int64_t>(*r.tpot_slo_ms) : 0,
+                                .max_tokens = r.output_tokens};
+      if (l.decode_start_s >= 0) {
+        g.decoded_tokens = std::max<int64_t>(l.generated - 1, 0);
+        g.decode_seconds = q_.now() - l.decode_start_s;
+      }
+      c.slo.running_groups.push_back(g);
+    }
+  }
+  return c;
+}
+
+void Simulator::Impl::Refresh(Cell& cell) {
+  if (cell.view.workers.size() != cell.workers.size()) {
+    cell.view.workers.clear();
+    for (uint32_t w : cell.workers) cell.view.workers.push_back(CandidateOf(*workers_[w]));
+    for (uint32_t w : cell.workers) workers_[w]->dirty = false;
+    return;
+  }
+  // The slo policy reads how long steps in progress have run and how far streams are: every
+  // candidate changes with time. The others read only what changes when a worker does.
+  const bool all = cfg_.policy == "slo";
+  for (size_t k = 0; k < cell.workers.size(); ++k) {
+    Worker& w = *workers_[cell.workers[k]];
+    if (!all && !w.dirty) continue;
+    cell.view.workers[k] = CandidateOf(w);
+    w.dirty = false;
+  }
+}
+
+absl::StatusOr<placement::Decision> Simulator::Impl::Place(uint32_t i, bool placed_before) {
+  const TraceRequest& r = trace_[i];
+  const Live& l = live_[i];
+  Cell& cell = cells_[l.cell];
+  Refresh(cell);
+  const std::vector<int32_t> tokens = Tokens(i);
+  placement::Request req{
+      .prompt_tokens = static_cast<int64_t>(tokens.size()),
+      .block_hashes = HashFullBlocks(model_hash_, tokens, block_size_),
+      .block_size = block_size_,
+      .priority = r.priority,
+      .slo = {.ttft_ms = r.ttft_slo_ms ? static_cast<int64_t>(std::ceil(*r.ttft_slo_ms)) : 0,
+              .tpot_ms = r.tpot_slo_ms ? static_cast<int64_t>(std::ceil(*r.tpot_slo_ms)) : 0},
+      .max_tokens = r.output_tokens - l.generated,
+      .placed_before = placed_before};
+  return cell.policy->Place(req, cell.view);
+}
+
+void Simulator::Impl::OnArrival(uint32_t i) {
+  Live& l = live_[i];
+  l.cell = next_cell_;
+  next_cell_ = (next_cell_ + 1) % static_cast<uint32_t>(cells_.size());
+  absl::StatusOr<placement::Decision> d = Place(i, /*placed_before=*/false);
+  if (!d.ok()) return Fail(i, d.status());
+  Cell& cell = cells_[l.cell];
+  const TraceRequest& r = trace_[i];
+  absl::StatusOr<placement::Verdict> v = cell.admission->Offer(
+      {.id = i, .priority = r.priority, .arrival = At(r.arrival_s),
+       .prediction = placement::PredictionOf(*d)},
+      At(q_.now()));
+  if (!v.ok()) return Fail(i, v.status());
+  if (v->displaced.has_value()) {
+    Fail(static_cast<uint32_t>(v->displaced->id),
+         absl::ResourceExhaustedError(v->displaced->message));
+  }
+  switch (v->outcome) {
+    case placement::Outcome::kAdmit:
+      return Start(i, *d);
+    case placement::Outcome::kQueue:
+      return PushDeadline(l.cell);
+    case placement::Outcome::kReject:
+      return Fail(i, absl::ResourceExhaustedError(v->message));
+  }
+}
+
+void Simulator::Impl::PushDeadline(uint32_t c) {
+  Cell& cell = cells_[c];
+  const std::optional<absl::Time> next = cell.admission->NextDeadline();
+  if (!next.has_value()) return;
+  const double t = std::max(absl::ToDoubleSeconds(*next - absl::UnixEpoch()), q_.now());
+  if (cell.deadline_pushed >= 0 && cell.deadline_pushed <= t) return;
+  cell.deadline_pushed = t;
+  q_.Push(t, {.kind = EventKind::kAdmissionDeadline, .worker = c});
+}
+
+void Simulator::Impl::DrainQueue(uint32_t c) {
+  Cell& cell = cells_[c];
+  if (cell.admission->Size() == 0) return;
+  for (const placement::Rejection& r : cell.admission->PopExpired(At(q_.now()))) {
+    Fail(static_cast<uint32_t>(r.id), absl::ResourceExhaustedError(r.message));
+  }
+  std::vector<std::pair<uint32_t, placement::Decision>> start;
+  cell.admission->NextReady(At(q_.now()), [&](const placement::QueuedRequest& q) {
+    absl::StatusOr<placement::Decision> d = Place(static_cast<uint32_t>(q.id), true);
+    if (!d.ok()) return false;
+    if (!cell.admission->AdmitsQueued(q, placement::PredictionOf(*d), At(q_.now()))) return false;
+    // Started at once, so the next queued request is placed on the view with this one in it.
+    Start(static_cast<uint32_t>(q.id), *d);
+    return true;
+  });
+  PushDeadline(c);
+}
+
+void Simulator::Impl::Start(uint32_t i, const placement::Decision& d) {
+  Live& l = live_[i];
+  const TraceRequest& r = trace_[i];
+  const uint32_t dw = worker_index_.at(d.decode_worker);
+  Worker& D = *workers_[dw];
+  const SequenceId sid = SeqId(i, l.attempt);
+  const int64_t max_new = r.output_tokens - l.generated;
+  l.decode = static_cast<int32_t>(dw);
+  l.decode_start_s = -1;
+  D.decoding.insert(i);
+  results_[i].decode_worker = D.id;
+  MarkDirty(dw);
+  bool local = d.local_prefill || d.prefill.empty();
+  if (!local) {
+    const std::vector<int32_t> tokens = Tokens(i);
+    absl::StatusOr<RemotePrefillPlan> plan = D.sched->AddRemotePrefill(sid, tokens, max_new,
+                                                                       r.priority);
+    if (plan.ok()) {
+      const uint32_t pw = worker_index_.at(d.prefill.front().worker_id);
+      Worker& P = *workers_[pw];
+      absl::Status added = P.sched->Add(sid, tokens, /*max_new_tokens=*/1, r.priority);
+      if (added.ok()) {
+        l.prefill = static_cast<int32_t>(pw);
+        l.remote = true;
+        l.transfer_bytes = (static_cast<int64_t>(tokens.size()) - plan->cached_tokens) *
+                           P.pool->kv_bytes_per_token;
+        P.prefilling.insert(i);
+        MarkDirty(pw);
+        Kick(pw);
+      } else {
+        D.sched->FallBackToLocalPrefill(sid);  // the prefill worker refused it: prefill here
+      }
+      Kick(dw);
+      return;
+    }
+    if (plan.status().code() != absl::StatusCode::kResourceExhausted ||
+        !D.sched->Add(sid, tokens, max_new, r.priority).ok()) {
+      D.decoding.erase(i);
+      l.decode = kNone;
+      return Fail(i, plan.status());
+    }
+    // The batch or the blocks are full now: the decode worker queues it and prefills it itself.
+    Kick(dw);
+    return;
+  }
+  if (absl::Status s = D.sched->Add(sid, Tokens(i), max_new, r.priority); !s.ok()) {
+    D.decoding.erase(i);
+    l.decode = kNone;
+    return Fail(i, s);
+  }
+  Kick(dw);
+}
+
+void Simulator::Impl::Kick(uint32_t w) {
+  Worker& W = *workers_[w];
+  if (W.alive && !W.busy && W.sched->HasWork()) StartStep(w);
+}
+
+void Simulator::Impl::StartStep(uint32_t w) {
+  Worker& W = *workers_[w];
+  W.step = W.sched->Schedule();
+  if (!W.step.preempted.empty()) {
+    summary_.preemptions += static_cast<int64_t>(W.step.preempted.size());
+    for (SequenceId id : W.step.preempted) ++results_[RequestOf(id)].preemptions;
+  }
+  if (W.step.items.empty()) return;  // only remote prefills or nothing admissible: wait
+  double prefill = 0, decode = 0, context = 0, prompt_context = 0;
+  for (const ScheduledItem& item : W.step.items) {
+    const double n = static_cast<double>(item.tokens.size());
+    const double start = static_cast<double>(item.start);
+    if (item.is_decode) {
+      decode += n;
+      context += start + 1;
+    } else {
+      prefill += n;
+      prompt_context += n * start + n * (n + 1) / 2;
+    }
+  }
+  const double seconds = W.pool->step.StepSeconds(prefill, decode, context, prompt_context) * Noise();
+  W.busy = true;
+  W.step_start = q_.now();
+  ++summary_.steps;
+  MarkDirty(w);
+  q_.Push(q_.now() + seconds, {.kind = EventKind::kStepDone, .worker = w, .serial = ++W.step_serial});
+}
+
+void Simulator::Impl::OnStepDone(uint32_t w, uint64_t serial) {
+  Worker& W = *workers_[w];
+  if (!W.alive || serial != W.step_serial) return;
+  ++summary_.step_events;
+  W.busy = false;
+  W.sched->Commit(W.step);
+  const uint32_t c = W.cell;
+  for (const ScheduledItem& item : W.step.items) {
+    if (item.samples) OnSample(w, item.id);
+  }
+  if (opts_.check_invariants) W.sched->CheckInvariants();
+  MarkDirty(w);
+  Kick(w);
+  DrainQueue(c);
+}
+
+void Simulator::Impl::OnSample(uint32_t w, SequenceId id) {
+  Worker& W = *workers_[w];
+  const uint32_t i = RequestOf(id);
+  Live& l = live_[i];
+  CHECK(AttemptOf(id) == l.attempt) << "a sequence of an abandoned attempt ran";
+  if (l.remote && l.prefill == static_cast<int32_t>(w)) {
+    // The prefill worker computed the prompt: its KV goes to the decode worker, which it holds
+    // until the transfer has read it.
+    results_[i].cached_tokens = W.sched->cached_prompt_tokens(id);
+    CHECK(W.sched->FinishAndHold(id));
+    q_.Push(q_.now() + latency_s_ + static_cast<double>(l.transfer_bytes) * seconds_per_byte_,
+            {.kind = EventKind::kTransferDone, .worker = w, .request = i, .serial = l.attempt});
+    return;
+  }
+  CHECK(l.decode == static_cast<int32_t>(w));
+  if (l.generated == 0) results_[i].cached_tokens = W.sched->cached_prompt_tokens(id);
+  EmitToken(i);
+}
+
+void Simulator::Impl::EmitToken(uint32_t i) {
+  Live& l = live_[i];
+  const TraceRequest& r = trace_[i];
+  Worker& D = *workers_[static_cast<size_t>(l.decode)];
+  const SequenceId sid = SeqId(i, l.attempt);
+  if (l.first_token_s < 0) l.first_token_s = q_.now();
+  if (l.decode_start_s < 0) l.decode_start_s = q_.now();
+  ++l.generated;
+  if (l.generated >= r.output_tokens) {
+    CHECK(D.sched->Finish(sid));
+    D.decoding.erase(i);
+    return Complete(i);
+  }
+  D.sched->AppendToken(sid, TokenFromKey(l.id_key, r.prompt_tokens + l.generated - 1));
+}
+
+void Simulator::Impl::OnTransferDone(uint32_t i, uint32_t attempt, uint32_t p) {
+  Worker& P = *workers_[p];
+  if (P.alive) {
+    CHECK(P.sched->ReleaseHeld(SeqId(i, attempt)));
+    P.prefilling.erase(i);
+    MarkDirty(p);
+    Kick(p);
+  }
+  Live& l = live_[i];
+  if (l.done || l.attempt != attempt || !l.remote || l.prefill != static_cast<int32_t>(p)) return;
+  l.remote = false;
+  l.prefill = kNone;
+  results_[i].prefill_worker = P.id;
+  const uint32_t dw = static_cast<uint32_t>(l.decode);
+  workers_[dw]->sched->CompleteRemotePrefill(SeqId(i, attempt));
+  EmitToken(i);  // the first token, which the prefill worker sampled
+  MarkDirty(dw);
+  Kick(dw);
+  DrainQueue(workers_[dw]->cell);
+}
+
+void Simulator::Impl::Migrate(uint32_t i) {
+  Live& l = live_[i];
+  const SequenceId old = SeqId(i, l.attempt);
+  if (l.remote && l.prefill != kNone) {
+    Worker& P = *workers_[static_cast<size_t>(l.prefill)];
+    // A prefill not finished is dropped; one whose transfer is under way ends with it.
+    if (P.alive && P.sched->Contains(old)) {
+      P.sched->Finish(old);
+      P.prefilling.erase(i);
+      MarkDirty(static_cast<uint32_t>(l.prefill));
+    }
+  }
+  ++l.attempt;
+  l.remote = false;
+  l.prefill = kNone;
+  l.decode = kNone;
+  results_[i].migrated = true;
+  ++summary_.migrations;
+  absl::StatusOr<placement::Decision> d = Place(i, /*placed_before=*/true);
+  if (!d.ok()) return Fail(i, d.status());
+  Start(i, *d);
+}
+
+void Simulator::Impl::OnFailure(uint32_t w) {
+  Worker& W = *workers_[w];
+  if (!W.alive) return;
+  W.alive = false;
+  W.busy = false;
+  ++W.step_serial;
+  MarkDirty(w);
+  // Its prefills for other workers: those decode workers prefill the prompts themselves.
+  std::vector<uint32_t> prefilling(W.prefilling.begin(), W.prefilling.end());
+  std::sort(prefilling.begin(), prefilling.end());
+  for (uint32_t i : prefilling) {
+    Live& l = live_[i];
+    if (l.done || !l.remote || l.prefill != static_cast<int32_t>(w)) continue;
+    l.remote = false;
+    l.prefill = kNone;
+    const uint32_t dw = static_cast<uint32_t>(l.decode);
+    workers_[dw]->sched->FallBackToLocalPrefill(SeqId(i, l.attempt));
+    MarkDirty(dw);
+    Kick(dw);
+  }
+  // What it decoded: the router places it again with the tokens generated so far.
+  std::vector<uint32_t> decoding(W.decoding.begin(), W.decoding.end());
+  std::sort(decoding.begin(), decoding.end());
+  W.decoding.clear();
+  W.prefilling.clear();
+  W.sched.reset();
+  W.kv.reset();
+  W.cached.clear();
+  for (uint32_t i : decoding) {
+    if (!live_[i].done) Migrate(i);
+  }
+}
+
+void Simulator::Impl::Fail(uint32_t i, const absl::Status& status) {
+  Live& l = live_[i];
+  if (l.done) return;
+  l.done = true;
+  RequestResult& res = results_[i];
+  res.ok = false;
+  res.error = StatusText(status);
+  res.output_tokens = l.generated;
+  if (l.first_token_s >= 0) res.ttft_ms = (l.first_token_s - trace_[i].arrival_s) * 1e3;
+  ++summary_.failed;
+}
+
+void Simulator::Impl::Complete(uint32_t i) {
+  Live& l = live_[i];
+  l.done = true;
+  l.decode = kNone;
+  RequestResult& res = results_[i];
+  const double arrival = trace_[i].arrival_s;
+  res.ok = true;
+  res.ttft_ms = (l.first_token_s - arrival) * 1e3;
+  res.e2e_ms = (q_.now() - arrival) * 1e3;
+  res.output_tokens = l.generated;
+  ++summary_.ok;
+}
+
+absl::StatusOr<std::vector<RequestResult>> Simulator::Impl::Run(
+    absl::Span<const TraceRequest> trace) {
+  if (ran_) return absl::FailedPreconditionError("a Simulator runs once");
+  ran_ = true;
+  if (trace.size() >= (size_t{1} << 32) - 1) {
+    return absl::InvalidArgumentError("a trace holds fewer than 2^32 - 1 requests");
+  }
+  for (size_t k = 1; k < trace.size(); ++k) {
+    if (trace[k].arrival_s < trace[k - 1].arrival_s) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", k, " (\"", trace[k].id, "\") arrives before the one before it"));
+    }
+  }
+  trace_ = trace;
+  live_.assign(trace.size(), Live{});
+  results_.assign(trace.size(), RequestResult{});
+  for (size_t k = 0; k < trace.size(); ++k) {
+    live_[k].id_key = Mix(k + 1);
+    live_[k].group_key = trace[k].prefix_group.empty() ? 0 : KeyOf(trace[k].prefix_group);
+  }
+  for (const FailureConfig& f : cfg_.failures) {
+    q_.Push(f.at_s, {.kind = EventKind::kFailure, .worker = worker_index_.at(f.worker)});
+  }
+  size_t next_arrival = 0;
+  auto push_arrival = [&] {
+    if (next_arrival < trace.size()) {
+      q_.Push(trace[next_arrival].arrival_s,
+              {.kind = EventKind::kArrival, .request = static_cast<uint32_t>(next_arrival)});
+      ++next_arrival;
+    }
+  };
+  push_arrival();
+  while (!q_.empty()) {
+    const Event e = q_.Pop();
+    switch (e.kind) {
+      case EventKind::kArrival:
+        push_arrival();
+        OnArrival(e.request);
+        break;
+      case EventKind::kStepDone:
+        OnStepDone(e.worker, e.serial);
+        break;
+      case EventKind::kTransferDone:
+        OnTransferDone(e.request, static_cast<uint32_t>(e.serial), e.worker);
+        break;
+      case EventKind::kFailure:
+        OnFailure(e.worker);
+        break;
+      case EventKind::kAdmissionDeadline:
+        if (cells_[e.worker].deadline_pushed == e.time) cells_[e.worker].deadline_pushed = -1;
+        DrainQueue(e.worker);
+        break;
+    }
+  }
+  for (size_t k = 0; k < trace.size(); ++k) {
+    CHECK(live_[k].done) << "request " << k << " (\"" << trace[k].id << "\") never ended";
+    results_[k].output_tokens = live_[k].generated;
+  }
+  summary_.requests = static_cast<int64_t>(trace.size());
+  summary_.simulated_seconds = q_.now();
+  summary_.events = static_cast<int64_t>(q_.popped());
+  return std::move(results_);
+}
+
+Simulator::Simulator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Simulator::~Simulator() = default;
+
+absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(const ClusterConfig& cluster,
+                                                             const SimulatorOptions& options) {
+  auto impl = std::make_unique<Impl>(cluster, options);
+  RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<Simulator>(new Simulator(std::move(impl)));
+}
+
+absl::StatusOr<std::vector<RequestResult>> Simulator::Run(absl::Span<const TraceRequest> trace) {
+  return impl_->Run(trace);
+}
+
+const SimSummary& Simulator::summary() const { return impl_->summary_; }
+
+std::vector<std::string> Simulator::WorkerIds() const { return impl_->WorkerIds(); }
+
+}  // namespace tandem::sim
