@@ -495,7 +495,8 @@ void Simulator::Impl::OnStepDone(uint32_t w, uint64_t serial) {
   W.sched->Commit(W.step);
   const uint32_t c = W.cell;
   for (const ScheduledItem& item : W.step.items) {
-    if (item.samples) OnSample(w, item.id);
+    // (A sequence dropped during the step, its request moved elsewhere, samples nothing.)
+    if (item.samples && W.sched->Contains(item.id)) OnSample(w, item.id);
   }
   if (opts_.check_invariants) W.sched->CheckInvariants();
   MarkDirty(w);
