@@ -99,6 +99,16 @@ class Simulator::Impl {
     // Requests this worker decodes, and those it prefills for another worker.
     absl::flat_hash_set<uint32_t> decoding;
     absl::flat_hash_set<uint32_t> prefilling;
+    // Steps started so far: the step's index for its noise.
+    uint64_t steps_started = 0;
+    // A run of identical pure decode steps advanced without an event per step (fast_decode):
+    // run_ends[k] is when its step k ends; the first run_done are done, and `step` is the one in
+    // progress. One event, at the last step's end, stands for the run.
+    bool run = false;
+    std::vector<double> run_ends;
+    size_t run_done = 0;
+    int64_t run_batch = 0;
+    placement::WorkerCandidate run_candidate;  // as the run began; see RunActiveDecodeTokens
   };
   struct Cell {
     std::vector<uint32_t> workers;
@@ -134,6 +144,20 @@ class Simulator::Impl {
   void Start(uint32_t i, const placement::Decision& d);
   void Kick(uint32_t w);
   void StartStep(uint32_t w);
+  // After StartStep scheduled a pure decode step: makes it the first of a run when the steps after
+  // it can only repeat it (see Worker::run). `context` is the step's attention (its decode
+  // tokens' positions + 1, summed).
+  bool MaybeStartRun(uint32_t w, double context, double seconds);
+  // Does the steps of `w`'s run that end at or before `t` (not the last), as their own events
+  // would have.
+  void Materialize(uint32_t w, double t);
+  // Before anything changes or reads `w`'s scheduler: its run becomes an ordinary step in
+  // progress (the steps done before now done).
+  void Interrupt(uint32_t w);
+  // The candidate of a worker in a run is run_candidate with this many active decode tokens.
+  int64_t RunActiveDecodeTokens(const Worker& w) const;
+  // Commits `w`'s step in progress and hands out its samples.
+  void FinishStep(uint32_t w);
   void OnStepDone(uint32_t w, uint64_t serial);
   void OnSample(uint32_t w, SequenceId id);
   void EmitToken(uint32_t i);
@@ -144,7 +168,9 @@ class Simulator::Impl {
   void PushDeadline(uint32_t c);
   void Fail(uint32_t i, const absl::Status& status);
   void Complete(uint32_t i);
-  double Noise();
+  // The jitter of step `index` of worker `w`: a function of the seed, the worker and the index,
+  // so runs and single steps draw the same.
+  double Noise(uint32_t w, uint64_t index) const;
 
   ClusterConfig cfg_;
   SimulatorOptions opts_;
@@ -159,6 +185,7 @@ class Simulator::Impl {
   uint64_t model_hash_ = 0;
 
   EventQueue q_;
+  double now_ = 0;  // the current event's time (a run's step end while Materialize does it)
   absl::Span<const TraceRequest> trace_;
   std::vector<Live> live_;
   std::vector<RequestResult> results_;
@@ -255,10 +282,10 @@ absl::Status Simulator::Impl::Init() {
   return absl::OkStatus();
 }
 
-double Simulator::Impl::Noise() {
+double Simulator::Impl::Noise(uint32_t w, uint64_t index) const {
   if (cfg_.step_noise <= 0) return 1.0;
-  noise_state_ += 0x9E3779B97F4A7C15ULL;
-  const double u = static_cast<double>(Mix(noise_state_) >> 11) * 0x1.0p-53;  // [0, 1)
+  const uint64_t z = Mix(noise_state_ ^ Mix((static_cast<uint64_t>(w) << 40) ^ index));
+  const double u = static_cast<double>(z >> 11) * 0x1.0p-53;  // [0, 1)
   return 1.0 + cfg_.step_noise * (2 * u - 1);
 }
 
@@ -293,7 +320,7 @@ placement::WorkerCandidate Simulator::Impl::CandidateOf(const Worker& w) const {
     c.slo.queued_by_priority.push_back(
         {.priority = q.priority, .tokens = q.tokens, .prompts = q.prompts});
   }
-  c.slo.step_elapsed_seconds = w.busy ? q_.now() - w.step_start : 0;
+  c.slo.step_elapsed_seconds = w.busy ? now_ - w.step_start : 0;
   if (cfg_.policy == "slo") {
     for (uint32_t i : w.decoding) {
       const Live& l = live_[i];
@@ -302,7 +329,7 @@ placement::WorkerCandidate Simulator::Impl::CandidateOf(const Worker& w) const {
                                 .max_tokens = r.output_tokens};
       if (l.decode_start_s >= 0) {
         g.decoded_tokens = std::max<int64_t>(l.generated - 1, 0);
-        g.decode_seconds = q_.now() - l.decode_start_s;
+        g.decode_seconds = now_ - l.decode_start_s;
       }
       c.slo.running_groups.push_back(g);
     }
@@ -318,14 +345,32 @@ void Simulator::Impl::Refresh(Cell& cell) {
     return;
   }
   // The slo policy reads how long steps in progress have run and how far streams are: every
-  // candidate changes with time. The others read only what changes when a worker does.
+  // candidate changes with time. The others read only what changes when a worker does (and, in a
+  // run, with the steps done).
   const bool all = cfg_.policy == "slo";
   for (size_t k = 0; k < cell.workers.size(); ++k) {
     Worker& w = *workers_[cell.workers[k]];
+    if (w.run) {
+      placement::WorkerCandidate& c = cell.view.workers[k];
+      if (w.dirty) {
+        c = w.run_candidate;
+        w.dirty = false;
+      }
+      c.slo.active_decode_tokens = RunActiveDecodeTokens(w);
+      continue;
+    }
     if (!all && !w.dirty) continue;
     cell.view.workers[k] = CandidateOf(w);
     w.dirty = false;
   }
+}
+
+int64_t Simulator::Impl::RunActiveDecodeTokens(const Worker& w) const {
+  // A candidate changes in a run only by this: each step done added one token to each
+  // sequence's context. (Its new cached blocks hold generated tokens, which no other prompt's
+  // chain of hashes reaches; a run takes only free blocks, so it evicts nothing.)
+  const auto done = std::upper_bound(w.run_ends.begin(), w.run_ends.end(), now_) - w.run_ends.begin();
+  return w.run_candidate.slo.active_decode_tokens + w.run_batch * static_cast<int64_t>(done);
 }
 
 absl::StatusOr<placement::Decision> Simulator::Impl::Place(uint32_t i, bool placed_before) {
@@ -357,7 +402,7 @@ void Simulator::Impl::OnArrival(uint32_t i) {
   absl::StatusOr<placement::Verdict> v = cell.admission->Offer(
       {.id = i, .priority = r.priority, .arrival = At(r.arrival_s),
        .prediction = placement::PredictionOf(*d)},
-      At(q_.now()));
+      At(now_));
   if (!v.ok()) return Fail(i, v.status());
   if (v->displaced.has_value()) {
     Fail(static_cast<uint32_t>(v->displaced->id),
@@ -367,6 +412,8 @@ void Simulator::Impl::OnArrival(uint32_t i) {
     case placement::Outcome::kAdmit:
       return Start(i, *d);
     case placement::Outcome::kQueue:
+      // Queued requests are placed again at every step's end in the cell: no runs meanwhile.
+      for (uint32_t w : cell.workers) Interrupt(w);
       return PushDeadline(l.cell);
     case placement::Outcome::kReject:
       return Fail(i, absl::ResourceExhaustedError(v->message));
@@ -377,7 +424,7 @@ void Simulator::Impl::PushDeadline(uint32_t c) {
   Cell& cell = cells_[c];
   const std::optional<absl::Time> next = cell.admission->NextDeadline();
   if (!next.has_value()) return;
-  const double t = std::max(absl::ToDoubleSeconds(*next - absl::UnixEpoch()), q_.now());
+  const double t = std::max(absl::ToDoubleSeconds(*next - absl::UnixEpoch()), now_);
   if (cell.deadline_pushed >= 0 && cell.deadline_pushed <= t) return;
   cell.deadline_pushed = t;
   q_.Push(t, {.kind = EventKind::kAdmissionDeadline, .worker = c});
@@ -386,14 +433,14 @@ void Simulator::Impl::PushDeadline(uint32_t c) {
 void Simulator::Impl::DrainQueue(uint32_t c) {
   Cell& cell = cells_[c];
   if (cell.admission->Size() == 0) return;
-  for (const placement::Rejection& r : cell.admission->PopExpired(At(q_.now()))) {
+  for (const placement::Rejection& r : cell.admission->PopExpired(At(now_))) {
     Fail(static_cast<uint32_t>(r.id), absl::ResourceExhaustedError(r.message));
   }
   std::vector<std::pair<uint32_t, placement::Decision>> start;
-  cell.admission->NextReady(At(q_.now()), [&](const placement::QueuedRequest& q) {
+  cell.admission->NextReady(At(now_), [&](const placement::QueuedRequest& q) {
     absl::StatusOr<placement::Decision> d = Place(static_cast<uint32_t>(q.id), true);
     if (!d.ok()) return false;
-    if (!cell.admission->AdmitsQueued(q, placement::PredictionOf(*d), At(q_.now()))) return false;
+    if (!cell.admission->AdmitsQueued(q, placement::PredictionOf(*d), At(now_))) return false;
     // Started at once, so the next queued request is placed on the view with this one in it.
     Start(static_cast<uint32_t>(q.id), *d);
     return true;
@@ -406,6 +453,7 @@ void Simulator::Impl::Start(uint32_t i, const placement::Decision& d) {
   const TraceRequest& r = trace_[i];
   const uint32_t dw = worker_index_.at(d.decode_worker);
   Worker& D = *workers_[dw];
+  Interrupt(dw);
   const SequenceId sid = SeqId(i, l.attempt);
   const int64_t max_new = r.output_tokens - l.generated;
   l.decode = static_cast<int32_t>(dw);
@@ -421,6 +469,7 @@ void Simulator::Impl::Start(uint32_t i, const placement::Decision& d) {
     if (plan.ok()) {
       const uint32_t pw = worker_index_.at(d.prefill.front().worker_id);
       Worker& P = *workers_[pw];
+      Interrupt(pw);
       absl::Status added = P.sched->Add(sid, tokens, /*max_new_tokens=*/1, r.priority);
       if (added.ok()) {
         l.prefill = static_cast<int32_t>(pw);
@@ -479,29 +528,125 @@ void Simulator::Impl::StartStep(uint32_t w) {
       prompt_context += n * start + n * (n + 1) / 2;
     }
   }
-  const double seconds = W.pool->step.StepSeconds(prefill, decode, context, prompt_context) * Noise();
+  const double seconds = W.pool->step.StepSeconds(prefill, decode, context, prompt_context) *
+                         Noise(w, W.steps_started++);
   W.busy = true;
-  W.step_start = q_.now();
+  W.step_start = now_;
   ++summary_.steps;
   MarkDirty(w);
-  q_.Push(q_.now() + seconds, {.kind = EventKind::kStepDone, .worker = w, .serial = ++W.step_serial});
+  if (MaybeStartRun(w, context, seconds)) return;
+  q_.Push(now_ + seconds, {.kind = EventKind::kStepDone, .worker = w, .serial = ++W.step_serial});
 }
 
-void Simulator::Impl::OnStepDone(uint32_t w, uint64_t serial) {
+bool Simulator::Impl::MaybeStartRun(uint32_t w, double context, double seconds) {
   Worker& W = *workers_[w];
-  if (!W.alive || serial != W.step_serial) return;
-  ++summary_.step_events;
+  const ScheduledStep& step = W.step;
+  // Only a step of every running sequence's decode token, with nothing waiting, repeats itself;
+  // a queued request in the cell is placed again at every step's end, so no run then; the slo
+  // policy reads time-dependent state of every worker, so no run for it either.
+  if (!opts_.fast_decode || cfg_.policy == "slo" || step.num_prefill_tokens > 0 ||
+      !step.preempted.empty() || W.sched->num_waiting() > 0 ||
+      static_cast<int64_t>(step.items.size()) != W.sched->num_running() ||
+      cells_[W.cell].admission->Size() > 0) {
+    return false;
+  }
+  // The run ends with the step that gives some sequence its last token, and before a step needs a
+  // block that is not free (taking a cached one evicts it; none left preempts).
+  constexpr int64_t kLongestRun = 4096;
+  int64_t k_max = kLongestRun;
+  for (const ScheduledItem& item : step.items) {
+    const uint32_t i = RequestOf(item.id);
+    k_max = std::min(k_max, trace_[i].output_tokens - live_[i].generated);
+  }
+  const int64_t bs = block_size_;
+  const int64_t free_blocks = W.kv->num_free();
+  auto extra_blocks = [&](int64_t k) {  // blocks steps 2..k allocate
+    int64_t n = 0;
+    for (const ScheduledItem& item : step.items) {
+      n += (item.start + k + bs - 1) / bs - (item.start + 1 + bs - 1) / bs;
+    }
+    return n;
+  };
+  int64_t lo = 1, hi = k_max;  // the longest k with extra_blocks(k) <= free_blocks
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (extra_blocks(mid) <= free_blocks) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t k = lo;
+  if (k < 2) return false;
+  const double batch = static_cast<double>(step.items.size());
+  W.run = true;
+  W.run_done = 0;
+  W.run_batch = static_cast<int64_t>(step.items.size());
+  W.run_ends.resize(static_cast<size_t>(k));
+  W.run_ends[0] = now_ + seconds;
+  for (int64_t j = 1; j < k; ++j) {
+    const double ctx = context + static_cast<double>(j) * batch;
+    const double d = W.pool->step.StepSeconds(0, batch, ctx, 0) *
+                     Noise(w, W.steps_started - 1 + static_cast<uint64_t>(j));
+    W.run_ends[static_cast<size_t>(j)] = W.run_ends[static_cast<size_t>(j - 1)] + d;
+  }
+  W.run_candidate = CandidateOf(W);
+  MarkDirty(w);
+  q_.Push(W.run_ends.back(), {.kind = EventKind::kStepDone, .worker = w, .serial = ++W.step_serial});
+  return true;
+}
+
+void Simulator::Impl::FinishStep(uint32_t w) {
+  Worker& W = *workers_[w];
   W.busy = false;
   W.sched->Commit(W.step);
-  const uint32_t c = W.cell;
   for (const ScheduledItem& item : W.step.items) {
     // (A sequence dropped during the step, its request moved elsewhere, samples nothing.)
     if (item.samples && W.sched->Contains(item.id)) OnSample(w, item.id);
   }
   if (opts_.check_invariants) W.sched->CheckInvariants();
   MarkDirty(w);
+}
+
+void Simulator::Impl::Materialize(uint32_t w, double t) {
+  Worker& W = *workers_[w];
+  const double saved = now_;
+  while (W.run && W.run_done + 1 < W.run_ends.size() && W.run_ends[W.run_done] <= t) {
+    now_ = W.run_ends[W.run_done];
+    FinishStep(w);
+    ++W.run_done;
+    W.step = W.sched->Schedule();
+    W.busy = true;
+    W.step_start = now_;
+    ++W.steps_started;
+    ++summary_.steps;
+    CHECK(W.step.num_prefill_tokens == 0 && W.step.preempted.empty() &&
+          static_cast<int64_t>(W.step.items.size()) == W.run_batch)
+        << "worker " << W.id << ": a decode run stopped repeating its first step";
+  }
+  now_ = saved;
+}
+
+void Simulator::Impl::Interrupt(uint32_t w) {
+  Worker& W = *workers_[w];
+  if (!W.run) return;
+  Materialize(w, now_);
+  W.run = false;
+  q_.Push(W.run_ends[W.run_done],
+          {.kind = EventKind::kStepDone, .worker = w, .serial = ++W.step_serial});
+}
+
+void Simulator::Impl::OnStepDone(uint32_t w, uint64_t serial) {
+  Worker& W = *workers_[w];
+  if (!W.alive || serial != W.step_serial) return;
+  ++summary_.step_events;
+  if (W.run) {
+    Materialize(w, now_);
+    W.run = false;
+  }
+  FinishStep(w);
   Kick(w);
-  DrainQueue(c);
+  DrainQueue(W.cell);
 }
 
 void Simulator::Impl::OnSample(uint32_t w, SequenceId id) {
@@ -514,7 +659,7 @@ void Simulator::Impl::OnSample(uint32_t w, SequenceId id) {
     // until the transfer has read it.
     results_[i].cached_tokens = W.sched->cached_prompt_tokens(id);
     CHECK(W.sched->FinishAndHold(id));
-    q_.Push(q_.now() + latency_s_ + static_cast<double>(l.transfer_bytes) * seconds_per_byte_,
+    q_.Push(now_ + latency_s_ + static_cast<double>(l.transfer_bytes) * seconds_per_byte_,
             {.kind = EventKind::kTransferDone, .worker = w, .request = i, .serial = l.attempt});
     return;
   }
@@ -528,8 +673,8 @@ void Simulator::Impl::EmitToken(uint32_t i) {
   const TraceRequest& r = trace_[i];
   Worker& D = *workers_[static_cast<size_t>(l.decode)];
   const SequenceId sid = SeqId(i, l.attempt);
-  if (l.first_token_s < 0) l.first_token_s = q_.now();
-  if (l.decode_start_s < 0) l.decode_start_s = q_.now();
+  if (l.first_token_s < 0) l.first_token_s = now_;
+  if (l.decode_start_s < 0) l.decode_start_s = now_;
   ++l.generated;
   if (l.generated >= r.output_tokens) {
     CHECK(D.sched->Finish(sid));
@@ -542,6 +687,7 @@ void Simulator::Impl::EmitToken(uint32_t i) {
 void Simulator::Impl::OnTransferDone(uint32_t i, uint32_t attempt, uint32_t p) {
   Worker& P = *workers_[p];
   if (P.alive) {
+    Interrupt(p);
     CHECK(P.sched->ReleaseHeld(SeqId(i, attempt)));
     P.prefilling.erase(i);
     MarkDirty(p);
@@ -553,6 +699,7 @@ void Simulator::Impl::OnTransferDone(uint32_t i, uint32_t attempt, uint32_t p) {
   l.prefill = kNone;
   results_[i].prefill_worker = P.id;
   const uint32_t dw = static_cast<uint32_t>(l.decode);
+  Interrupt(dw);
   workers_[dw]->sched->CompleteRemotePrefill(SeqId(i, attempt));
   EmitToken(i);  // the first token, which the prefill worker sampled
   MarkDirty(dw);
@@ -567,6 +714,7 @@ void Simulator::Impl::Migrate(uint32_t i) {
     Worker& P = *workers_[static_cast<size_t>(l.prefill)];
     // A prefill not finished is dropped; one whose transfer is under way ends with it.
     if (P.alive && P.sched->Contains(old)) {
+      Interrupt(static_cast<uint32_t>(l.prefill));
       P.sched->Finish(old);
       P.prefilling.erase(i);
       MarkDirty(static_cast<uint32_t>(l.prefill));
@@ -586,6 +734,7 @@ void Simulator::Impl::Migrate(uint32_t i) {
 void Simulator::Impl::OnFailure(uint32_t w) {
   Worker& W = *workers_[w];
   if (!W.alive) return;
+  Interrupt(w);  // the steps that ended before now happened
   W.alive = false;
   W.busy = false;
   ++W.step_serial;
@@ -599,6 +748,7 @@ void Simulator::Impl::OnFailure(uint32_t w) {
     l.remote = false;
     l.prefill = kNone;
     const uint32_t dw = static_cast<uint32_t>(l.decode);
+    Interrupt(dw);
     workers_[dw]->sched->FallBackToLocalPrefill(SeqId(i, l.attempt));
     MarkDirty(dw);
     Kick(dw);
@@ -636,7 +786,7 @@ void Simulator::Impl::Complete(uint32_t i) {
   const double arrival = trace_[i].arrival_s;
   res.ok = true;
   res.ttft_ms = (l.first_token_s - arrival) * 1e3;
-  res.e2e_ms = (q_.now() - arrival) * 1e3;
+  res.e2e_ms = (now_ - arrival) * 1e3;
   res.output_tokens = l.generated;
   ++summary_.ok;
 }
@@ -675,6 +825,7 @@ absl::StatusOr<std::vector<RequestResult>> Simulator::Impl::Run(
   push_arrival();
   while (!q_.empty()) {
     const Event e = q_.Pop();
+    now_ = e.time;
     switch (e.kind) {
       case EventKind::kArrival:
         push_arrival();

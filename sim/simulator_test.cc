@@ -280,6 +280,32 @@ TEST(SimulatorTest, ASeedGivesTheSameRunEveryTime) {
   }
 }
 
+TEST(SimulatorTest, DecodeRunsGiveTheSameResultsAsOneEventPerStep) {
+  // fast_decode advances runs of identical decode steps at once; every request's times, workers
+  // and counts must be those of stepping one event at a time. Noise, prefix sharing, a failure,
+  // remote and local prefills, and a small pool (blocks run out: runs stop at the free blocks).
+  std::vector<TraceRequest> trace = Workload(400);
+  for (const std::string policy : {"round_robin", "least_loaded", "kv_aware"}) {
+    for (int64_t kv_blocks : {1000, 120}) {
+      ClusterConfig c = Mixed(policy);
+      c.pools[1].kv_blocks = kv_blocks;
+      const Outcome slow = RunOrDie(c, trace, {.seed = 5, .fast_decode = false});
+      const Outcome fast = RunOrDie(c, trace, {.seed = 5, .fast_decode = true,
+                                               .check_invariants = true});
+      for (size_t k = 0; k < trace.size(); ++k) {
+        EXPECT_TRUE(Same(slow.results[k], fast.results[k]))
+            << policy << " kv_blocks " << kv_blocks << " request " << k << ": ttft "
+            << slow.results[k].ttft_ms << " vs " << fast.results[k].ttft_ms << ", e2e "
+            << slow.results[k].e2e_ms << " vs " << fast.results[k].e2e_ms;
+      }
+      EXPECT_EQ(slow.summary.steps, fast.summary.steps) << policy;
+      EXPECT_EQ(slow.summary.preemptions, fast.summary.preemptions) << policy;
+      // The fast path did skip events (here arrivals interrupt runs often).
+      EXPECT_LT(fast.summary.step_events, slow.summary.step_events) << policy;
+    }
+  }
+}
+
 TEST(SimulatorTest, RefusesAClusterTheRouterWouldNot) {
   ClusterConfig c = OneWorker();
   c.failures = {{.at_s = 1, .worker = "d7"}};

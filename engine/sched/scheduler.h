@@ -169,6 +169,9 @@ class Scheduler {
   // Releases the blocks FinishAndHold kept (full ones stay in the prefix cache). False when `id`
   // holds none.
   bool ReleaseHeld(SequenceId id);
+  // Sequences in the batch and waiting for it (as stats(), without its walk over them).
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   // Sequences whose blocks FinishAndHold keeps, and those blocks.
   int64_t num_held() const { return static_cast<int64_t>(held_.size()); }
   int64_t num_held_blocks() const;
