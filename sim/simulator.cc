@@ -108,7 +108,7 @@ class Simulator::Impl {
     std::vector<double> run_ends;
     size_t run_done = 0;
     int64_t run_batch = 0;
-    placement::WorkerCandidate run_candidate;  // as the run began; see RunActiveDecodeTokens
+    placement::WorkerCandidate run_candidate;  // as the run began; see Refresh
   };
   struct Cell {
     std::vector<uint32_t> workers;
@@ -154,8 +154,6 @@ class Simulator::Impl {
   // Before anything changes or reads `w`'s scheduler: its run becomes an ordinary step in
   // progress (the steps done before now done).
   void Interrupt(uint32_t w);
-  // The candidate of a worker in a run is run_candidate with this many active decode tokens.
-  int64_t RunActiveDecodeTokens(const Worker& w) const;
   // Commits `w`'s step in progress and hands out its samples.
   void FinishStep(uint32_t w);
   void OnStepDone(uint32_t w, uint64_t serial);
@@ -351,26 +349,21 @@ void Simulator::Impl::Refresh(Cell& cell) {
   for (size_t k = 0; k < cell.workers.size(); ++k) {
     Worker& w = *workers_[cell.workers[k]];
     if (w.run) {
-      placement::WorkerCandidate& c = cell.view.workers[k];
+      // A worker's candidate changes in a run only by its active decode tokens (each step done
+      // adds one per sequence), which only the slo policy reads, and slo has no runs: the
+      // candidate as the run began stands. (Its new cached blocks hold generated tokens, which
+      // no other prompt's chain of hashes reaches; a run takes only free blocks, so it evicts
+      // nothing.)
       if (w.dirty) {
-        c = w.run_candidate;
+        cell.view.workers[k] = w.run_candidate;
         w.dirty = false;
       }
-      c.slo.active_decode_tokens = RunActiveDecodeTokens(w);
       continue;
     }
     if (!all && !w.dirty) continue;
     cell.view.workers[k] = CandidateOf(w);
     w.dirty = false;
   }
-}
-
-int64_t Simulator::Impl::RunActiveDecodeTokens(const Worker& w) const {
-  // A candidate changes in a run only by this: each step done added one token to each
-  // sequence's context. (Its new cached blocks hold generated tokens, which no other prompt's
-  // chain of hashes reaches; a run takes only free blocks, so it evicts nothing.)
-  const auto done = std::upper_bound(w.run_ends.begin(), w.run_ends.end(), now_) - w.run_ends.begin();
-  return w.run_candidate.slo.active_decode_tokens + w.run_batch * static_cast<int64_t>(done);
 }
 
 absl::StatusOr<placement::Decision> Simulator::Impl::Place(uint32_t i, bool placed_before) {
@@ -610,20 +603,37 @@ void Simulator::Impl::FinishStep(uint32_t w) {
 
 void Simulator::Impl::Materialize(uint32_t w, double t) {
   Worker& W = *workers_[w];
+  if (!W.run) return;
+  // Steps of the run that ended by `t`, the last excepted (its own event ends it).
+  const auto last = W.run_ends.end() - 1;
+  const size_t target =
+      static_cast<size_t>(std::upper_bound(W.run_ends.begin(), last, t) - W.run_ends.begin());
+  if (target <= W.run_done) return;
   const double saved = now_;
-  while (W.run && W.run_done + 1 < W.run_ends.size() && W.run_ends[W.run_done] <= t) {
-    now_ = W.run_ends[W.run_done];
-    FinishStep(w);
-    ++W.run_done;
-    W.step = W.sched->Schedule();
-    W.busy = true;
-    W.step_start = now_;
-    ++W.steps_started;
-    ++summary_.steps;
-    CHECK(W.step.num_prefill_tokens == 0 && W.step.preempted.empty() &&
-          static_cast<int64_t>(W.step.items.size()) == W.run_batch)
-        << "worker " << W.id << ": a decode run stopped repeating its first step";
+  // The step in progress ends as any step does...
+  now_ = W.run_ends[W.run_done];
+  FinishStep(w);
+  // ...the steps after it that ended by `t` repeat it, at once...
+  const int64_t bulk = static_cast<int64_t>(target - W.run_done) - 1;
+  if (bulk > 0) {
+    CHECK_OK(W.sched->AdvanceDecode(bulk, [this](SequenceId id, int64_t position) {
+      return TokenFromKey(live_[RequestOf(id)].id_key, position);
+    }));
+    for (const ScheduledItem& item : W.step.items) live_[RequestOf(item.id)].generated += bulk;
   }
+  const uint64_t started = target - W.run_done;
+  W.run_done = target;
+  // ...and the next one starts.
+  now_ = W.run_ends[target - 1];
+  W.step = W.sched->Schedule();
+  W.busy = true;
+  W.step_start = now_;
+  W.steps_started += started;
+  summary_.steps += static_cast<int64_t>(started);
+  CHECK(W.step.num_prefill_tokens == 0 && W.step.preempted.empty() &&
+        static_cast<int64_t>(W.step.items.size()) == W.run_batch)
+      << "worker " << W.id << ": a decode run stopped repeating its first step";
+  if (opts_.check_invariants) W.sched->CheckInvariants();
   now_ = saved;
 }
 

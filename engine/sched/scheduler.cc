@@ -401,6 +401,53 @@ void Scheduler::AppendToken(SequenceId id, int32_t token) {
   }
 }
 
+absl::Status Scheduler::AdvanceDecode(
+    int64_t steps, absl::FunctionRef<int32_t(SequenceId id, int64_t position)> token) {
+  if (steps < 0) return absl::InvalidArgumentError(absl::StrCat("steps ", steps, " < 0"));
+  if (steps == 0) return absl::OkStatus();
+  if (!waiting_.empty()) {
+    return absl::FailedPreconditionError("sequences are waiting: a step would admit them");
+  }
+  if (static_cast<int64_t>(running_.size()) > options_.max_tokens_per_step) {
+    return absl::FailedPreconditionError("the batch exceeds the token budget");
+  }
+  const int64_t bs = pool_->block_size();
+  int64_t blocks = 0;
+  for (const Sequence* seq : running_) {
+    if (!seq->decoding || seq->remaining() != 1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sequence ", seq->id, " is not decoding its newest token"));
+    }
+    const int64_t size = static_cast<int64_t>(seq->tokens.size());
+    if (size + steps > seq->max_total) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sequence ", seq->id, " cannot grow by ", steps, " tokens"));
+    }
+    // The slots of `steps` steps: up to its newest token, then steps - 1 more.
+    blocks += seq->table.BlocksNeededFor(size + steps - 1 - seq->table.num_tokens());
+  }
+  if (blocks > pool_->num_free()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(steps, " steps need ", blocks, " blocks; ", pool_->num_free(), " are free"));
+  }
+  for (Sequence* seq : running_) {
+    // Round r (1-based) computes position size - 1 + (r - 1) and appends the token after it.
+    const int64_t size = static_cast<int64_t>(seq->tokens.size());
+    CHECK_OK(seq->table.AppendSlots(size + steps - 1 - seq->table.num_tokens()));
+    for (int64_t r = 0; r < steps; ++r) seq->tokens.push_back(token(seq->id, size + r));
+    seq->num_computed = size + steps - 1;
+    if (pool_->prefix_caching()) {
+      ExtendBlockHashes(pool_->model_hash(), seq->tokens, bs, &seq->hashes);
+      seq->table.RegisterFullBlocks(seq->hashes);
+    }
+  }
+  const int64_t batch = static_cast<int64_t>(running_.size());
+  counters_.steps += steps;
+  counters_.step_tokens += steps * batch;
+  counters_.last_step_tokens = batch;
+  return absl::OkStatus();
+}
+
 SchedulerStats Scheduler::stats() const {
   SchedulerStats s = counters_;
   s.total_blocks = pool_->num_blocks();

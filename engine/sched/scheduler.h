@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -184,6 +185,17 @@ class Scheduler {
   void Commit(const ScheduledStep& step);
   // Appends a generated token to a sequence whose item sampled in the last step.
   void AppendToken(SequenceId id, int32_t token);
+
+  // For a simulator (sim/), which knows that the next `steps` steps can only repeat the last one:
+  // does what `steps` rounds of Schedule (each giving every running sequence its decode token),
+  // Commit and AppendToken(id, token(id, position)) would, at the cost of one. Every observable
+  // result is the same (tokens, counters, the prefix cache's hashes; only which free block ids
+  // the sequences get may differ). FAILED_PRECONDITION, with nothing changed, unless: nothing is
+  // waiting; every running sequence is decoding with only its newest token not computed; they are
+  // at most max_tokens_per_step; each may still grow by `steps` tokens; and the free blocks
+  // (not cached ones: nothing is evicted) hold what they grow by. steps >= 0.
+  absl::Status AdvanceDecode(int64_t steps,
+                             absl::FunctionRef<int32_t(SequenceId id, int64_t position)> token);
 
   // Sequences in the batch or waiting (held blocks are not work).
   bool HasWork() const { return !sequences_.empty(); }

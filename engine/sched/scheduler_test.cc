@@ -1614,5 +1614,101 @@ TEST(SchedulerStatsTest, QueuedPrefillAndActiveDecodeTokens) {
   EXPECT_EQ(sched.stats().active_decode_tokens, 7);
 }
 
+// AdvanceDecode (for the simulator) against the steps it stands for: after `k` rounds of
+// Schedule, Commit and AppendToken, two schedulers that started alike hold the same tokens,
+// counters, block counts and cached hashes, whichever way they got there.
+TEST(SchedulerAdvanceDecodeTest, EqualsThatManyDecodeSteps) {
+  auto token = [](SequenceId id, int64_t position) {
+    return static_cast<int32_t>((id * 7919 + static_cast<uint64_t>(position) * 104729) % 50000);
+  };
+  for (int64_t k : {1, 3, 4, 9, 37}) {
+    auto pool_a = MakePool(200);
+    auto pool_b = MakePool(200);
+    Scheduler a(pool_a.get(), {.max_running = 8, .max_tokens_per_step = 64});
+    Scheduler b(pool_b.get(), {.max_running = 8, .max_tokens_per_step = 64});
+    for (Scheduler* s : {&a, &b}) {
+      // Two share their first 8 tokens (2 blocks); lengths straddle block boundaries.
+      std::vector<int32_t> shared = Range(0, 8);
+      std::vector<int32_t> p2 = shared;
+      for (int32_t t : Range(500, 5)) p2.push_back(t);
+      ASSERT_TRUE(s->Add(1, Range(0, 11), 100).ok());
+      ASSERT_TRUE(s->Add(2, p2, 100).ok());
+      ASSERT_TRUE(s->Add(3, Range(900, 4), 100, /*priority=*/1).ok());
+      // Prefill all (one step fits them) and give each its first token.
+      ScheduledStep step = s->Schedule();
+      s->Commit(step);
+      for (const ScheduledItem& item : step.items) {
+        ASSERT_TRUE(item.samples);
+        s->AppendToken(item.id, token(item.id, static_cast<int64_t>(s->tokens(item.id).size())));
+      }
+    }
+    for (int64_t r = 0; r < k; ++r) {
+      ScheduledStep step = a.Schedule();
+      ASSERT_EQ(step.items.size(), 3u);
+      ASSERT_EQ(step.num_decode_tokens, 3);
+      a.Commit(step);
+      for (const ScheduledItem& item : step.items) {
+        a.AppendToken(item.id, token(item.id, static_cast<int64_t>(a.tokens(item.id).size())));
+      }
+    }
+    ASSERT_TRUE(b.AdvanceDecode(k, token).ok());
+    a.CheckInvariants();
+    b.CheckInvariants();
+    for (SequenceId id : {1, 2, 3}) {
+      EXPECT_THAT(b.tokens(id), ElementsAreArray(a.tokens(id))) << "k " << k << " id " << id;
+    }
+    const SchedulerStats sa = a.stats(), sb = b.stats();
+    EXPECT_EQ(sb.steps, sa.steps);
+    EXPECT_EQ(sb.step_tokens, sa.step_tokens);
+    EXPECT_EQ(sb.last_step_tokens, sa.last_step_tokens);
+    EXPECT_EQ(sb.free_blocks, sa.free_blocks);
+    EXPECT_EQ(sb.cached_blocks, sa.cached_blocks);
+    EXPECT_EQ(sb.used_blocks, sa.used_blocks);
+    EXPECT_EQ(sb.active_decode_tokens, sa.active_decode_tokens);
+    EXPECT_EQ(sb.wasted_slots, sa.wasted_slots);
+    EXPECT_EQ(pool_b->Snapshot().hashes, pool_a->Snapshot().hashes) << "k " << k;
+    // And the next ordinary step is the same on both.
+    const ScheduledStep na = a.Schedule(), nb = b.Schedule();
+    ASSERT_EQ(na.items.size(), nb.items.size());
+    for (size_t i = 0; i < na.items.size(); ++i) {
+      EXPECT_EQ(nb.items[i].id, na.items[i].id);
+      EXPECT_EQ(nb.items[i].start, na.items[i].start);
+      EXPECT_THAT(nb.items[i].tokens, ElementsAreArray(na.items[i].tokens));
+    }
+  }
+}
+
+TEST(SchedulerAdvanceDecodeTest, RefusesWhatAStepWouldDoDifferently) {
+  auto token = [](SequenceId, int64_t) { return 7; };
+  auto pool = MakePool(8);  // 32 slots
+  Scheduler sched(pool.get(), {.max_running = 4, .max_tokens_per_step = 16});
+  ASSERT_TRUE(sched.Add(1, Range(0, 6), 20).ok());
+  // Waiting (and then prefilling) sequences: a step would compute their prompts.
+  EXPECT_EQ(sched.AdvanceDecode(2, token).code(), absl::StatusCode::kFailedPrecondition);
+  ScheduledStep step = sched.Schedule();
+  EXPECT_EQ(sched.AdvanceDecode(2, token).code(), absl::StatusCode::kFailedPrecondition);
+  sched.Commit(step);
+  sched.AppendToken(1, 7);
+  // 7 tokens in 2 blocks; 21 more would need 5 more blocks of the 6 free, but the sequence may
+  // grow to 26 tokens only.
+  EXPECT_EQ(sched.AdvanceDecode(20, token).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(sched.Add(2, Range(100, 12), 20).ok());
+  step = sched.Schedule();
+  sched.Commit(step);
+  sched.AppendToken(1, 7);
+  sched.AppendToken(2, 7);
+  // 1 has 8 tokens in 2 blocks, 2 has 13 in 3; 3 are free. 10 steps need 3 + 3 more blocks, 4
+  // steps 1 + 1.
+  const SchedulerStats before = sched.stats();
+  EXPECT_EQ(sched.AdvanceDecode(10, token).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(sched.stats().steps, before.steps);  // nothing changed
+  EXPECT_EQ(sched.tokens(1).size(), 8u);
+  EXPECT_TRUE(sched.AdvanceDecode(4, token).ok());
+  EXPECT_EQ(sched.tokens(1).size(), 12u);
+  EXPECT_EQ(sched.tokens(2).size(), 17u);
+  EXPECT_EQ(sched.AdvanceDecode(-1, token).code(), absl::StatusCode::kInvalidArgument);
+  sched.CheckInvariants();
+}
+
 }  // namespace
 }  // namespace tandem
