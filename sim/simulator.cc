@@ -90,6 +90,7 @@ class Simulator::Impl {
     absl::flat_hash_set<BlockHash> cached;
     std::optional<placement::StepCostModel> model;
     uint32_t cell = 0;
+    uint32_t slot = 0;  // its index in its cell (and in the cell's view)
     bool alive = true;
     bool busy = false;
     bool dirty = true;
@@ -112,6 +113,7 @@ class Simulator::Impl {
   };
   struct Cell {
     std::vector<uint32_t> workers;
+    std::vector<uint32_t> dirty;  // workers whose candidate in `view` is out of date
     placement::ClusterView view;
     std::unique_ptr<placement::PlacementPolicy> policy;
     std::optional<placement::Admission> admission;
@@ -135,7 +137,13 @@ class Simulator::Impl {
 
   // The request's tokens so far: its prompt, then what it generated.
   std::vector<int32_t> Tokens(uint32_t i) const;
-  void MarkDirty(uint32_t w) { workers_[w]->dirty = true; }
+  // The router's view of `w` is out of date: Refresh makes it again.
+  void MarkDirty(uint32_t w) {
+    Worker& W = *workers_[w];
+    if (W.dirty) return;
+    W.dirty = true;
+    cells_[W.cell].dirty.push_back(w);
+  }
   void Refresh(Cell& cell);
   placement::WorkerCandidate CandidateOf(const Worker& w) const;
   absl::StatusOr<placement::Decision> Place(uint32_t i, bool placed_before);
@@ -250,6 +258,7 @@ absl::Status Simulator::Impl::Init() {
   // Worker k goes to cell k mod cells: every cell gets its share of each role.
   for (size_t k = 0; k < n; ++k) {
     workers_[k]->cell = static_cast<uint32_t>(k % num_cells);
+    workers_[k]->slot = static_cast<uint32_t>(cells_[k % num_cells].workers.size());
     cells_[k % num_cells].workers.push_back(static_cast<uint32_t>(k));
   }
   for (size_t c = 0; c < num_cells; ++c) {
@@ -336,34 +345,25 @@ placement::WorkerCandidate Simulator::Impl::CandidateOf(const Worker& w) const {
 }
 
 void Simulator::Impl::Refresh(Cell& cell) {
-  if (cell.view.workers.size() != cell.workers.size()) {
+  // The slo policy reads how long steps in progress have run and how far streams are: every
+  // candidate changes with time. The others read only what changes when a worker does.
+  if (cell.view.workers.size() != cell.workers.size() || cfg_.policy == "slo") {
     cell.view.workers.clear();
     for (uint32_t w : cell.workers) cell.view.workers.push_back(CandidateOf(*workers_[w]));
     for (uint32_t w : cell.workers) workers_[w]->dirty = false;
+    cell.dirty.clear();
     return;
   }
-  // The slo policy reads how long steps in progress have run and how far streams are: every
-  // candidate changes with time. The others read only what changes when a worker does (and, in a
-  // run, with the steps done).
-  const bool all = cfg_.policy == "slo";
-  for (size_t k = 0; k < cell.workers.size(); ++k) {
-    Worker& w = *workers_[cell.workers[k]];
-    if (w.run) {
-      // A worker's candidate changes in a run only by its active decode tokens (each step done
-      // adds one per sequence), which only the slo policy reads, and slo has no runs: the
-      // candidate as the run began stands. (Its new cached blocks hold generated tokens, which
-      // no other prompt's chain of hashes reaches; a run takes only free blocks, so it evicts
-      // nothing.)
-      if (w.dirty) {
-        cell.view.workers[k] = w.run_candidate;
-        w.dirty = false;
-      }
-      continue;
-    }
-    if (!all && !w.dirty) continue;
-    cell.view.workers[k] = CandidateOf(w);
-    w.dirty = false;
+  for (uint32_t w : cell.dirty) {
+    Worker& W = *workers_[w];
+    // A worker's candidate changes in a run only by its active decode tokens (each step done adds
+    // one per sequence), which only the slo policy reads, and slo has no runs: the candidate as
+    // the run began stands. (Its new cached blocks hold generated tokens, which no other prompt's
+    // chain of hashes reaches; a run takes only free blocks, so it evicts nothing.)
+    cell.view.workers[W.slot] = W.run ? W.run_candidate : CandidateOf(W);
+    W.dirty = false;
   }
+  cell.dirty.clear();
 }
 
 absl::StatusOr<placement::Decision> Simulator::Impl::Place(uint32_t i, bool placed_before) {
@@ -594,8 +594,11 @@ void Simulator::Impl::FinishStep(uint32_t w) {
   W.busy = false;
   W.sched->Commit(W.step);
   for (const ScheduledItem& item : W.step.items) {
-    // (A sequence dropped during the step, its request moved elsewhere, samples nothing.)
-    if (item.samples && W.sched->Contains(item.id)) OnSample(w, item.id);
+    // (A sequence dropped during the step, its request moved on to another attempt, samples
+    // nothing.)
+    if (item.samples && AttemptOf(item.id) == live_[RequestOf(item.id)].attempt) {
+      OnSample(w, item.id);
+    }
   }
   if (opts_.check_invariants) W.sched->CheckInvariants();
   MarkDirty(w);

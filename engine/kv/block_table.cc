@@ -11,7 +11,8 @@ BlockTable::BlockTable(BlockTable&& other) noexcept
     : pool_(other.pool_),
       blocks_(std::move(other.blocks_)),
       num_tokens_(std::exchange(other.num_tokens_, 0)),
-      num_registered_(std::exchange(other.num_registered_, 0)) {
+      num_registered_(std::exchange(other.num_registered_, 0)),
+      forked_(std::exchange(other.forked_, false)) {
   other.blocks_.clear();
 }
 
@@ -23,6 +24,7 @@ BlockTable& BlockTable::operator=(BlockTable&& other) noexcept {
     other.blocks_.clear();
     num_tokens_ = std::exchange(other.num_tokens_, 0);
     num_registered_ = std::exchange(other.num_registered_, 0);
+    forked_ = std::exchange(other.forked_, false);
   }
   return *this;
 }
@@ -34,13 +36,17 @@ void BlockTable::AdoptCachedPrefix(std::vector<int32_t> blocks) {
   num_registered_ = static_cast<int64_t>(blocks_.size());
 }
 
+bool BlockTable::LastMayBeShared() const {
+  return forked_ && num_tokens_ % pool_->block_size() != 0 && pool_->ref_count(blocks_.back()) > 1;
+}
+
 int64_t BlockTable::BlocksNeededFor(int64_t n) const {
   const int64_t bs = pool_->block_size();
   const int64_t have = static_cast<int64_t>(blocks_.size());
   const int64_t want = (num_tokens_ + n + bs - 1) / bs;
   int64_t needed = std::max<int64_t>(0, want - have);
   // The last block is written into when it has free slots; a shared one is copied first.
-  if (n > 0 && num_tokens_ % bs != 0 && pool_->ref_count(blocks_.back()) > 1) ++needed;
+  if (n > 0 && LastMayBeShared()) ++needed;
   return needed;
 }
 
@@ -49,8 +55,7 @@ absl::Status BlockTable::AppendSlots(int64_t n) {
   const int64_t needed = BlocksNeededFor(n);
   ASSIGN_OR_RETURN(std::vector<int32_t> fresh, pool_->Allocate(needed));
   size_t next = 0;
-  const int64_t bs = pool_->block_size();
-  if (n > 0 && num_tokens_ % bs != 0 && pool_->ref_count(blocks_.back()) > 1) {
+  if (n > 0 && LastMayBeShared()) {
     const int32_t shared = blocks_.back();
     const int32_t copy = fresh[next++];
     pool_->storage().CopyBlock(shared, copy);
@@ -68,6 +73,7 @@ BlockTable BlockTable::Fork() const {
   fork.blocks_ = blocks_;
   fork.num_tokens_ = num_tokens_;
   fork.num_registered_ = num_registered_;
+  fork.forked_ = forked_ = true;
   return fork;
 }
 
@@ -92,6 +98,7 @@ void BlockTable::Release() {
   blocks_.clear();
   num_tokens_ = 0;
   num_registered_ = 0;
+  forked_ = false;
 }
 
 }  // namespace tandem

@@ -63,10 +63,16 @@ class BlockTable {
   void Release();
 
  private:
+  // Whether the last block may be partly filled and shared: only a Fork shares one (the prefix
+  // cache shares full blocks only), so a table never forked skips the pool's reference count.
+  bool LastMayBeShared() const;
+
   BlockPool* pool_;
   std::vector<int32_t> blocks_;
   int64_t num_tokens_ = 0;
   int64_t num_registered_ = 0;
+  // This table was made by Fork or forked since its last Release (mutable: Fork is const).
+  mutable bool forked_ = false;
 };
 
 }  // namespace tandem

@@ -324,8 +324,10 @@ ScheduledStep Scheduler::Schedule() {
   ScheduledStep step;
   int64_t budget = options_.max_tokens_per_step;
   std::sort(running_.begin(), running_.end(), Before<Sequence>);
-  // Preemption changes running_, so walk a copy and skip what left it.
-  const std::vector<Sequence*> order = running_;
+  // Preemption changes running_, so walk a copy and skip what left it (kept between steps: no
+  // allocation per step).
+  order_.assign(running_.begin(), running_.end());
+  const std::vector<Sequence*>& order = order_;
   for (Sequence* seq : order) {
     if (budget <= 0) break;
     if (seq->running && seq->decoding && seq->remaining() == 1) {
@@ -338,7 +340,8 @@ ScheduledStep Scheduler::Schedule() {
   // progress goes first. No admission once the step preempted: the preempted sequences wait
   // ahead of the queue.
   std::sort(waiting_.begin(), waiting_.end(), Before<Sequence>);
-  const std::vector<Sequence*> queue = waiting_;
+  queue_.assign(waiting_.begin(), waiting_.end());
+  const std::vector<Sequence*>& queue = queue_;
   size_t next = 0;
   bool admitting = true;
   // Admits waiting sequences of priority above `priority` while the budget, the batch and the

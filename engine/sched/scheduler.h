@@ -236,6 +236,7 @@ class Scheduler {
   std::vector<Sequence*> running_;  // in admission order
   std::vector<Sequence*> waiting_;  // unordered; Schedule sorts
   std::vector<Sequence*> remote_;   // being prefilled by a peer
+  std::vector<Sequence*> order_, queue_;  // Schedule's copies of running_ and waiting_
   absl::flat_hash_map<SequenceId, BlockTable> held_;  // FinishAndHold's blocks
   uint64_t next_arrival_ = 0;
   SchedulerStats counters_;
