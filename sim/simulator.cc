@@ -135,8 +135,10 @@ class Simulator::Impl {
     uint64_t group_key = 0;
   };
 
-  // The request's tokens so far: its prompt, then what it generated.
-  std::vector<int32_t> Tokens(uint32_t i) const;
+  // The request's tokens so far: its prompt, then what it generated. Valid until the next call
+  // for another request or after it generated more (the last one is kept: placing a request and
+  // starting it read the same tokens).
+  const std::vector<int32_t>& Tokens(uint32_t i);
   // The router's view of `w` is out of date: Refresh makes it again.
   void MarkDirty(uint32_t w) {
     Worker& W = *workers_[w];
@@ -190,6 +192,9 @@ class Simulator::Impl {
   int64_t block_size_ = 16;
   uint64_t model_hash_ = 0;
 
+  std::vector<int32_t> tokens_;  // Tokens' last answer: request tokens_of_ with that many generated
+  uint32_t tokens_of_ = ~0u;
+  int64_t tokens_generated_ = -1;
   EventQueue q_;
   double now_ = 0;  // the current event's time (a run's step end while Materialize does it)
   absl::Span<const TraceRequest> trace_;
@@ -296,15 +301,18 @@ double Simulator::Impl::Noise(uint32_t w, uint64_t index) const {
   return 1.0 + cfg_.step_noise * (2 * u - 1);
 }
 
-std::vector<int32_t> Simulator::Impl::Tokens(uint32_t i) const {
+const std::vector<int32_t>& Simulator::Impl::Tokens(uint32_t i) {
   const TraceRequest& r = trace_[i];
   const Live& l = live_[i];
+  if (tokens_of_ == i && tokens_generated_ == l.generated) return tokens_;
   const int64_t n = r.prompt_tokens + l.generated;
-  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  tokens_.resize(static_cast<size_t>(n));
   for (int64_t p = 0; p < n; ++p) {
-    tokens[static_cast<size_t>(p)] = TokenFromKey(p < r.prefix_tokens ? l.group_key : l.id_key, p);
+    tokens_[static_cast<size_t>(p)] = TokenFromKey(p < r.prefix_tokens ? l.group_key : l.id_key, p);
   }
-  return tokens;
+  tokens_of_ = i;
+  tokens_generated_ = l.generated;
+  return tokens_;
 }
 
 placement::WorkerCandidate Simulator::Impl::CandidateOf(const Worker& w) const {
@@ -371,7 +379,7 @@ absl::StatusOr<placement::Decision> Simulator::Impl::Place(uint32_t i, bool plac
   const Live& l = live_[i];
   Cell& cell = cells_[l.cell];
   Refresh(cell);
-  const std::vector<int32_t> tokens = Tokens(i);
+  const std::vector<int32_t>& tokens = Tokens(i);
   placement::Request req{
       .prompt_tokens = static_cast<int64_t>(tokens.size()),
       .block_hashes = HashFullBlocks(model_hash_, tokens, block_size_),
@@ -456,7 +464,7 @@ void Simulator::Impl::Start(uint32_t i, const placement::Decision& d) {
   MarkDirty(dw);
   bool local = d.local_prefill || d.prefill.empty();
   if (!local) {
-    const std::vector<int32_t> tokens = Tokens(i);
+    const std::vector<int32_t>& tokens = Tokens(i);
     absl::StatusOr<RemotePrefillPlan> plan = D.sched->AddRemotePrefill(sid, tokens, max_new,
                                                                        r.priority);
     if (plan.ok()) {
