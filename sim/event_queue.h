@@ -21,6 +21,7 @@ enum class EventKind : uint8_t {
   kStepDone,           // worker `worker`'s engine step `serial` ends
   kTransferDone,       // request `request`'s KV (attempt `serial`) reached its decode worker
   kFailure,            // worker `worker` dies
+  kPrefillTimeout,     // request `request` (attempt `serial`) waited too long for prefill worker `worker`
   kAdmissionDeadline,  // router `worker` (a cell) has queued requests whose deadline may be due
 };
 

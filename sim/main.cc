@@ -166,7 +166,8 @@ int main(int argc, char** argv) {
       ",\"wall_seconds\":", Number(wall), ",\"load_seconds\":", Number(load_seconds),
       ",\"run_seconds\":", Number(run_seconds), ",\"events\":", s.events, ",\"steps\":", s.steps,
       ",\"step_events\":", s.step_events, ",\"preemptions\":", s.preemptions,
-      ",\"migrations\":", s.migrations, ",\"peak_rss_bytes\":", PeakRssBytes());
+      ",\"migrations\":", s.migrations, ",\"prefill_timeouts\":", s.prefill_timeouts,
+      ",\"peak_rss_bytes\":", PeakRssBytes());
   if (absl::GetFlag(FLAGS_summary)) {
     std::vector<double> ttft, tpot;
     int64_t met = 0;

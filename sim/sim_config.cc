@@ -228,7 +228,7 @@ absl::StatusOr<ClusterConfig> ParseCluster(absl::string_view text, absl::string_
   ASSIGN_OR_RETURN(Json j, ParseJson(text, where));
   RETURN_IF_ERROR(RefuseUnknown(j,
                                 {"policy", "policy_options", "admission", "pools", "links",
-                                 "failures", "step_noise", "router_cell_size"},
+                                 "failures", "step_noise", "router_cell_size", "prefill_timeout_s"},
                                 where, ""));
   ClusterConfig c;
   RETURN_IF_ERROR(ReadString(j, "policy", where, "policy", &c.policy));
@@ -342,6 +342,8 @@ absl::StatusOr<ClusterConfig> ParseCluster(absl::string_view text, absl::string_
   if (c.step_noise >= 1) return Bad(where, "step_noise", "must be < 1");
   RETURN_IF_ERROR(
       ReadInt(j, "router_cell_size", where, "router_cell_size", 0, &c.router_cell_size));
+  RETURN_IF_ERROR(ReadDouble(j, "prefill_timeout_s", where, "prefill_timeout_s", 0, true,
+                             &c.prefill_timeout_s));
   return c;
 }
 

@@ -76,6 +76,10 @@ struct ClusterConfig {
   std::vector<PoolConfig> pools;  // not empty; at least one decode-capable worker
   LinkConfig links;
   std::vector<FailureConfig> failures;
+  // How long a decode worker waits for a remote prefill before it prefills the prompt itself
+  // (the router's --prefill_timeout, default 30 s; the real decode worker first tries the next
+  // prefill worker of its list). > 0.
+  double prefill_timeout_s = 30;
   // Multiplicative jitter of every step's duration: uniform in [1 - step_noise, 1 + step_noise],
   // seeded. In [0, 1).
   double step_noise = 0;

@@ -125,6 +125,7 @@ class Simulator::Impl {
     int32_t decode = kNone;
     int32_t prefill = kNone;  // a remote prefill in progress (or its transfer)
     bool remote = false;
+    bool transferring = false;  // the prefill worker computed it; the KV is on its way
     int64_t transfer_bytes = 0;
     int64_t generated = 0;
     double first_token_s = -1;
@@ -171,6 +172,9 @@ class Simulator::Impl {
   void EmitToken(uint32_t i);
   void OnTransferDone(uint32_t i, uint32_t attempt, uint32_t p);
   void OnFailure(uint32_t w);
+  // The decode worker waited prefill_timeout_s for prefill worker `p`: unless the KV is already
+  // on its way, it cancels the prefill there and prefills the prompt itself.
+  void OnPrefillTimeout(uint32_t i, uint32_t attempt, uint32_t p);
   void Migrate(uint32_t i);
   void DrainQueue(uint32_t c);
   void PushDeadline(uint32_t c);
@@ -475,6 +479,9 @@ void Simulator::Impl::Start(uint32_t i, const placement::Decision& d) {
       if (added.ok()) {
         l.prefill = static_cast<int32_t>(pw);
         l.remote = true;
+        l.transferring = false;
+        q_.Push(now_ + cfg_.prefill_timeout_s, {.kind = EventKind::kPrefillTimeout, .worker = pw,
+                                                .request = i, .serial = l.attempt});
         l.transfer_bytes = (static_cast<int64_t>(tokens.size()) - plan->cached_tokens) *
                            P.pool->kv_bytes_per_token;
         P.prefilling.insert(i);
@@ -680,6 +687,7 @@ void Simulator::Impl::OnSample(uint32_t w, SequenceId id) {
     // until the transfer has read it.
     results_[i].cached_tokens = W.sched->cached_prompt_tokens(id);
     CHECK(W.sched->FinishAndHold(id));
+    l.transferring = true;
     q_.Push(now_ + latency_s_ + static_cast<double>(l.transfer_bytes) * seconds_per_byte_,
             {.kind = EventKind::kTransferDone, .worker = w, .request = i, .serial = l.attempt});
     return;
@@ -728,6 +736,31 @@ void Simulator::Impl::OnTransferDone(uint32_t i, uint32_t attempt, uint32_t p) {
   DrainQueue(workers_[dw]->cell);
 }
 
+void Simulator::Impl::OnPrefillTimeout(uint32_t i, uint32_t attempt, uint32_t p) {
+  Live& l = live_[i];
+  if (l.done || l.attempt != attempt || !l.remote || l.prefill != static_cast<int32_t>(p) ||
+      l.transferring) {
+    return;
+  }
+  Worker& P = *workers_[p];
+  const SequenceId sid = SeqId(i, attempt);
+  if (P.alive && P.sched->Contains(sid)) {
+    Interrupt(p);
+    P.sched->Finish(sid);
+    P.prefilling.erase(i);
+    MarkDirty(p);
+    Kick(p);
+  }
+  l.remote = false;
+  l.prefill = kNone;
+  ++summary_.prefill_timeouts;
+  const uint32_t dw = static_cast<uint32_t>(l.decode);
+  Interrupt(dw);
+  workers_[dw]->sched->FallBackToLocalPrefill(sid);
+  MarkDirty(dw);
+  Kick(dw);
+}
+
 void Simulator::Impl::Migrate(uint32_t i) {
   Live& l = live_[i];
   const SequenceId old = SeqId(i, l.attempt);
@@ -743,6 +776,7 @@ void Simulator::Impl::Migrate(uint32_t i) {
   }
   ++l.attempt;
   l.remote = false;
+  l.transferring = false;
   l.prefill = kNone;
   l.decode = kNone;
   results_[i].migrated = true;
@@ -767,6 +801,7 @@ void Simulator::Impl::OnFailure(uint32_t w) {
     Live& l = live_[i];
     if (l.done || !l.remote || l.prefill != static_cast<int32_t>(w)) continue;
     l.remote = false;
+    l.transferring = false;
     l.prefill = kNone;
     const uint32_t dw = static_cast<uint32_t>(l.decode);
     Interrupt(dw);
@@ -861,6 +896,9 @@ absl::StatusOr<std::vector<RequestResult>> Simulator::Impl::Run(
       case EventKind::kFailure:
         OnFailure(e.worker);
         break;
+      case EventKind::kPrefillTimeout:
+        OnPrefillTimeout(e.request, static_cast<uint32_t>(e.serial), e.worker);
+        break;
       case EventKind::kAdmissionDeadline:
         if (cells_[e.worker].deadline_pushed == e.time) cells_[e.worker].deadline_pushed = -1;
         DrainQueue(e.worker);
@@ -868,7 +906,10 @@ absl::StatusOr<std::vector<RequestResult>> Simulator::Impl::Run(
     }
   }
   for (size_t k = 0; k < trace.size(); ++k) {
-    CHECK(live_[k].done) << "request " << k << " (\"" << trace[k].id << "\") never ended";
+    const Live& l = live_[k];
+    CHECK(l.done) << "request " << k << " (\"" << trace[k].id << "\") never ended: attempt "
+                  << l.attempt << ", decode worker " << l.decode << ", prefill worker "
+                  << l.prefill << ", remote " << l.remote << ", generated " << l.generated;
     results_[k].output_tokens = live_[k].generated;
   }
   summary_.requests = static_cast<int64_t>(trace.size());

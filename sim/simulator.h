@@ -66,6 +66,7 @@ struct SimSummary {
   int64_t step_events = 0;    // events that ran them (fewer with fast_decode)
   int64_t preemptions = 0;
   int64_t migrations = 0;
+  int64_t prefill_timeouts = 0;  // remote prefills given up for local ones (prefill_timeout_s)
   int64_t workers = 0;
 };
 

@@ -202,6 +202,25 @@ TEST(SimulatorTest, APrefillWorkerDeathFallsBackToLocalPrefill) {
   }
 }
 
+TEST(SimulatorTest, ASlowPrefillWorkerTimesOutAndTheDecodeWorkerPrefills) {
+  // The prefill worker takes 1 s per prompt token; after prefill_timeout_s the decode worker
+  // gives up on it and prefills the prompt itself (as after the router's --prefill_timeout).
+  ClusterConfig c;
+  c.policy = "round_robin";
+  c.policy_options.local_prefill_threshold_tokens = 0;
+  c.pools = {Pool(Role::kPrefill, 1), Pool(Role::kDecode, 1)};
+  c.pools[0].step.prefill_token_seconds = 1.0;
+  c.prefill_timeout_s = 0.5;
+  const Outcome out = RunOrDie(c, {Req("a", 2.0, 300, 2)});
+  const RequestResult& r = out.results[0];
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.prefill_worker, "");
+  EXPECT_EQ(out.summary.prefill_timeouts, 1);
+  const double ttft =
+      0.5 + placement::PrefillSeconds(Profile(), {.uncached_tokens = 300, .token_budget = 256});
+  EXPECT_NEAR(r.ttft_ms, ttft * 1e3, kMs);
+}
+
 TEST(SimulatorTest, LosingEveryDecodeWorkerFailsWithTheRoutersStatus) {
   ClusterConfig c = OneWorker();
   c.failures = {{.at_s = 0.05, .worker = "d0"}};
