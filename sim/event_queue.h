@@ -21,7 +21,7 @@ enum class EventKind : uint8_t {
   kStepDone,           // worker `worker`'s engine step `serial` ends
   kTransferDone,       // request `request`'s KV (attempt `serial`) reached its decode worker
   kFailure,            // worker `worker` dies
-  kPrefillTimeout,     // request `request` (attempt `serial`) waited too long for prefill worker `worker`
+  kPrefillTimeout,     // the earliest remote prefill deadline is due (the simulator keeps them)
   kAdmissionDeadline,  // router `worker` (a cell) has queued requests whose deadline may be due
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
@@ -196,6 +197,16 @@ class Simulator::Impl {
   int64_t block_size_ = 16;
   uint64_t model_hash_ = 0;
 
+  // Remote prefills' deadlines (prefill_timeout_s), due first at the front; one kPrefillTimeout
+  // event stands for the front one.
+  struct PrefillTimeout {
+    double due;
+    uint32_t request;
+    uint32_t attempt;
+    uint32_t worker;
+  };
+  std::deque<PrefillTimeout> timeouts_;
+  bool timeout_event_pending_ = false;
   std::vector<int32_t> tokens_;  // Tokens' last answer: request tokens_of_ with that many generated
   uint32_t tokens_of_ = ~0u;
   int64_t tokens_generated_ = -1;
@@ -480,8 +491,14 @@ void Simulator::Impl::Start(uint32_t i, const placement::Decision& d) {
         l.prefill = static_cast<int32_t>(pw);
         l.remote = true;
         l.transferring = false;
-        q_.Push(now_ + cfg_.prefill_timeout_s, {.kind = EventKind::kPrefillTimeout, .worker = pw,
-                                                .request = i, .serial = l.attempt});
+        // Every timeout is as long, so they come due in the order they were set: one queue,
+        // and one event for its head, instead of an event each in the agenda.
+        timeouts_.push_back({.due = now_ + cfg_.prefill_timeout_s, .request = i,
+                             .attempt = l.attempt, .worker = pw});
+        if (!timeout_event_pending_) {
+          q_.Push(timeouts_.front().due, {.kind = EventKind::kPrefillTimeout});
+          timeout_event_pending_ = true;
+        }
         l.transfer_bytes = (static_cast<int64_t>(tokens.size()) - plan->cached_tokens) *
                            P.pool->kv_bytes_per_token;
         P.prefilling.insert(i);
@@ -897,7 +914,16 @@ absl::StatusOr<std::vector<RequestResult>> Simulator::Impl::Run(
         OnFailure(e.worker);
         break;
       case EventKind::kPrefillTimeout:
-        OnPrefillTimeout(e.request, static_cast<uint32_t>(e.serial), e.worker);
+        timeout_event_pending_ = false;
+        while (!timeouts_.empty() && timeouts_.front().due <= now_) {
+          const PrefillTimeout t = timeouts_.front();
+          timeouts_.pop_front();
+          OnPrefillTimeout(t.request, t.attempt, t.worker);
+        }
+        if (!timeouts_.empty()) {
+          q_.Push(timeouts_.front().due, {.kind = EventKind::kPrefillTimeout});
+          timeout_event_pending_ = true;
+        }
         break;
       case EventKind::kAdmissionDeadline:
         if (cells_[e.worker].deadline_pushed == e.time) cells_[e.worker].deadline_pushed = -1;
