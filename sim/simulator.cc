@@ -211,6 +211,7 @@ class Simulator::Impl {
   uint32_t tokens_of_ = ~0u;
   int64_t tokens_generated_ = -1;
   EventQueue q_;
+  double last_end_s_ = 0;  // when the last request ended
   double now_ = 0;  // the current event's time (a run's step end while Materialize does it)
   absl::Span<const TraceRequest> trace_;
   std::vector<Live> live_;
@@ -849,6 +850,7 @@ void Simulator::Impl::Fail(uint32_t i, const absl::Status& status) {
   res.output_tokens = l.generated;
   if (l.first_token_s >= 0) res.ttft_ms = (l.first_token_s - trace_[i].arrival_s) * 1e3;
   ++summary_.failed;
+  last_end_s_ = std::max(last_end_s_, now_);
 }
 
 void Simulator::Impl::Complete(uint32_t i) {
@@ -862,6 +864,7 @@ void Simulator::Impl::Complete(uint32_t i) {
   res.e2e_ms = (now_ - arrival) * 1e3;
   res.output_tokens = l.generated;
   ++summary_.ok;
+  last_end_s_ = std::max(last_end_s_, now_);
 }
 
 absl::StatusOr<std::vector<RequestResult>> Simulator::Impl::Run(
@@ -939,7 +942,7 @@ absl::StatusOr<std::vector<RequestResult>> Simulator::Impl::Run(
     results_[k].output_tokens = live_[k].generated;
   }
   summary_.requests = static_cast<int64_t>(trace.size());
-  summary_.simulated_seconds = q_.now();
+  summary_.simulated_seconds = last_end_s_;
   summary_.events = static_cast<int64_t>(q_.popped());
   return std::move(results_);
 }

@@ -60,7 +60,7 @@ struct SimSummary {
   int64_t requests = 0;
   int64_t ok = 0;
   int64_t failed = 0;  // refused by admission or placement, or lost
-  double simulated_seconds = 0;
+  double simulated_seconds = 0;  // when the last request ended
   int64_t events = 0;
   int64_t steps = 0;          // engine steps, all workers
   int64_t step_events = 0;    // events that ran them (fewer with fast_decode)
