@@ -1,11 +1,9 @@
-// Tests of the planner (planner.h) on workloads whose cheapest configuration is
-// known by construction: a decode step of k sequences lasts 10 ms + 10 ms * k
-// (the profile's terms, nothing else), so a TPOT objective of 25 ms holds only
-// while a worker decodes one sequence at a time. A request decodes 100 tokens
-// (about 2 s alone) and one arrives every 1.25 s: one worker must hold two or
-// more at once (TPOT >= 30 ms for all but the first few), two workers taking
-// turns (round_robin) hold one each (TPOT 20 ms), so the cheapest configuration
-// has two decoding workers.
+// Tests of the planner (planner.h) on workloads whose cheapest configuration is known by
+// construction: a decode step of k sequences lasts 10 ms + 10 ms * k (the profile's terms, nothing
+// else), so a TPOT objective of 25 ms holds only while a worker decodes one sequence at a time. A
+// request decodes 100 tokens (about 2 s alone) and one arrives every 1.25 s: one worker must hold
+// two or more at once (TPOT >= 30 ms for all but the first few), two workers taking turns
+// (round_robin) hold one each (TPOT 20 ms), so the cheapest configuration has two decoding workers.
 #include "sim/planner.h"
 
 #include <functional>
@@ -14,9 +12,9 @@
 
 #include "absl/status/status.h"
 #include "common/logging.h"
-#include "nlohmann/json.hpp"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem::sim {
 namespace {
@@ -75,8 +73,7 @@ TEST(PlannerTest, TwoWorkersWhereOneProvablyMissesTpot) {
   absl::StatusOr<Plan> plan = PlanCluster(Templates(), Trace(), Options());
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->best.has_value());
-  // Aggregated 2 workers cost 2; disaggregated needs 1 prefill + 2 decode (cost
-  // 3).
+  // Aggregated 2 workers cost 2; disaggregated needs 1 prefill + 2 decode (cost 3).
   EXPECT_EQ(plan->best->config.Label(), "2x both round_robin");
   EXPECT_DOUBLE_EQ(plan->best->config.cost, 2);
   EXPECT_DOUBLE_EQ(plan->best->config.attainment, 1.0);
@@ -84,20 +81,19 @@ TEST(PlannerTest, TwoWorkersWhereOneProvablyMissesTpot) {
   ASSERT_TRUE(plan->runner_up.has_value());
   EXPECT_EQ(plan->runner_up->config.Label(), "1P+2D round_robin");
   EXPECT_DOUBLE_EQ(plan->runner_up->config.cost, 3);
-  // Headroom: at twice the rate each of two workers sees what one sees at the
-  // base rate, which misses; at the base rate it meets.
+  // Headroom: at twice the rate each of two workers sees what one sees at the base rate, which
+  // misses; at the base rate it meets.
   EXPECT_GE(plan->best->headroom_scale, 1.0);
   EXPECT_LT(plan->best->headroom_scale, 2.0);
   EXPECT_FALSE(plan->best->headroom_capped);
-  EXPECT_NEAR(plan->best->headroom_rate,
-              plan->best->headroom_scale * plan->offered_rate, 1e-9);
+  EXPECT_NEAR(plan->best->headroom_rate, plan->best->headroom_scale * plan->offered_rate, 1e-9);
   EXPECT_NEAR(plan->offered_rate, 1 / 1.25, 1e-9);
   EXPECT_FALSE(plan->truncated);
 }
 
 TEST(PlannerTest, OneWorkerMissesAndTheFamiliesSayWhy) {
-  // Only the aggregated shape, capped at one worker: nothing meets; the family
-  // reports 1 worker and its (low) attainment.
+  // Only the aggregated shape, capped at one worker: nothing meets; the family reports 1 worker and
+  // its (low) attainment.
   PlanOptions o = Options();
   o.disaggregated = false;
   o.max_workers = 1;
@@ -111,8 +107,7 @@ TEST(PlannerTest, OneWorkerMissesAndTheFamiliesSayWhy) {
 }
 
 TEST(PlannerTest, PerRoleCostsChangeTheChoice) {
-  // "both" workers five times the price of a decode worker: 1P+2D (cost 3)
-  // beats 2x both (10).
+  // "both" workers five times the price of a decode worker: 1P+2D (cost 3) beats 2x both (10).
   PlanOptions o = Options();
   o.both_cost = 5;
   absl::StatusOr<Plan> plan = PlanCluster(Templates(), Trace(), o);
@@ -139,6 +134,12 @@ TEST(PlannerTest, SameAnswerWhateverTheJobs) {
   ASSERT_EQ(one->curves.size(), 4u);
   EXPECT_EQ(one->curves[0].rates.size(), 3u);
   EXPECT_EQ(one->best->config.workers(), 2);
+  // Eight families meet the target; the runner-up is the cheapest whose pools differ from the
+  // best's (two aggregated workers under another policy or budget would tell nothing new).
+  ASSERT_TRUE(one->runner_up.has_value());
+  EXPECT_EQ(one->best->config.both_workers, 2);
+  EXPECT_EQ(one->runner_up->config.prefill_workers, 1);
+  EXPECT_EQ(one->runner_up->config.decode_workers, 2);
 }
 
 TEST(PlannerTest, MaxSimulationsStopsTheSearch) {
@@ -153,40 +154,30 @@ TEST(PlannerTest, MaxSimulationsStopsTheSearch) {
 TEST(PlannerTest, BadOptionsAreRefused) {
   struct Case {
     std::string what;
-    std::function<void(PlanOptions &, ClusterConfig &)> edit;
+    std::function<void(PlanOptions&, ClusterConfig&)> edit;
     std::string message;
   };
   const std::vector<Case> cases = {
-      {"no objective",
-       [](PlanOptions &o, ClusterConfig &) { o.tpot_slo_ms = 0; },
-       "no objective"},
-      {"target",
-       [](PlanOptions &o, ClusterConfig &) { o.attainment_target = 1.5; },
+      {"no objective", [](PlanOptions& o, ClusterConfig&) { o.tpot_slo_ms = 0; }, "no objective"},
+      {"target", [](PlanOptions& o, ClusterConfig&) { o.attainment_target = 1.5; },
        "attainment_target"},
-      {"policy",
-       [](PlanOptions &o, ClusterConfig &) { o.policies = {"fastest"}; },
-       "'fastest'"},
-      {"budget", [](PlanOptions &o, ClusterConfig &) { o.token_budgets = {0}; },
-       "token_budgets"},
-      {"shapes",
-       [](PlanOptions &o, ClusterConfig &) {
-         o.aggregated = o.disaggregated = false;
-       },
+      {"policy", [](PlanOptions& o, ClusterConfig&) { o.policies = {"fastest"}; }, "'fastest'"},
+      {"budget", [](PlanOptions& o, ClusterConfig&) { o.token_budgets = {0}; }, "token_budgets"},
+      {"shapes", [](PlanOptions& o, ClusterConfig&) { o.aggregated = o.disaggregated = false; },
        "shapes"},
-      {"jobs", [](PlanOptions &o, ClusterConfig &) { o.jobs = 0; }, "jobs"},
+      {"jobs", [](PlanOptions& o, ClusterConfig&) { o.jobs = 0; }, "jobs"},
       {"failures",
-       [](PlanOptions &, ClusterConfig &c) {
+       [](PlanOptions&, ClusterConfig& c) {
          c.failures = {{1.0, "d0"}};
        },
        "failures"},
   };
-  for (const Case &c : cases) {
+  for (const Case& c : cases) {
     PlanOptions o = Options();
     ClusterConfig cluster = Templates();
     c.edit(o, cluster);
     absl::StatusOr<Plan> plan = PlanCluster(cluster, Trace(), o);
-    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument)
-        << c.what;
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
     EXPECT_THAT(plan.status().message(), HasSubstr(c.message)) << c.what;
   }
   EXPECT_EQ(PlanCluster(Templates(), {}, Options()).status().code(),
@@ -210,8 +201,7 @@ TEST(PlannerTest, PlanJsonIsParsedAndCheckedKeyByKey) {
   EXPECT_TRUE(o->disaggregated);
   EXPECT_EQ(o->max_workers, 16);
   EXPECT_EQ(o->jobs, 3);
-  for (const auto &[text, key] :
-       std::vector<std::pair<std::string, std::string>>{
+  for (const auto& [text, key] : std::vector<std::pair<std::string, std::string>>{
            {R"({"tpot": 25})", "tpot: unknown key"},
            {R"({"max_workers": "8"})", "max_workers: must be an integer"},
            {R"({"costs": {"gpu": 1}})", "costs.gpu: unknown role"},
@@ -223,5 +213,5 @@ TEST(PlannerTest, PlanJsonIsParsedAndCheckedKeyByKey) {
   }
 }
 
-} // namespace
-} // namespace tandem::sim
+}  // namespace
+}  // namespace tandem::sim
