@@ -111,3 +111,29 @@ def test_a_plan_needs_an_objective_and_a_rate(capsys, profile):
         with pytest.raises(SystemExit):
             run("--profile", profile, *args)
         assert message in capsys.readouterr().err
+
+
+def test_planning_peers_script_runs(tmp_path, capsys, bin_dir):
+    """bench/planning_peers.py (docs/sim.md, "The peers' results") end to end on a small sweep:
+    every configuration of both experiments gets an attainment per rate and a goodput entry."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "planning_peers", pathlib.Path(__file__).resolve().parents[2] / "bench" /
+        "planning_peers.py")
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(PROFILE))
+    assert peers.main(["--bin", bin_dir, "--profile", f"test={profile}:100", "--workers", "2",
+                       "--scales", "0.5,1", "--seeds", "1", "--prompt", "32", "--output", "8",
+                       "--jobs", "2", "--out", str(tmp_path / "peers.json")]) == 0
+    result = json.loads((tmp_path / "peers.json").read_text())
+    [distserve] = result["distserve"]
+    assert [r["config"] for r in distserve["rows"]] == ["2x both", "1P+1D"]
+    [alpaserve] = result["alpaserve"]
+    assert [r["config"] for r in alpaserve["rows"]] == ["shared 2x both",
+                                                         "dedicated 2 x 1x both"]
+    for row in distserve["rows"] + alpaserve["rows"]:
+        assert len(row["attainments"]) == 2 and all(0 <= a <= 1 for a in row["attainments"])
+        assert len(row["goodput_by_seed"]) == 1
+    assert "DistServe shape, test" in capsys.readouterr().out
