@@ -88,6 +88,9 @@ def build_parser():
                    metavar="X1,X2", help="rate multiples of the --plot-dir curves")
     g.add_argument("--curves", type=sim._nonneg_int, default=4, metavar="N",
                    help="configurations drawn in the plot (the best families')")
+    g.add_argument("--plot", dest="plot_dir", type=pathlib.Path, default=None, metavar="DIR",
+                   help="write attainment_vs_rate.png here: attainment versus rate per "
+                        "configuration (the same as --plot-dir)")
     g.add_argument("--bin", type=pathlib.Path, default=None, metavar="DIR",
                    help=f"where {sim.SIMULATOR} is (default: $TANDEM_BIN_DIR, else "
                         "<repo>/build/release/bin)")
@@ -116,6 +119,9 @@ def check(parser, args):
                      "cover other rates)")
     if args.rate is None or math.isinf(args.rate):
         parser.error("--rate: give the workload's finite arrival rate (requests/s)")
+    if args.label is not None:
+        parser.error("--label names a run of tandem bench or tandem sim; tandem plan labels "
+                     "each configuration it tries")
     if args.slo_scale is not None:
         parser.error("--slo-scale is not supported by tandem plan; give --ttft-slo-ms and/or "
                      "--tpot-slo-ms")

@@ -46,7 +46,7 @@ def run(*args):
 
 def test_cheapest_is_known_by_construction(tmp_path, capsys, bin_dir, profile):
     code = run("--bin", bin_dir, "--profile", profile, *WORKLOAD, "--max-workers", "8",
-               "--result-json", tmp_path / "plan.json", "--plot-dir", tmp_path / "plots",
+               "--result-json", tmp_path / "plan.json", "--plot", tmp_path / "plots",
                "--jobs", "2")
     out = capsys.readouterr().out
     assert code == 0
@@ -97,6 +97,8 @@ def test_simulator_refusals_are_passed_on(tmp_path, bin_dir, profile):
     (["--rate", "1", "--policies", "fastest"], "'fastest' is not a policy"),
     (["--rate", "1", "--token-budgets", "0"], "'0' is not an integer >= 1"),
     (["--rate", "1", "--shapes", "both"], "'both' is not aggregated or disaggregated"),
+    (["--rate", "1", "--label", "x"], "--label names a run"),
+    (["--rate", "1", "--slo-scale", "3"], "--slo-scale is not supported"),
 ])
 def test_bad_flags_are_named(capsys, profile, args, message):
     with pytest.raises(SystemExit) as exit_info:
