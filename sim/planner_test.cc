@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "sim/synthetic.h"
 
 namespace tandem::sim {
 namespace {
@@ -140,6 +141,63 @@ TEST(PlannerTest, SameAnswerWhateverTheJobs) {
   EXPECT_EQ(one->best->config.both_workers, 2);
   EXPECT_EQ(one->runner_up->config.prefill_workers, 1);
   EXPECT_EQ(one->runner_up->config.decode_workers, 2);
+}
+
+// The pruned search against every configuration of up to 6 workers simulated directly (the
+// Simulator, not the planner): on a Poisson workload whose answer is not known in advance, the
+// planner finds the same cheapest cost, and its pick meets the target when simulated alone.
+TEST(PlannerTest, PrunedSearchFindsWhatExhaustiveSearchFinds) {
+  SyntheticOptions w;
+  w.requests = 120;
+  w.rate = 3;
+  w.prompt = 200;
+  w.output = 40;
+  const std::vector<TraceRequest> trace = MakeSyntheticTrace(w, /*seed=*/3);
+  ClusterConfig base = Templates();
+  for (PoolConfig& p : base.pools) {
+    p.step = {.base_seconds = 0.01,
+              .prefill_token_seconds = 0.0004,
+              .decode_token_seconds = 0.002,
+              .context_token_seconds = 1e-7,
+              .prompt_context_token_seconds = 1e-8};
+  }
+  PlanOptions o = Options();
+  o.ttft_slo_ms = 300;
+  o.tpot_slo_ms = 20;
+  o.max_workers = 6;
+  o.prefill_cost = 1.5;  // so that the two shapes' costs interleave
+  auto attainment = [&](int64_t prefill, int64_t decode, int64_t both) {
+    ClusterConfig c = base;
+    c.pools.clear();
+    if (prefill > 0) c.pools.push_back(base.pools[0]), c.pools.back().count = prefill;
+    if (decode > 0) c.pools.push_back(base.pools[1]), c.pools.back().count = decode;
+    if (both > 0) c.pools.push_back(base.pools[2]), c.pools.back().count = both;
+    std::vector<TraceRequest> slo = trace;
+    for (TraceRequest& r : slo) r.ttft_slo_ms = o.ttft_slo_ms, r.tpot_slo_ms = o.tpot_slo_ms;
+    absl::StatusOr<std::unique_ptr<Simulator>> sim = Simulator::Create(c, {.seed = 0});
+    CHECK_OK(sim.status());
+    absl::StatusOr<std::vector<RequestResult>> results = (*sim)->Run(slo);
+    CHECK_OK(results.status());
+    return Attainment(slo, *results);
+  };
+  double cheapest = 1e9;
+  for (int64_t n = 1; n <= 6; ++n) {
+    if (attainment(0, 0, n) >= o.attainment_target) cheapest = std::min(cheapest, 1.0 * n);
+  }
+  for (int64_t p = 1; p < 6; ++p) {
+    for (int64_t d = 1; p + d <= 6; ++d) {
+      if (attainment(p, d, 0) >= o.attainment_target) cheapest = std::min(cheapest, 1.5 * p + d);
+    }
+  }
+  ASSERT_LT(cheapest, 1e9) << "the workload should be servable within 6 workers";
+  absl::StatusOr<Plan> plan = PlanCluster(base, trace, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->best.has_value());
+  EXPECT_DOUBLE_EQ(plan->best->config.cost, cheapest) << plan->best->config.Label();
+  EXPECT_GT(cheapest, 1) << "one worker suffices: the comparison would say little";
+  const PlanCandidate& c = plan->best->config;
+  EXPECT_DOUBLE_EQ(attainment(c.prefill_workers, c.decode_workers, c.both_workers),
+                   c.attainment);
 }
 
 TEST(PlannerTest, MaxSimulationsStopsTheSearch) {
