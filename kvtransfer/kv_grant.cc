@@ -124,7 +124,7 @@ absl::Status CheckWriteGranted(const KvGrant& grant, const WriteOp& op) {
 v1::KvPoolDescriptor PublicPart(const v1::KvPoolDescriptor& descriptor) {
   v1::KvPoolDescriptor out;
   out.set_transport(descriptor.transport());
-  *out.mutable_layout() = descriptor.layout();
+  if (descriptor.has_layout()) *out.mutable_layout() = descriptor.layout();
   out.set_pool_epoch(descriptor.pool_epoch());
   return out;
 }
