@@ -112,12 +112,12 @@ std::vector<BadGrant> BadGrants() {
   no_regions.mutable_pool()->clear_regions();
   cases.push_back({"NoRegion", no_regions, ten, Layout(1), absl::StatusCode::kInvalidArgument,
                    "destination.pool: descriptor layout"});
-  // The last block's bytes would wrap past 2^64: the address arithmetic is checked.
+  // The region (and its last blocks' bytes) would wrap past 2^64.
   v1::KvDestination wraps = Destination({1, 2, 9});
   wraps.mutable_pool()->mutable_regions(0)->set_base_address(
       std::numeric_limits<uint64_t>::max() - 3 * kBlockStrideBytes);
   cases.push_back({"RegionWrapsAround", wraps, ten, Layout(1),
-                   absl::StatusCode::kInvalidArgument, "overflows 64 bits"});
+                   absl::StatusCode::kInvalidArgument, "runs past the end of the address space"});
   return cases;
 }
 
