@@ -5,12 +5,14 @@
   sends the prefill worker a request names (a grpcio Prefill server here, which records it and
   refuses, so the decode worker prefills itself) carries them; and no form of the key appears in
   the decode or prefill worker's log or metrics.
+- A decode worker whose client leaves during a remote prefill sends Prefill.Cancel and keeps the
+  request's blocks until it answers (a prefill worker's late writes land in no other request's).
 - A real tandem-prefill given a grant over real UCX (shared memory, and TCP) into a pool filled
   with a canary (tests/kvtransfer/kv_peer): an out-of-range, duplicated, miscounted grant or a
   pool of another layout is refused and writes nothing; a valid one changes exactly the granted
   blocks, not the block the destination caches.
 
-Environment: TANDEM_BIN_DIR (the binaries, kv_peer included), TANDEM_SOURCE_DIR. About 10 s.
+Environment: TANDEM_BIN_DIR (the binaries, kv_peer included), TANDEM_SOURCE_DIR. About 13 s.
 """
 import base64
 import itertools
@@ -23,7 +25,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from cluster_common import BIN, Process, Protos
+from cluster_common import BIN, Process, Protos, wait_until
 
 UCX = {"UCX_TLS": "posix,self"}
 FLAGS = ["--listen=127.0.0.1:0", "--kv_cache_mb=48", "--threads=1", "--max_running=8"]
@@ -120,6 +122,9 @@ def test_keys_reach_only_the_named_prefill_worker_never_state_logs_or_metrics(pb
         # A real prefill worker gets the same key, and serves.
         tokens, last = generate(pb, decode, [1] + list(range(5000, 5040)), [("p0", prefill.address)])
         assert last.timings.remote_prefill and last.timings.prefill_worker == "p0"
+        # Held while the prefill worker could write, released once the request and it are done.
+        wait_until(lambda: snapshot_of(pb, decode.address).load.used_blocks == 0,
+                   what="the remote prefill's blocks to be released")
 
         # The key in no snapshot byte, log line or metric, in any usual text form.
         assert key not in snapshot_of(pb, decode.address).SerializeToString()
@@ -131,6 +136,73 @@ def test_keys_reach_only_the_named_prefill_worker_never_state_logs_or_metrics(pb
         recorder.server.stop(None)
         decode.kill()
         prefill.kill()
+
+
+class HangingPrefill:
+    """A tandem.v1.Prefill server that takes a prefill and never answers it (a prefill worker
+    whose writes are still in flight), and answers Prefill.Cancel only when the test says so."""
+
+    def __init__(self, pb):
+        self.prefill_received = threading.Event()
+        self.cancel_received = threading.Event()
+        self.answer_cancel = threading.Event()
+        self.done = threading.Event()
+        hanging = self
+
+        class Servicer(pb.worker_grpc.PrefillServicer):
+            def Prefill(self, request, context):
+                hanging.prefill_received.set()
+                hanging.done.wait(WAIT_S)
+                context.abort(grpc.StatusCode.UNAVAILABLE, "never served")
+
+            def Cancel(self, request, context):
+                hanging.cancel_received.set()
+                hanging.answer_cancel.wait(WAIT_S)
+                return pb.worker.CancelResponse(found=True)
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb.worker_grpc.add_PrefillServicer_to_server(Servicer(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    @property
+    def address(self):
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.answer_cancel.set()
+        self.done.set()
+        self.server.stop(None)
+
+
+def test_an_aborted_remote_prefill_keeps_its_blocks_until_the_prefill_worker_cancelled(pb):
+    """The client leaves while a prefill worker may still be writing the prompt's blocks: the
+    decode worker keeps them (they go to no other request) until that worker's Prefill.Cancel
+    answers, which it does once nothing more can land."""
+    decode = Process("tandem-decode", *FLAGS, "--worker_id=d0", env=UCX)
+    hanging = HangingPrefill(pb)
+    try:
+        stub = pb.worker_grpc.DecodeStub(grpc.insecure_channel(decode.address))
+        prompt = [1] + list(range(7000, 7040))  # 41 tokens: 3 blocks of 16
+        stream = stub.Generate(pb.worker.DecodeRequest(
+            request_id="aborted", prompt_token_ids=prompt,
+            sampling=pb.inference.SamplingParams(max_tokens=4, temperature=0),
+            prefill_targets=[pb.worker.PrefillTarget(worker_id="hang", address=hanging.address)]),
+            timeout=WAIT_S)
+        assert hanging.prefill_received.wait(WAIT_S)
+        stream.cancel()  # the client goes away
+        assert hanging.cancel_received.wait(WAIT_S), "the decode worker sent no Prefill.Cancel"
+        # A request after the abort: once it is done, the engine has dropped the aborted one.
+        tokens, _ = generate(pb, decode, [1] + list(range(8000, 8010)), [])
+        assert len(tokens) == 4
+        assert snapshot_of(pb, decode.address).load.used_blocks == 3, "the blocks went back early"
+
+        hanging.answer_cancel.set()
+        wait_until(lambda: snapshot_of(pb, decode.address).load.used_blocks == 0,
+                   what="the blocks to be released after Prefill.Cancel answered")
+    finally:
+        hanging.stop()
+        decode.kill()
 
 
 class KvPeer:
