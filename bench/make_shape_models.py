@@ -59,6 +59,7 @@ TYPES = {
     "Q4_0": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, None),
     "Q4_1": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1, None),
     "Q5_0": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_0, None),
+    "Q5_1": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_1, None),
     "Q4_K_M": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, None),
     "Q5_K_M": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M, None),
     "Q6_K": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K, None),
