@@ -13,13 +13,12 @@ import argparse
 import datetime
 import json
 import math
-import os
 import pathlib
 import subprocess
 import sys
 import tempfile
 
-from . import arrivals, cli, plots, sim, workload
+from . import argtypes, arrivals, cli, plots, sim, workload
 
 DESCRIPTION = """\
 Finds the cheapest Tandem cluster that meets SLOs on a workload, by simulating candidates
@@ -77,12 +76,12 @@ def build_parser():
                                          "prefill (default: the profile's)")
     g.add_argument("--shapes", type=_shapes, default=list(SHAPES), metavar="S1,S2",
                    help="aggregated (workers doing both) and/or disaggregated (prefill + decode)")
-    g.add_argument("--max-workers", "--max_workers", type=cli._positive(int), default=64,
+    g.add_argument("--max-workers", "--max_workers", type=argtypes.positive(int), default=64,
                    metavar="N", help="the most workers of one configuration")
     for role in ("prefill", "decode", "both"):
         g.add_argument(f"--cost-{role}", f"--cost_{role}", type=sim._nonneg_float, default=1.0,
                        metavar="C", help=f"the cost of one {role} worker")
-    g.add_argument("--max-rate-scale", type=cli._positive(float), default=8.0, metavar="X",
+    g.add_argument("--max-rate-scale", type=argtypes.positive(float), default=8.0, metavar="X",
                    help="rate headroom is searched up to X times the workload's rate")
     g.add_argument("--curve-scales", type=_scales, default=[0.25, 0.5, 0.75, 1, 1.25, 1.5, 2],
                    metavar="X1,X2", help="rate multiples of the --plot-dir curves")
@@ -91,13 +90,8 @@ def build_parser():
     g.add_argument("--plot", dest="plot_dir", type=pathlib.Path, default=None, metavar="DIR",
                    help="write attainment_vs_rate.png here: attainment versus rate per "
                         "configuration (the same as --plot-dir)")
-    g.add_argument("--bin", type=pathlib.Path, default=None, metavar="DIR",
-                   help=f"where {sim.SIMULATOR} is (default: $TANDEM_BIN_DIR, else "
-                        "<repo>/build/release/bin)")
-    g.add_argument("--jobs", type=cli._positive(int), default=os.cpu_count() or 1, metavar="N",
-                   help="simulations run at once (threads of tandem_sim)")
-    g.add_argument("--work-dir", type=pathlib.Path, metavar="DIR",
-                   help="keep cluster.json, trace.jsonl and plan.json here")
+    sim.add_simulator_args(g, jobs="simulations run at once (threads of tandem_sim)",
+                           work_dir="keep cluster.json, trace.jsonl and plan.json here")
     cli.add_workload_args(p, live=False)
     return p
 

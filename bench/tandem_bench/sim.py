@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from . import arrivals, cli, clients, cluster, metrics, plots, runner, workload
+from . import argtypes, arrivals, cli, clients, cluster, metrics, plots, runner, workload
 
 SIMULATOR = "tandem_sim"
 POLICIES = ("slo", "round_robin", "least_loaded", "prefix")
@@ -56,24 +56,8 @@ class SimError(Exception):
 # ------------------------------------------------------------------------------------------------
 
 
-def _nonneg_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {text}")
-    return value
-
-
-def _nonneg_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not value >= 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {text}")
-    return value
+_nonneg_int = argtypes.number(int, lambda value: value >= 0, ">= 0")
+_nonneg_float = argtypes.number(float, lambda value: 0 <= value < math.inf, "a finite number >= 0")
 
 
 def _failure(text):
@@ -114,7 +98,7 @@ def add_cluster_args(p):
                        ("max-prefill-tokens", "most prompt tokens per step (0: no cap)")):
         _flag(g, name, type=_nonneg_int, default=None, metavar="N",
               help=f"{what} (default: the profile's)")
-    _flag(g, "link-bandwidth-gbps", type=cli._positive(float), default=None, metavar="GBPS",
+    _flag(g, "link-bandwidth-gbps", type=argtypes.positive(float), default=None, metavar="GBPS",
           help="KV transfer bandwidth between two workers (default 10)")
     _flag(g, "link-latency-us", type=_nonneg_float, default=None, metavar="US",
           help="KV transfer latency between two workers (default 50)")
@@ -140,16 +124,22 @@ def build_parser():
                    help="compare two clusters: the flags above plus A, then plus B, each as "
                         "name=value (e.g. --ab policy=round_robin policy=prefix, or "
                         "--ab cluster=a.json cluster=b.json)")
+    add_simulator_args(g, jobs="simulator processes run at once (one per configuration and rate)",
+                       work_dir="keep each run's cluster.json, trace.jsonl and results.jsonl here "
+                                "(default: a temporary folder, removed)")
+    cli.add_workload_args(p, live=False)
+    return p
+
+
+def add_simulator_args(g, jobs, work_dir):
+    """--bin, --jobs and --work-dir (shared with `tandem plan`); `jobs` and `work_dir` are their
+    help."""
     g.add_argument("--bin", type=pathlib.Path, default=None, metavar="DIR",
                    help=f"where {SIMULATOR} is (default: $TANDEM_BIN_DIR, else "
                         "<repo>/build/release/bin)")
-    g.add_argument("--jobs", type=cli._positive(int), default=os.cpu_count() or 1, metavar="N",
-                   help="simulator processes run at once (one per configuration and rate)")
-    g.add_argument("--work-dir", type=pathlib.Path, metavar="DIR",
-                   help="keep each run's cluster.json, trace.jsonl and results.jsonl here "
-                        "(default: a temporary folder, removed)")
-    cli.add_workload_args(p, live=False)
-    return p
+    g.add_argument("--jobs", type=argtypes.positive(int), default=os.cpu_count() or 1, metavar="N",
+                   help=jobs)
+    g.add_argument("--work-dir", type=pathlib.Path, metavar="DIR", help=work_dir)
 
 
 def _cluster_parser():
