@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kvtransfer/inproc_transport.h"
 #include "kvtransfer/prompt_write_plan.h"
+#include "kvtransfer/transport_test_util.h"
 #include "tandem/v1/worker.pb.h"
 
 namespace tandem::kvtransfer {
@@ -22,25 +23,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// 4 layers, 4 tokens per block, 2 K/V heads of 8, F32: block_bytes = 2*4*2*8*4 = 512 bytes.
-KvLayout Layout(int64_t blocks) {
-  return KvLayout{.num_blocks = blocks, .num_layers = 4, .block_size = 4, .num_kv_heads = 2,
-                  .head_dim = 8};
-}
-constexpr uint64_t kBlockBytes = 512;
-constexpr uint64_t kBlockStrideBytes = 4 * kBlockBytes;
-constexpr uint64_t kBase = 0x7f0000200000;
+using testing::HostPool;
+using testing::kBlockBytes;
+using testing::kBlockStrideBytes;
+using testing::kPoolBase;
+using testing::Layout;
 
 v1::KvDestination Destination(std::vector<uint32_t> ids, int64_t pool_blocks = 10) {
-  PoolDescriptor d{.transport = "ucx",
-                   .address = "addr",
-                   .regions = {{.base_address = kBase,
-                                .length = static_cast<uint64_t>(pool_blocks) * kBlockStrideBytes,
-                                .remote_key = std::string("\x01\x00\xffkey", 6),
-                                .kind = MemoryKind::kHost,
-                                .device_index = 0}},
-                   .layout = Layout(pool_blocks),
-                   .pool_epoch = 3};
+  const PoolDescriptor d = HostPool(pool_blocks, "addr", /*epoch=*/3);
   v1::KvDestination out;
   out.set_worker_id("decode-0");
   ToProto(d, out.mutable_pool());
@@ -128,10 +118,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, CheckGrantRefusalTest, ::testing::ValuesIn(BadGr
 
 TEST(BlockLayerBytesTest, FollowsTheLayoutAndStaysInTheRegion) {
   const KvLayout l = Layout(10);
-  const ByteRange region{.address = kBase, .length = 10 * kBlockStrideBytes};
+  const ByteRange region{.address = kPoolBase, .length = 10 * kBlockStrideBytes};
   absl::StatusOr<ByteRange> r = BlockLayerBytes(l, region, 3, 1, 2);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->address, kBase + 3 * kBlockStrideBytes + kBlockBytes);
+  EXPECT_EQ(r->address, kPoolBase + 3 * kBlockStrideBytes + kBlockBytes);
   EXPECT_EQ(r->length, 2 * kBlockBytes);
   // The last layer of the last block ends exactly at the region's end.
   r = BlockLayerBytes(l, region, 9, 3, 1);
@@ -144,7 +134,7 @@ TEST(BlockLayerBytesTest, FollowsTheLayoutAndStaysInTheRegion) {
   EXPECT_THAT(BlockLayerBytes(l, region, 0, 3, 2).status().message(), HasSubstr("layers [3"));
   EXPECT_THAT(BlockLayerBytes(l, region, 0, -1, 1).status().message(), HasSubstr("layers [-1"));
   // A region shorter than the layout says: the block's bytes are refused, not assumed.
-  EXPECT_THAT(BlockLayerBytes(l, {.address = kBase, .length = 9 * kBlockStrideBytes}, 9, 0, 4)
+  EXPECT_THAT(BlockLayerBytes(l, {.address = kPoolBase, .length = 9 * kBlockStrideBytes}, 9, 0, 4)
                   .status()
                   .message(),
               HasSubstr("lies past its region"));
