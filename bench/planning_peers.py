@@ -19,6 +19,7 @@ writes the figures as JSON (and PNGs with --plot-dir).
 """
 import argparse
 import concurrent.futures
+import dataclasses
 import json
 import math
 import os
@@ -101,21 +102,38 @@ def unloaded(sim_path, work, profile, prompt, output):
     return s["ttft_ms_p50"], s["tpot_ms_p50"]
 
 
-def distserve(sim_path, work, name, profile, workers, pool, jobs_rates, seed):
+@dataclasses.dataclass
+class SloWorkload:
+    """The default workload, its SLOs scaled from one request alone on one worker."""
+    prompt: int
+    output: int
+    ttft0: float        # unloaded TTFT, ms
+    tpot0: float        # unloaded TPOT, ms
+    slo: dict
+    config: workload.WorkloadConfig
+    one: float          # requests per second one worker serves alone
+
+
+def slo_workload(sim_path, work, profile):
     prompt, output, ttft_scale, tpot_scale = WORKLOADS["default"]
-    ttft0, tpot0 = unloaded(sim_path, work / name, profile, prompt, output)
+    ttft0, tpot0 = unloaded(sim_path, work, profile, prompt, output)
     slo = {"ttft_ms": ttft_scale * ttft0, "tpot_ms": tpot_scale * tpot0}
     config = workload.WorkloadConfig(input_lengths=workload.Lengths(prompt, 0.5),
                                      output_lengths=workload.Lengths(output, 0.5),
                                      ttft_slo_ms=slo["ttft_ms"], tpot_slo_ms=slo["tpot_ms"])
+    return SloWorkload(prompt, output, ttft0, tpot0, slo, config,
+                       one=1000.0 / (ttft0 + output * tpot0))
+
+
+def distserve(sim_path, work, name, profile, workers, pool, jobs_rates, seed):
+    w = slo_workload(sim_path, work / name, profile)
     # Rates: around what one worker does alone per second, times the workers.
-    one = 1000.0 / (ttft0 + output * tpot0)
-    rates = [workers * one * f for f in jobs_rates]
+    rates = [workers * w.one * f for f in jobs_rates]
     shapes = [("both", workers)] + [("split", p, workers - p) for p in range(1, workers)]
     futures = {}
     for shape in shapes:
         for k, rate in enumerate(rates):
-            entries = trace(config, seed, rate, 400, stream=f"r{k}")
+            entries = trace(w.config, seed, rate, 400, stream=f"r{k}")
             c = {"policy": "slo", "pools": pools(profile, shape), "profile_name": name}
             futures[(label(shape), k)] = pool.submit(
                 simulate, sim_path, work / name / f"{label(shape)}-{k}".replace("+", "_"), c,
@@ -125,24 +143,18 @@ def distserve(sim_path, work, name, profile, workers, pool, jobs_rates, seed):
         att = [futures[(label(shape), k)].result()["slo_attainment"] for k in range(len(rates))]
         rows.append({"config": label(shape), "rates": rates, "attainments": att,
                      "goodput": metrics.distserve_goodput(rates, att, 0.9)})
-    return {"profile": name, "workers": workers, "prompt": prompt, "output": output,
-            "unloaded_ttft_ms": ttft0, "unloaded_tpot_ms": tpot0, "slo": slo, "rows": rows}
+    return {"profile": name, "workers": workers, "prompt": w.prompt, "output": w.output,
+            "unloaded_ttft_ms": w.ttft0, "unloaded_tpot_ms": w.tpot0, "slo": w.slo, "rows": rows}
 
 
 def alpaserve(sim_path, work, name, profile, workers, pool, jobs_rates, seed, burstiness):
-    prompt, output, ttft_scale, tpot_scale = WORKLOADS["default"]
-    ttft0, tpot0 = unloaded(sim_path, work / name, profile, prompt, output)
-    slo = {"ttft_ms": ttft_scale * ttft0, "tpot_ms": tpot_scale * tpot0}
-    config = workload.WorkloadConfig(input_lengths=workload.Lengths(prompt, 0.5),
-                                     output_lengths=workload.Lengths(output, 0.5),
-                                     ttft_slo_ms=slo["ttft_ms"], tpot_slo_ms=slo["tpot_ms"])
-    one = 1000.0 / (ttft0 + output * tpot0)
-    rates = [workers * one * f / 2 for f in jobs_rates]   # per tenant
+    w = slo_workload(sim_path, work / name, profile)
+    rates = [workers * w.one * f / 2 for f in jobs_rates]   # per tenant
     half = workers // 2
     futures = {}
     for k, rate in enumerate(rates):
-        a = trace(config, seed, rate, 300, burstiness, stream=f"a{k}", tenant="a")
-        b = trace(config, seed + 1, rate, 300, burstiness, stream=f"b{k}", tenant="b")
+        a = trace(w.config, seed, rate, 300, burstiness, stream=f"a{k}", tenant="a")
+        b = trace(w.config, seed + 1, rate, 300, burstiness, stream=f"b{k}", tenant="b")
         shared = {"policy": "slo", "pools": pools(profile, ("both", workers))}
         dedicated = {"policy": "slo", "pools": pools(profile, ("both", half))}  # no transfers
         d = work / name / f"alpa-{k}"
@@ -157,7 +169,7 @@ def alpaserve(sim_path, work, name, profile, workers, pool, jobs_rates, seed, bu
         dedicated.append((sa["slo_attainment"] * sa["requests"] + sb["slo_attainment"] *
                           sb["requests"]) / (sa["requests"] + sb["requests"]))
     return {"profile": name, "workers": workers, "burstiness": burstiness,
-            "cv": 1 / math.sqrt(burstiness), "slo": slo, "total_rates": [2 * r for r in rates],
+            "cv": 1 / math.sqrt(burstiness), "slo": w.slo, "total_rates": [2 * r for r in rates],
             "rows": [{"config": f"shared {workers}x both", "attainments": shared,
                       "goodput": metrics.distserve_goodput([2 * r for r in rates], shared, 0.9)},
                      {"config": f"dedicated 2 x {half}x both", "attainments": dedicated,
