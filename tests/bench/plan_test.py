@@ -33,13 +33,6 @@ def bin_dir():
     return folder
 
 
-@pytest.fixture
-def profile(tmp_path):
-    path = tmp_path / "profile.json"
-    path.write_text(json.dumps(PROFILE))
-    return path
-
-
 def run(*args):
     return plan.main([str(a) for a in args])
 
@@ -115,7 +108,7 @@ def test_a_plan_needs_an_objective_and_a_rate(capsys, profile):
         assert message in capsys.readouterr().err
 
 
-def test_planning_peers_script_runs(tmp_path, capsys, bin_dir):
+def test_planning_peers_script_runs(tmp_path, capsys, bin_dir, profile):
     """bench/planning_peers.py (docs/sim.md, "The peers' results") end to end on a small sweep:
     every configuration of both experiments gets an attainment per rate and a goodput entry."""
     import importlib.util
@@ -124,8 +117,6 @@ def test_planning_peers_script_runs(tmp_path, capsys, bin_dir):
         "planning_peers.py")
     peers = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(peers)
-    profile = tmp_path / "p.json"
-    profile.write_text(json.dumps(PROFILE))
     assert peers.main(["--bin", bin_dir, "--profile", f"test={profile}:100", "--workers", "2",
                        "--scales", "0.5,1", "--seeds", "1", "--prompt", "32", "--output", "8",
                        "--jobs", "2", "--out", str(tmp_path / "peers.json")]) == 0
