@@ -67,7 +67,24 @@ def generate(pb, decode, prompt, targets):
     return tokens, last
 
 
-class RecordingPrefill:
+class FakePrefill:
+    """A tandem.v1.Prefill server on loopback that serves with `servicer`."""
+
+    def __init__(self, pb, servicer, threads):
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
+        pb.worker_grpc.add_PrefillServicer_to_server(servicer, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    @property
+    def address(self):
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.server.stop(None)
+
+
+class RecordingPrefill(FakePrefill):
     """A tandem.v1.Prefill server that records each request and refuses it (UNAVAILABLE)."""
 
     def __init__(self, pb):
@@ -79,14 +96,7 @@ class RecordingPrefill:
                 recorder.requests.append(request)
                 context.abort(grpc.StatusCode.UNAVAILABLE, "recorded, not served")
 
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        pb.worker_grpc.add_PrefillServicer_to_server(Servicer(), self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-
-    @property
-    def address(self):
-        return f"127.0.0.1:{self.port}"
+        super().__init__(pb, Servicer(), threads=2)
 
 
 def forms_of(key):
@@ -133,12 +143,12 @@ def test_keys_reach_only_the_named_prefill_worker_never_state_logs_or_metrics(pb
             for form in forms_of(key):
                 assert form not in text, f"{form[:24]}... in the log or metrics"
     finally:
-        recorder.server.stop(None)
+        recorder.stop()
         decode.kill()
         prefill.kill()
 
 
-class HangingPrefill:
+class HangingPrefill(FakePrefill):
     """A tandem.v1.Prefill server that takes a prefill and never answers it (a prefill worker
     whose writes are still in flight), and answers Prefill.Cancel only when the test says so."""
 
@@ -160,19 +170,12 @@ class HangingPrefill:
                 hanging.answer_cancel.wait(WAIT_S)
                 return pb.worker.CancelResponse(found=True)
 
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        pb.worker_grpc.add_PrefillServicer_to_server(Servicer(), self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-
-    @property
-    def address(self):
-        return f"127.0.0.1:{self.port}"
+        super().__init__(pb, Servicer(), threads=4)
 
     def stop(self):
         self.answer_cancel.set()
         self.done.set()
-        self.server.stop(None)
+        super().stop()
 
 
 def test_an_aborted_remote_prefill_keeps_its_blocks_until_the_prefill_worker_cancelled(pb):
