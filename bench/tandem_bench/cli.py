@@ -473,6 +473,22 @@ def print_report(runs):
                       f"{top}")
 
 
+def write_result_json(path, result):
+    """`result` (a dict) as the result JSON at `path`, and where it went."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
+    print(f"results: {path}")
+
+
+def write_outputs(args, runs, result):
+    """What --result-json (the dict `result()` makes) and --plot-dir ask for, for `runs`."""
+    if args.result_json:
+        write_result_json(args.result_json, result())
+    if args.plot_dir:
+        for path in plots.write_all(runs, args.plot_dir, args.attainment_target):
+            print(f"plot: {path}")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -483,14 +499,7 @@ def main(argv=None):
     runs = bench.run()
     print()
     print_report(runs)
-    if args.result_json:
-        args.result_json.parent.mkdir(parents=True, exist_ok=True)
-        args.result_json.write_text(json.dumps(bench.result(runs, started, argv), indent=1,
-                                               allow_nan=False) + "\n")
-        print(f"results: {args.result_json}")
-    if args.plot_dir:
-        for path in plots.write_all(runs, args.plot_dir, args.attainment_target):
-            print(f"plot: {path}")
+    write_outputs(args, runs, lambda: bench.result(runs, started, argv))
     return 0
 
 

@@ -236,12 +236,10 @@ def main(argv=None):
             raise SystemExit(f"tandem plan: {error}") from None
     print(report(plan, options))
     if args.result_json:
-        args.result_json.parent.mkdir(parents=True, exist_ok=True)
-        args.result_json.write_text(json.dumps(cli._jsonable({
+        cli.write_result_json(args.result_json, cli._jsonable({
             "tool": "tandem_plan", "format_version": 1, "started_at": started,
             "command": argv, "seed": args.seed, "plan_options": options,
-            "templates": templates, "plan": plan}), indent=1, allow_nan=False) + "\n")
-        print(f"results: {args.result_json}")
+            "templates": templates, "plan": plan}))
     if args.plot_dir:
         print(f"plot: {plot(plan, args.plot_dir)}")
     return 0 if plan["best"] is not None else 1

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from . import argtypes, arrivals, cli, clients, cluster, metrics, plots, runner, workload
+from . import argtypes, arrivals, cli, clients, cluster, metrics, runner, workload
 
 SIMULATOR = "tandem_sim"
 POLICIES = ("slo", "round_robin", "least_loaded", "prefix")
@@ -556,14 +556,7 @@ def main(argv=None):
         except SimError as error:
             raise SystemExit(f"tandem sim: {error}") from None
     cli.print_report(runs)
-    if args.result_json:
-        args.result_json.parent.mkdir(parents=True, exist_ok=True)
-        args.result_json.write_text(json.dumps(sim.result(runs, started, argv), indent=1,
-                                               allow_nan=False) + "\n")
-        print(f"results: {args.result_json}")
-    if args.plot_dir:
-        for path in plots.write_all(runs, args.plot_dir, args.attainment_target):
-            print(f"plot: {path}")
+    cli.write_outputs(args, runs, lambda: sim.result(runs, started, argv))
     return 0
 
 
