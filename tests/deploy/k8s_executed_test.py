@@ -89,6 +89,19 @@ def metric(samples, name, **labels):
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
+def post_chat(conn, content, max_tokens, headers=None):
+    """(status, JSON) of a greedy chat completion sent over `conn`, which is closed after."""
+    try:
+        conn.request("POST", "/v1/chat/completions",
+                     headers={"Content-Type": "application/json", **(headers or {})},
+                     body=json.dumps({"messages": [{"role": "user", "content": content}],
+                                      "max_tokens": max_tokens, "temperature": 0}))
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
 class Cluster(WorkerPools):
     """The pods, and ways in: the router Service's pods reached from the "node" namespace."""
 
@@ -143,16 +156,9 @@ class Cluster(WorkerPools):
                       worker=f"{worker.ip}:{worker.ports['grpc']}") == 1
 
     def chat(self, router, content, max_tokens):
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_ports[router.name], timeout=120)
-        try:
-            conn.request("POST", "/v1/chat/completions",
-                         headers={"Content-Type": "application/json"},
-                         body=json.dumps({"messages": [{"role": "user", "content": content}],
-                                          "max_tokens": max_tokens, "temperature": 0}))
-            response = conn.getresponse()
-            return response.status, json.loads(response.read())
-        finally:
-            conn.close()
+        return post_chat(
+            http.client.HTTPConnection("127.0.0.1", self.http_ports[router.name], timeout=120),
+            content, max_tokens)
 
 
 @pytest.fixture(scope="module")
