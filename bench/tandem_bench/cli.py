@@ -377,12 +377,7 @@ class Bench:
                                             ca_file=(options or self.options).ca_file)
                      if worker_metrics else None)
             for k, rate in enumerate(self.rates):
-                process = arrivals.ArrivalProcess(self.kind, rate, args.burstiness)
-                times = arrivals.schedule(process, arrivals.rng_for(args.seed, "arrivals", k),
-                                          num_requests=(None if args.duration else
-                                                        args.num_requests or 100),
-                                          duration_s=args.duration)
-                specs = workload.build(self.config, args.seed, len(times), stream=f"rate{k}")
+                specs, times = sweep_point(args, self.config, self.kind, k, rate)
                 if self.slo_targets is not None:
                     specs = workload.with_slo_defaults(specs, self.slo_targets["ttft_ms"],
                                                        self.slo_targets["tpot_ms"])
@@ -471,6 +466,16 @@ def print_report(runs):
                 top = "; ".join(f"{n} x {message}" for message, n in list(errors.items())[:3])
                 print(f"{run['label']} @ {report.rate_text(point['rate'])} req/s: failed requests: "
                       f"{top}")
+
+
+def sweep_point(args, config, kind, k, rate, text=True):
+    """(specs, arrival times) of the k-th rate of the sweep: the seeded requests `tandem bench`
+    sends at `rate`, and `tandem sim` and `tandem plan` simulate (with text=False)."""
+    process = arrivals.ArrivalProcess(kind, rate, args.burstiness)
+    times = arrivals.schedule(process, arrivals.rng_for(args.seed, "arrivals", k),
+                              num_requests=None if args.duration else args.num_requests or 100,
+                              duration_s=args.duration)
+    return workload.build(config, args.seed, len(times), stream=f"rate{k}", text=text), times
 
 
 def write_result_json(path, result):

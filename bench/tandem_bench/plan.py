@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from . import argtypes, arrivals, cli, plots, sim, workload
+from . import argtypes, cli, plots, sim
 
 DESCRIPTION = """\
 Finds the cheapest Tandem cluster that meets SLOs on a workload, by simulating candidates
@@ -134,11 +134,7 @@ def check(parser, args):
         parser.error(str(error))
     finally:
         args.prefill_workers = args.decode_workers = None
-    process = arrivals.ArrivalProcess(kind, rates[0], args.burstiness)
-    times = arrivals.schedule(process, arrivals.rng_for(args.seed, "arrivals", 0),
-                              num_requests=None if args.duration else args.num_requests or 100,
-                              duration_s=args.duration)
-    specs = workload.build(config, args.seed, len(times), stream="rate0", text=False)
+    specs, times = cli.sweep_point(args, config, kind, 0, rates[0], text=False)
     return templates, sim.trace_lines(specs, times)
 
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from . import argtypes, arrivals, cli, clients, cluster, metrics, runner, workload
+from . import argtypes, cli, clients, cluster, metrics, runner, workload
 
 SIMULATOR = "tandem_sim"
 POLICIES = ("slo", "round_robin", "least_loaded", "prefix")
@@ -446,18 +446,9 @@ class Sim:
 
     def _points(self):
         """(k, rate, specs, times) of each rate of the sweep: exactly what `tandem bench` sends."""
-        args = self.args
-        out = []
-        for k, rate in enumerate(self.rates):
-            process = arrivals.ArrivalProcess(self.kind, rate, args.burstiness)
-            times = arrivals.schedule(process, arrivals.rng_for(args.seed, "arrivals", k),
-                                      num_requests=(None if args.duration else
-                                                    args.num_requests or 100),
-                                      duration_s=args.duration)
-            specs = workload.build(self.config, args.seed, len(times), stream=f"rate{k}",
-                                   text=False)
-            out.append((k, rate, specs, times))
-        return out
+        return [(k, rate, *cli.sweep_point(self.args, self.config, self.kind, k, rate,
+                                           text=False))
+                for k, rate in enumerate(self.rates)]
 
     def _unloaded(self, pool, configs):
         """--slo-scale: each of the workload's `unloaded` requests simulated alone, on the first
