@@ -366,14 +366,7 @@ class PodCluster:
             return 0, str(error)
         conn = http.client.HTTPSConnection(pod.ip, port, timeout=timeout, context=context)
         conn.sock = sock
-        try:
-            conn.request("GET", path, headers=headers or {})
-            response = conn.getresponse()
-            return response.status, response.read().decode("utf-8", "replace")
-        except (OSError, http.client.HTTPException) as error:
-            return 0, str(error)
-        finally:
-            conn.close()
+        return netns_hosts.get_text(conn, path, headers)
 
     # After which line of its log a pod's probe must pass at once: its server listens (its gRPC
     # health answers SERVING from then on), and a router's GET /health answers 200 once a decode
