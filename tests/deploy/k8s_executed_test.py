@@ -31,13 +31,7 @@ import pytest
 import k8s_pods
 import k8s_render as k8s
 
-_why_not = k8s_pods.unavailable_reason()
-if _why_not:
-    pytest.skip(f"pods cannot run here: {_why_not}", allow_module_level=True)
-if not k8s.kubectls():
-    # scripts/setup.sh installs it: its absence is a broken setup, not a reason to skip.
-    pytest.fail("no kubectl: scripts/setup.sh installs Debian's kubernetes-client (or set "
-                "TANDEM_KUBECTL)", pytrace=False)
+k8s_pods.require_pods()
 
 from cluster_common import (BIN, GenerateStream, Protos, WorkerPools,  # noqa: E402
                             greedy_request, wait_until)

@@ -30,11 +30,7 @@ import yaml
 import k8s_render as k8s
 from k8s_render import APPLIED, OVERLAYS
 
-KUBECTLS = k8s.kubectls()
-if not KUBECTLS:
-    # scripts/setup.sh installs it: its absence is a broken setup, not a reason to skip.
-    pytest.fail("no kubectl: scripts/setup.sh installs Debian's kubernetes-client (or set "
-                "TANDEM_KUBECTL)", pytrace=False)
+KUBECTLS = k8s.require_kubectl()
 
 BIN = os.environ["TANDEM_BIN_DIR"]  # set by ctest (tandem_py_test), as for every binary test
 # The Kubernetes versions the built-in kinds are validated for: the newest the package knows,
