@@ -177,6 +177,15 @@ def alpaserve(sim_path, work, name, profile, workers, pool, jobs_rates, seed, bu
                                                            0.9)}]}
 
 
+def plot(rows, rates, path):
+    """Attainment versus rate of an experiment's rows, rates[i] those of rows[i]."""
+    runs = [{"label": row["config"], "distserve_goodput": row["goodput"],
+             "rates": [{"rate": x, "summary": {"slo_attainment": a}}
+                       for x, a in zip(row_rates, row["attainments"])]}
+            for row, row_rates in zip(rows, rates)]
+    plots.attainment_vs_rate(runs, path, 0.9)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -265,17 +274,11 @@ def main(argv=None):
     if args.plot_dir:
         args.plot_dir.mkdir(parents=True, exist_ok=True)
         for r in results["distserve"]:
-            runs = [{"label": row["config"], "distserve_goodput": row["goodput"],
-                     "rates": [{"rate": x, "summary": {"slo_attainment": a}}
-                               for x, a in zip(row["rates"], row["attainments"])]}
-                    for row in r["rows"]]
-            plots.attainment_vs_rate(runs, args.plot_dir / f"distserve_{r['profile']}.png", 0.9)
+            plot(r["rows"], [row["rates"] for row in r["rows"]],
+                 args.plot_dir / f"distserve_{r['profile']}.png")
         for r in results["alpaserve"]:
-            runs = [{"label": row["config"], "distserve_goodput": row["goodput"],
-                     "rates": [{"rate": x, "summary": {"slo_attainment": a}}
-                               for x, a in zip(r["total_rates"], row["attainments"])]}
-                    for row in r["rows"]]
-            plots.attainment_vs_rate(runs, args.plot_dir / f"alpaserve_{r['profile']}.png", 0.9)
+            plot(r["rows"], [r["total_rates"]] * len(r["rows"]),
+                 args.plot_dir / f"alpaserve_{r['profile']}.png")
     return 0
 
 
