@@ -31,6 +31,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from tandem_bench import cluster  # noqa: E402
 
 POLICIES = ("round_robin", "least_loaded", "kv_aware", "slo")
+# The simulations of each real run: the profiles alone, and with the measured step factors.
+VARIANTS = ("profile", "factors")
+SUFFIX = {"profile": "", "factors": "-factors"}
 # A worker's start-up line as `tandem up` echoes it: "[decode-0] ... listening on port P ...".
 _WORKER_PORT = re.compile(r"^\[(?P<name>(?:prefill|decode)-\d+)\] .*listening on port (?P<port>\d+)")
 # The bounds docs/sim.md states.
@@ -57,6 +60,8 @@ def parse_args(argv):
     p.add_argument("--up", default="", help="more `tandem up` flags, e.g. 'decode_workers=2'")
     p.add_argument("--sim-flags", default="",
                    help="more `tandem sim` flags (space-separated), for trying a correction")
+    p.add_argument("--markdown", action="store_true",
+                   help="also print the table as Markdown (as docs/sim.md shows it)")
     p.add_argument("--sim-only", action="store_true",
                    help="keep real-*.json and the profiles already in --out; simulate again")
     args = p.parse_args(argv)
@@ -160,8 +165,32 @@ def run_real(args, policy, loads):
     return sorted(workers)
 
 
-def cluster_json(args, policy, workers):
-    """The simulated twin of `tandem up`: one pool per role, each with its worker's profile."""
+def step_ratios(args, policy, workers):
+    """Measured / predicted seconds of every step the workers ran during the real run (each by
+    its own worker's profile), sorted: the spread of real steps around the fitted profile."""
+    ratios = []
+    for name in workers:
+        steps_path = args.out / f"steps-{policy}-{name}.jsonl"
+        if not steps_path.exists():
+            continue
+        c = json.loads((args.out / f"profile-{policy}-{name}.json").read_text())["step"]
+        for line in steps_path.read_text().splitlines():
+            s = json.loads(line)
+            if s["batch_size"] > 0:
+                ratios.append(s["seconds"] / predicted_seconds(c, s))
+    return sorted(ratios)
+
+
+def quantiles(sorted_values, n):
+    """n evenly spaced quantiles (the midpoints of n equal shares) of a sorted list."""
+    if len(sorted_values) <= n:
+        return list(sorted_values)
+    return [sorted_values[int((k + 0.5) * len(sorted_values) / n)] for k in range(n)]
+
+
+def cluster_json(args, policy, workers, variant):
+    """The simulated twin of `tandem up`: one pool per role, each with its worker's profile;
+    variant "factors" adds the measured step_factors (1,000 quantiles of step_ratios)."""
     profiles = {name: json.loads((args.out / f"profile-{policy}-{name}.json").read_text())
                 for name in workers}
     kv_bytes = next((p["kv_bytes_per_token"] for p in profiles.values()
@@ -179,17 +208,23 @@ def cluster_json(args, policy, workers):
         pools.append(pool)
     # `tandem sim` names the router's kv_aware "prefix" (tandem_sim takes both).
     spec = {"policy": "prefix" if policy == "kv_aware" else policy, "pools": pools}
-    path = args.out / f"cluster-{policy}.json"
+    if variant == "factors":
+        ratios = step_ratios(args, policy, workers)
+        if not ratios:
+            raise SystemExit(f"no recorded steps for {policy} in {args.out}: run the real side")
+        spec["step_factors"] = [round(x, 5) for x in quantiles(ratios, 1000)]
+    path = args.out / f"cluster-{policy}{SUFFIX[variant]}.json"
     path.write_text(json.dumps(spec, indent=1) + "\n")
     return path
 
 
-def run_sim(args, policy, cluster_path):
+def run_sim(args, policy, variant, cluster_path):
     env = dict(os.environ, PYTHONPATH=str(REPO / "bench"), TANDEM_BIN_DIR=str(args.bin))
+    name = f"sim-{policy}{SUFFIX[variant]}"
     sim = subprocess.run(
         [sys.executable, "-m", "tandem_bench.sim", "--cluster", str(cluster_path),
-         "--label", f"sim {policy}", "--jobs", "2", "--work-dir", str(args.out / f"sim-{policy}"),
-         "--result-json", str(args.out / f"sim-{policy}.json"), *workload_flags(args),
+         "--label", name, "--jobs", "2", "--work-dir", str(args.out / name),
+         "--result-json", str(args.out / f"{name}.json"), *workload_flags(args),
          *args.sim_flags.split()],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if sim.returncode != 0:
@@ -201,18 +236,20 @@ def summaries(path):
     return {r["rate"]: r["summary"] for r in run["rates"]}
 
 
-def compare(args, policies):
+def compare(args, policies, variant):
     rows = []
     for policy in policies:
         real = summaries(args.out / f"real-{policy}.json")
-        sim = summaries(args.out / f"sim-{policy}.json")
+        sim = summaries(args.out / f"sim-{policy}{SUFFIX[variant]}.json")
         for rate in sorted(real):
             r, s = real[rate], sim[rate]
             att_pp = 100.0 * (s["slo_attainment"] - r["slo_attainment"])
             good_pct = (100.0 * (s["goodput"] - r["goodput"]) / r["goodput"]
                         if r["goodput"] > 0 else None)
             rows.append({
-                "policy": policy, "rate": rate,
+                "policy": policy, "rate": rate, "sim": variant,
+                "real_met": r["slo_met"], "sim_met": s["slo_met"],
+                "real_requests": r["requests"], "sim_requests": s["requests"],
                 "real_attainment": r["slo_attainment"], "sim_attainment": s["slo_attainment"],
                 "attainment_diff_pp": att_pp,
                 "real_goodput": r["goodput"], "sim_goodput": s["goodput"],
@@ -222,6 +259,14 @@ def compare(args, policies):
                 "within": abs(att_pp) <= ATTAINMENT_BOUND_PP and
                           (good_pct is None or abs(good_pct) <= GOODPUT_BOUND_PCT)})
     return rows
+
+
+def predicted_seconds(c, s):
+    """The profile's step seconds (StepProfile::StepSeconds) of a recorded step."""
+    return (c["base_seconds"] + c["prefill_token_seconds"] * s["prefill_tokens"] +
+            c["decode_token_seconds"] * s["decode_tokens"] +
+            c["context_token_seconds"] * s["decode_context"] +
+            c["prompt_context_token_seconds"] * s["prompt_context"])
 
 
 def step_fit(args, policy):
@@ -239,10 +284,7 @@ def step_fit(args, policy):
             s = json.loads(line)
             if s["batch_size"] == 0:
                 continue
-            predicted = (c["base_seconds"] + c["prefill_token_seconds"] * s["prefill_tokens"] +
-                         c["decode_token_seconds"] * s["decode_tokens"] +
-                         c["context_token_seconds"] * s["decode_context"] +
-                         c["prompt_context_token_seconds"] * s["prompt_context"])
+            predicted = predicted_seconds(c, s)
             kind = "prefill+decode" if s["prefill_tokens"] and s["decode_tokens"] else (
                 "prefill" if s["prefill_tokens"] else "decode")
             key = f"{kind} b{min(s['batch_size'], 16)}"
@@ -250,6 +292,32 @@ def step_fit(args, policy):
         out[name] = {k: {"steps": len(v), "seconds_p50": statistics.median(x[0] for x in v),
                          "measured_over_predicted_p50": statistics.median(x[1] for x in v)}
                      for k, v in sorted(by_batch.items())}
+    return out
+
+
+def pooled(rows):
+    """Per rate, every policy's requests together: attainment = met / requests over all of them,
+    goodput the policies' mean. Four runs of 40 requests make a point of 160, whose sampling error
+    is half a single run's (where the policies place alike, as on 1 prefill + 1 decode worker
+    with short prompts, they are repeats of one experiment)."""
+    out = []
+    for rate in sorted({x["rate"] for x in rows}):
+        at = [x for x in rows if x["rate"] == rate]
+        real = sum(x["real_met"] for x in at) / sum(x["real_requests"] for x in at)
+        sim = sum(x["sim_met"] for x in at) / sum(x["sim_requests"] for x in at)
+        rg = sum(x["real_goodput"] for x in at) / len(at)
+        sg = sum(x["sim_goodput"] for x in at) / len(at)
+        good = 100.0 * (sg - rg) / rg if rg > 0 else None
+        out.append({"policy": "+".join(sorted({x["policy"] for x in at})), "rate": rate,
+                    "real_attainment": real, "sim_attainment": sim,
+                    "attainment_diff_pp": 100.0 * (sim - real), "real_goodput": rg,
+                    "sim_goodput": sg, "goodput_diff_pct": good,
+                    "real_ttft_p50_ms": statistics.median(x["real_ttft_p50_ms"] for x in at),
+                    "sim_ttft_p50_ms": statistics.median(x["sim_ttft_p50_ms"] for x in at),
+                    "real_tpot_p50_ms": statistics.median(x["real_tpot_p50_ms"] for x in at),
+                    "sim_tpot_p50_ms": statistics.median(x["sim_tpot_p50_ms"] for x in at),
+                    "within": abs(100.0 * (sim - real)) <= ATTAINMENT_BOUND_PP and
+                              (good is None or abs(good) <= GOODPUT_BOUND_PCT)})
     return out
 
 
@@ -273,9 +341,26 @@ def print_table(rows, loads):
     within = sum(x["within"] for x in rows)
     print(f"\nwithin {ATTAINMENT_BOUND_PP:g} pp attainment and {GOODPUT_BOUND_PCT:g}% goodput: "
           f"{within} of {len(rows)} points")
-    for policy, load in loads.items():
-        print(f"load average (1, 5, 15 min) around the real {policy} run: before {load['before']}, "
-              f"after {load['after']}")
+
+
+def markdown(rows):
+    """The profile and factors rows side by side as a Markdown table (docs/sim.md's)."""
+    def pct(x):
+        return f"{100 * x:.1f}"
+    factors = {(x["policy"], x["rate"]): x for x in rows.get("factors", [])}
+    lines = ["| policy | rate | attainment real | sim (Δ pp) | sim + factors (Δ pp) | goodput real "
+             "| sim (Δ %) | sim + factors (Δ %) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for x in rows["profile"]:
+        f = factors.get((x["policy"], x["rate"]))
+        def good(y):
+            d = y["goodput_diff_pct"]
+            return f"{y['sim_goodput']:.2f} ({'-' if d is None else f'{d:+.1f}'})"
+        lines.append(
+            f"| {x['policy']} | {x['rate']:g} | {pct(x['real_attainment'])} | "
+            f"{pct(x['sim_attainment'])} ({x['attainment_diff_pp']:+.1f}) | " +
+            (f"{pct(f['sim_attainment'])} ({f['attainment_diff_pp']:+.1f})" if f else "-") +
+            f" | {x['real_goodput']:.2f} | {good(x)} | " + (good(f) if f else "-") + " |")
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -291,13 +376,39 @@ def main(argv=None):
             print(f"real {policy} ...", flush=True)
             workers = run_real(args, policy, loads)
             loads_path.write_text(json.dumps(loads, indent=1) + "\n")
-        print(f"sim {policy} ...", flush=True)
-        run_sim(args, policy, cluster_json(args, policy, workers))
-    rows = compare(args, args.policies)
+        for variant in VARIANTS:
+            if variant == "factors" and not step_ratios(args, policy, workers):
+                print(f"sim {policy} ({variant}): no recorded steps, skipped", flush=True)
+                continue
+            print(f"sim {policy} ({variant}) ...", flush=True)
+            run_sim(args, policy, variant, cluster_json(args, policy, workers, variant))
+    rows = {variant: compare(args, [p for p in args.policies if (
+                args.out / f"sim-{p}{SUFFIX[variant]}.json").exists()], variant)
+            for variant in VARIANTS}
+    rows.update({f"{variant}_pooled": pooled(rows[variant]) for variant in VARIANTS
+                 if rows[variant]})
     fits = {policy: step_fit(args, policy) for policy in args.policies}
     (args.out / "fidelity.json").write_text(json.dumps(
         {"command": sys.argv, "rows": rows, "loads": loads, "step_fit": fits}, indent=1) + "\n")
-    print_table(rows, {p: loads[p] for p in args.policies if p in loads})
+    for variant in VARIANTS:
+        if not rows[variant]:
+            continue
+        print(f"\nsimulated with {'the profiles alone' if variant == 'profile' else 'the profiles and the measured step factors'}:")
+        print_table(rows[variant], {})
+        if len({x["policy"] for x in rows[variant]}) > 1:
+            print("\nthe policies pooled per rate (TTFT/TPOT: the median of their medians):")
+            print_table(pooled(rows[variant]), {})
+    if args.markdown:
+        print()
+        print(markdown(rows))
+        if rows.get("profile_pooled"):
+            print()
+            print(markdown({"profile": rows["profile_pooled"],
+                            "factors": rows.get("factors_pooled", [])}))
+    for policy, load in loads.items():
+        if policy in args.policies:
+            print(f"load average (1, 5, 15 min) around the real {policy} run: before "
+                  f"{load['before']}, after {load['after']}")
 
 
 if __name__ == "__main__":
