@@ -295,6 +295,16 @@ def step_fit(args, policy):
     return out
 
 
+def median_of(values):
+    """The median of the values that exist (a rate where nothing succeeded has no TTFT)."""
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def ms(value, digits):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def pooled(rows):
     """Per rate, every policy's requests together: attainment = met / requests over all of them,
     goodput the policies' mean. Four runs of 40 requests make a point of 160, whose sampling error
@@ -312,10 +322,9 @@ def pooled(rows):
                     "real_attainment": real, "sim_attainment": sim,
                     "attainment_diff_pp": 100.0 * (sim - real), "real_goodput": rg,
                     "sim_goodput": sg, "goodput_diff_pct": good,
-                    "real_ttft_p50_ms": statistics.median(x["real_ttft_p50_ms"] for x in at),
-                    "sim_ttft_p50_ms": statistics.median(x["sim_ttft_p50_ms"] for x in at),
-                    "real_tpot_p50_ms": statistics.median(x["real_tpot_p50_ms"] for x in at),
-                    "sim_tpot_p50_ms": statistics.median(x["sim_tpot_p50_ms"] for x in at),
+                    **{key: median_of(x[key] for x in at)
+                       for key in ("real_ttft_p50_ms", "sim_ttft_p50_ms", "real_tpot_p50_ms",
+                                   "sim_tpot_p50_ms")},
                     "within": abs(100.0 * (sim - real)) <= ATTAINMENT_BOUND_PP and
                               (good is None or abs(good) <= GOODPUT_BOUND_PCT)})
     return out
@@ -330,8 +339,8 @@ def print_table(rows, loads):
         lines.append((x["policy"], f"{x['rate']:g}", f"{100 * x['real_attainment']:.1f}",
                       f"{100 * x['sim_attainment']:.1f}", f"{x['attainment_diff_pp']:+.1f}",
                       f"{x['real_goodput']:.2f}", f"{x['sim_goodput']:.2f}", good,
-                      f"{x['real_ttft_p50_ms']:.0f}/{x['sim_ttft_p50_ms']:.0f}",
-                      f"{x['real_tpot_p50_ms']:.1f}/{x['sim_tpot_p50_ms']:.1f}",
+                      f"{ms(x['real_ttft_p50_ms'], 0)}/{ms(x['sim_ttft_p50_ms'], 0)}",
+                      f"{ms(x['real_tpot_p50_ms'], 1)}/{ms(x['sim_tpot_p50_ms'], 1)}",
                       "yes" if x["within"] else "NO"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     for i, line in enumerate(lines):
