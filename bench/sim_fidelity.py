@@ -410,7 +410,7 @@ def main(argv=None):
     if args.markdown:
         print()
         print(markdown(rows))
-        if rows.get("profile_pooled"):
+        if len({x["policy"] for x in rows["profile"]}) > 1:
             print()
             print(markdown({"profile": rows["profile_pooled"],
                             "factors": rows.get("factors_pooled", [])}))
