@@ -122,15 +122,17 @@ absl::StatusOr<GenerationStats> RunOnce(LocalEngine& engine, int64_t batch, int6
   return stats;
 }
 
-// A "<field>:   <n> kB" line of /proc/self/status in bytes (VmHWM: peak RSS; RssAnon, RssFile:
-// the resident set's anonymous and file-mapped parts now), -1 when absent.
+// A "<field>:\t<n> kB" line of /proc/self/status in bytes (VmHWM: peak RSS; RssAnon, RssFile:
+// the resident set's anonymous and file-mapped parts now), -1 when absent. The kernel pads <n> to
+// 8 characters with spaces, so from 10^7 kB (9.5 GiB) on only the tab separates it.
 int64_t ProcStatusBytes(absl::string_view field) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
     if (absl::StartsWith(line, absl::StrCat(field, ":"))) {
       int64_t kb = 0;
-      std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      std::vector<std::string> parts =
+          absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
       if (parts.size() >= 2 && absl::SimpleAtoi(parts[1], &kb)) return kb * 1024;
     }
   }
@@ -581,7 +583,7 @@ absl::Status Main() {
               "MiB: %s\n",
               static_cast<double>(peak_rss) / kMiB, static_cast<double>(model_bytes) / kMiB,
               static_cast<double>(kv_bytes) / kMiB, static_cast<double>(budget) / kMiB,
-              peak_rss <= budget ? "within" : "OVER");
+              peak_rss < 0 ? "NOT MEASURED" : peak_rss <= budget ? "within" : "OVER");
   std::printf("peak RSS after loading (packed weights made, no step run yet): %.1f MiB; "
               "resident now: anonymous %.1f MiB, file-mapped %.1f MiB\n",
               static_cast<double>(load_peak_rss) / kMiB,

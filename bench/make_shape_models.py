@@ -12,7 +12,10 @@ scales, streamed tensor by tensor, so an 8B file never sits in memory); every ot
 from it by llama.cpp's own quantizer (llama_model_quantize through llama-cpp-python, as
 llama-quantize does, with allow_requantize), so the files hold what a user's llama-quantize run
 would write for that type, K-quant mixes included. "Q4_1+Q8_0emb" is Q4_1 with Q8_0 token
-embeddings (llama-quantize --token-embedding-type q8_0). A file that exists is kept.
+embeddings (llama-quantize --token-embedding-type q8_0). "IQ4_NL-pure" is written directly like
+the base, every matrix IQ4_NL (as llama-quantize --pure writes it): llama.cpp's IQ4_NL quantizer
+searches each block's scale and would take about an hour for the 8B shape on 2 cores. A file that
+exists is kept.
 
 The tokenizer is the default model's (SmolLM2's BPE vocabulary) padded with control tokens to
 128256 entries, so that the embedding and output matrices have Llama 3's vocabulary size.
@@ -59,6 +62,7 @@ TYPES = {
     "Q4_0": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, None),
     "Q4_1": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1, None),
     "Q5_0": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_0, None),
+    "Q5_1": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_1, None),
     "Q4_K_M": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, None),
     "Q5_K_M": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M, None),
     "Q6_K": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K, None),
@@ -129,8 +133,29 @@ def q8_0_rows(rng, rows, cols, std):
     return data.reshape(rows, cols // 32 * 34)
 
 
-def write_base(path, shape, seed=31):
-    """The Q8_0 base file of `shape`, streamed one tensor at a time."""
+def iq4_nl_rows(rng, rows, cols, std):
+    """IQ4_NL bytes of a [rows, cols] matrix of uniform random 4-bit indices scaled to `std`
+    (the codebook's values have a standard deviation of about 69 over uniform indices)."""
+    blocks = rows * cols // 32
+    data = np.empty((blocks, 18), dtype=np.uint8)
+    d = (std / 69.0) * rng.uniform(0.5, 1.5, size=blocks)
+    data[:, :2] = d.astype(np.float16).view(np.uint8).reshape(blocks, 2)
+    data[:, 2:] = rng.integers(0, 256, size=(blocks, 16), dtype=np.uint8)
+    return data.reshape(rows, cols // 32 * 18)
+
+
+# Types written directly: name -> (llama_ftype, GGML type, bytes per 32 weights, row maker).
+DIRECT = {
+    "Q8_0": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, gguf.GGMLQuantizationType.Q8_0, 34, q8_0_rows),
+    "IQ4_NL-pure": (llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_NL, gguf.GGMLQuantizationType.IQ4_NL, 18,
+                    iq4_nl_rows),
+}
+
+
+def write_base(path, shape, seed=31, type_name="Q8_0"):
+    """The file of `shape` with every matrix of a DIRECT type (the Q8_0 base by default),
+    streamed one tensor at a time."""
+    ftype, qtype, block_bytes, make_rows = DIRECT[type_name]
     rng = np.random.default_rng(seed)
     tmp = path.with_suffix(".tmp")
     writer = gguf.GGUFWriter(tmp, "llama")
@@ -146,7 +171,7 @@ def write_base(path, shape, seed=31):
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(VOCAB)
-    writer.add_file_type(llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0)
+    writer.add_file_type(ftype)
     for key, value, vtype, sub_type in tokenizer_metadata():
         writer.add_key_value(key, value, vtype, sub_type=sub_type)
     plan = tensors(shape)
@@ -154,10 +179,9 @@ def write_base(path, shape, seed=31):
         if gain is None:
             writer.add_tensor_info(name, dims, np.dtype(np.float32), dims[0] * 4)
         else:
-            byte_dims = [dims[0], dims[1] // 32 * 34]
+            byte_dims = [dims[0], dims[1] // 32 * block_bytes]
             writer.add_tensor_info(name, byte_dims, np.dtype(np.uint8),
-                                   byte_dims[0] * byte_dims[1],
-                                   raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+                                   byte_dims[0] * byte_dims[1], raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -165,7 +189,7 @@ def write_base(path, shape, seed=31):
         if gain is None:
             writer.write_tensor_data(rng.uniform(0.8, 1.2, size=dims[0]).astype(np.float32))
         else:
-            writer.write_tensor_data(q8_0_rows(rng, dims[0], dims[1], gain / np.sqrt(dims[1])))
+            writer.write_tensor_data(make_rows(rng, dims[0], dims[1], gain / np.sqrt(dims[1])))
     writer.close()
     os.replace(tmp, path)
 
@@ -201,10 +225,14 @@ def main():
         for type_name in args.types.split(","):
             if type_name == "Q8_0":
                 continue
-            ftype, embedding_type = TYPES[type_name]
             dst = out / f"llama-{shape_name}.{type_name}.gguf"
             if dst.exists():
                 continue
+            if type_name in DIRECT:
+                print(f"writing {dst}", flush=True)
+                write_base(dst, shape, type_name=type_name)
+                continue
+            ftype, embedding_type = TYPES[type_name]
             print(f"quantizing {dst}", flush=True)
             quantize(base, dst, ftype, embedding_type)
 

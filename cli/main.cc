@@ -5,6 +5,7 @@
 //   tandem apikey    make an API key for the router's --api_keys_file
 //   tandem bench     load-test a running cluster or OpenAI-compatible server (bench/tandem_bench)
 //   tandem sim       tandem bench's workloads on the simulator (bench/tandem_bench/sim.py)
+//   tandem plan      the cheapest cluster meeting an SLO, by simulation (bench/tandem_bench/plan.py)
 //   tandem profile   a worker's step profile (profile.json), captured or from a roofline
 //   tandem version   print the version, build and accelerators
 #include <unistd.h>
@@ -54,6 +55,9 @@ commands:
             latency percentiles, SLO attainment and goodput, plots (`tandem bench --help`)
   sim       tandem bench's workloads and report on the discrete-event simulator (tandem_sim)
             with workers of a measured or roofline profile (`tandem sim --help`, docs/sim.md)
+  plan      the cheapest cluster meeting TTFT/TPOT objectives on a workload: searches pool
+            sizes, prefill:decode ratios, policies and token budgets in the simulator
+            (`tandem plan --help`, docs/sim.md "Planning")
   profile   write a worker's step profile for `tandem sim`: --worker=HOST:PORT --out=FILE
             fits a running worker's reported steps with the router's step model (TLS flags as
             for the cluster); --roofline derives one from hardware figures and a model's shape
@@ -130,6 +134,9 @@ int Main(int argc, char** argv) {
   }
   if (argc > 1 && absl::string_view(argv[1]) == "sim") {
     return RunPython("tandem_bench.sim", argc, argv);
+  }
+  if (argc > 1 && absl::string_view(argv[1]) == "plan") {
+    return RunPython("tandem_bench.plan", argc, argv);
   }
   if (argc > 1 && absl::string_view(argv[1]) == "profile") {
     for (int i = 2; i < argc; ++i) {

@@ -49,7 +49,8 @@ void AppendDelta(const GenerationDelta& d, google::protobuf::RepeatedField<int32
 //
 // Threads: Begin on gRPC's (inside Generate); OnDelta and the engine results on the engine
 // thread; OnWriteDone, OnCancel and the prefill results on gRPC's. Everything shared is under mu_.
-class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::DecodeResponse> {
+class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::DecodeResponse>,
+                                          public std::enable_shared_from_this<GenerateCall> {
  public:
   GenerateCall(DecodeService* service, grpc::CallbackServerContext* context,
                const v1::DecodeRequest& request)
@@ -114,6 +115,10 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     if (PrefillsHere()) return SubmitLocally(std::move(r));
     // Kept in case the engine has no room to receive a remote prefill now.
     GenerationRequest copy = r;
+    // A prefill worker writes into the blocks: the engine keeps them when the request ends until
+    // no write can land any more (ReleaseWhenQuiet), so that none lands in a block another
+    // request was given since.
+    r.hold_kv = true;
     loop_->SubmitRemotePrefillAsync(
         id_, std::move(r), DeltaCallback(),
         [self, copy = std::move(copy)](absl::StatusOr<RemotePrefillPlan> plan) mutable {
@@ -127,6 +132,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
 
   // The engine's delta, on the engine thread; or a cancellation by the Cancel RPC.
   void OnDelta(const GenerationDelta& d) {
+    if (d.finish != sampling::FinishReason::kNone) EngineLetGo();
     {
       absl::MutexLock lock(&mu_);
       const absl::Time now = absl::Now();
@@ -242,6 +248,10 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
 
   // The plan's blocks are reserved: ask the prefill targets in order.
   void PrefillRemotely(const RemotePrefillPlan& plan) {
+    {
+      absl::MutexLock lock(&mu_);
+      holds_kv_ = true;  // the engine holds the blocks once the request ends
+    }
     if (CancelIfAborted()) return;
     const absl::Duration timeout = request_.prefill_timeout_ms() > 0
                                        ? absl::Milliseconds(request_.prefill_timeout_ms())
@@ -299,6 +309,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
     {
       absl::MutexLock lock(&mu_);
       prefill_sent_at_ = absl::Now();
+      ++prefills_open_;
     }
     service_->PrefillStub(target.address())
         ->async()
@@ -314,8 +325,12 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       LOG(WARNING) << TraceTag(trace_) << "request " << request_.request_id() << ": prefill worker "
                    << target.worker_id() << " (" << target.address()
                    << ") failed: " << status.error_message() << "; trying the next";
+      // The status may be this side's (cancelled, deadline, a broken channel) while that worker
+      // still writes: its Cancel answers once nothing more of the request can land.
+      CancelPrefill(target);
       return TryPrefillTarget(index + 1);
     }
+    PrefillQuiet();  // it answered: its writes have ended
     {
       absl::MutexLock lock(&mu_);
       const v1::PrefillTimings& t = prefill_response_.timings();
@@ -355,8 +370,68 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   // before the request existed there, so cancel again.
   bool CancelIfAborted() {
     if (!Cancelled()) return false;
-    loop_->CancelAsync(id_);
+    loop_->CancelAsync(id_, [self = shared_from_this()](bool found) {
+      if (found) self->EngineLetGo();
+    });
     return true;
+  }
+
+  // The engine ended the request (its last delta, or a cancellation that found it).
+  void EngineLetGo() {
+    {
+      absl::MutexLock lock(&mu_);
+      engine_let_go_ = true;
+    }
+    ReleaseWhenQuiet();
+  }
+
+  // A prefill call ended with its writes.
+  void PrefillQuiet() {
+    {
+      absl::MutexLock lock(&mu_);
+      --prefills_open_;
+    }
+    ReleaseWhenQuiet();
+  }
+
+  // Prefill.Cancel to a prefill worker whose call failed on this side; the call counts as quiet
+  // when it answers (or cannot: that worker is gone or cut off, and the blocks go back anyway).
+  void CancelPrefill(const v1::PrefillTarget& target) {
+    struct Cancel {
+      grpc::ClientContext context;
+      v1::CancelRequest request;
+      v1::CancelResponse response;
+    };
+    auto cancel = std::make_shared<Cancel>();
+    cancel->request.set_request_id(request_.request_id());
+    cancel->request.set_reason("the decode worker gave the prefill up");
+    cancel->context.set_deadline(
+        absl::ToChronoTime(absl::Now() + service_->options_.default_prefill_timeout));
+    Cancel* c = cancel.get();
+    service_->PrefillStub(target.address())
+        ->async()
+        ->Cancel(&c->context, &c->request, &c->response,
+                 [self = shared_from_this(), cancel,
+                  worker = target.worker_id()](grpc::Status status) {
+                   if (!status.ok()) {
+                     LOG(WARNING) << TraceTag(self->trace_) << "request "
+                                  << self->request_.request_id() << ": cancelling its prefill on "
+                                  << worker << " failed (" << status.error_message()
+                                  << "); its blocks are released anyway";
+                   }
+                   self->PrefillQuiet();
+                 });
+  }
+
+  // Releases the blocks the engine holds for the request once it let go of them and no prefill
+  // call can write into them any more.
+  void ReleaseWhenQuiet() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!holds_kv_ || released_ || !engine_let_go_ || prefills_open_ > 0) return;
+      released_ = true;
+    }
+    loop_->ReleaseKvAsync(id_);
   }
 
   // Ends the stream with an error after the write in flight, and stops the request everywhere.
@@ -368,7 +443,9 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
       end_ = status;
       for (auto& c : prefill_contexts_) prefills.push_back(c.get());
     }
-    loop_->CancelAsync(id_);
+    loop_->CancelAsync(id_, [self = shared_from_this()](bool found) {
+      if (found) self->EngineLetGo();
+    });
     for (grpc::ClientContext* c : prefills) c->TryCancel();
     Pump();
   }
@@ -521,6 +598,13 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::De
   absl::Time prefill_sent_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Every prefill call made, kept so that Abort can cancel the one in flight.
   std::vector<std::unique_ptr<grpc::ClientContext>> prefill_contexts_ ABSL_GUARDED_BY(mu_);
+  // The remote prefill's blocks: the engine holds them once the request ended (hold_kv) until
+  // ReleaseWhenQuiet: it has let go, and no prefill call is open (sent, and neither answered nor
+  // answered by Prefill.Cancel).
+  bool holds_kv_ ABSL_GUARDED_BY(mu_) = false;
+  bool engine_let_go_ ABSL_GUARDED_BY(mu_) = false;
+  int prefills_open_ ABSL_GUARDED_BY(mu_) = 0;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 DecodeService::DecodeService(EngineLoop* loop, Options options)

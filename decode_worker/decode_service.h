@@ -33,7 +33,8 @@ class DecodeService final : public v1::Decode::CallbackService, public Drainable
   struct Options {
     std::string worker_id;
     // Where prefill workers write this worker's blocks; empty: prefill targets are ignored (the
-    // worker prefills everything itself).
+    // worker prefills everything itself). Holds the pool's remote key: it goes only into the
+    // PrefillRequest sent to a request's prefill target, on a channel with `security`.
     v1::KvPoolDescriptor kv_pool;
     // Used when the request carries no prefill_timeout_ms.
     absl::Duration default_prefill_timeout = absl::Seconds(30);
@@ -43,7 +44,9 @@ class DecodeService final : public v1::Decode::CallbackService, public Drainable
     absl::Duration heartbeat = absl::Seconds(1);
     // Of the channels to the prefill workers (common/keepalive.h).
     KeepaliveOptions keepalive = {};
-    // Of the channels to the prefill workers (common/tls.h): plaintext or (mutual) TLS.
+    // Of the channels to the prefill workers (common/tls.h): plaintext or (mutual) TLS. The
+    // worker process builds it from the same --tls_* flags as its server's credentials, so a
+    // worker that serves TLS sends its descriptor over TLS only.
     ChannelSecurity security = {};
   };
 

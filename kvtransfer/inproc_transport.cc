@@ -16,13 +16,16 @@ namespace {
 // Runs tasks one at a time, in order, on its own thread.
 class TaskThread {
  public:
-  TaskThread() : thread_([this] { Loop(); }) {}
+  TaskThread() : state_(std::make_shared<State>()), thread_([state = state_] { Loop(*state); }) {}
   ~TaskThread() {
     {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
+      absl::MutexLock lock(&state_->mu);
+      state_->stop = true;
     }
-    // The last owner may be a task running on this very thread: it cannot join itself.
+    // The last owner may be a task running on this very thread: it cannot join itself. The
+    // thread then runs what is left and ends on its own, keeping alive the state it shares (it
+    // used to read this object's members after it was freed; found by ASan in
+    // prefill_service_test).
     if (std::this_thread::get_id() == thread_.get_id()) {
       thread_.detach();
     } else {
@@ -30,32 +33,35 @@ class TaskThread {
     }
   }
   void Post(absl::AnyInvocable<void() &&> task) {
-    absl::MutexLock lock(&mu_);
-    tasks_.push_back(std::move(task));
+    absl::MutexLock lock(&state_->mu);
+    state_->tasks.push_back(std::move(task));
   }
 
  private:
-  void Loop() {
+  struct State {
+    absl::Mutex mu;
+    std::deque<absl::AnyInvocable<void() &&>> tasks ABSL_GUARDED_BY(mu);
+    bool stop ABSL_GUARDED_BY(mu) = false;
+  };
+
+  static void Loop(State& s) {
     while (true) {
       absl::AnyInvocable<void() &&> task;
       {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](TaskThread* t) { return t->stop_ || !t->tasks_.empty(); }, this));
-        if (tasks_.empty()) return;  // stopping, and nothing left to run
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
+        absl::MutexLock lock(&s.mu);
+        s.mu.Await(absl::Condition(
+            +[](State* state) { return state->stop || !state->tasks.empty(); }, &s));
+        if (s.tasks.empty()) return;  // stopping, and nothing left to run
+        task = std::move(s.tasks.front());
+        s.tasks.pop_front();
       }
       std::move(task)();
     }
   }
 
-  absl::Mutex mu_;
-  std::deque<absl::AnyInvocable<void() &&>> tasks_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  const std::shared_ptr<State> state_;  // before thread_, which shares it
   std::thread thread_;
 };
-
 // What writers reach of an owner. Lives as long as any connection holds it; `pool` is cleared when
 // the owner goes away.
 struct Owner {

@@ -50,6 +50,12 @@ absl::Status ValidateDescriptor(const PoolDescriptor& d) {
                                                    " bytes; the layout needs ", pool_bytes));
   }
   if (r.base_address == 0) return absl::InvalidArgumentError("the region has no address");
+  // So that base + any offset inside the region is an address (transports add them unchecked).
+  if (r.base_address > std::numeric_limits<uint64_t>::max() - r.length) {
+    return absl::InvalidArgumentError(absl::StrCat("the region at ", r.base_address, " of ",
+                                                   r.length,
+                                                   " bytes runs past the end of the address space"));
+  }
   if (r.kind != MemoryKind::kHost && r.kind != MemoryKind::kCuda) {
     return absl::InvalidArgumentError("the region has no memory type");
   }

@@ -59,7 +59,7 @@ struct PoolDescriptor {
 };
 
 // INVALID_ARGUMENT unless the descriptor is complete and self-consistent (a layout that validates,
-// regions that cover the whole pool).
+// regions that cover the whole pool and end below 2^64).
 absl::Status ValidateDescriptor(const PoolDescriptor& descriptor);
 void ToProto(const PoolDescriptor& descriptor, v1::KvPoolDescriptor* proto);
 // INVALID_ARGUMENT for a descriptor that ValidateDescriptor refuses or an unsupported dtype.

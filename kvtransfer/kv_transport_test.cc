@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/transport_test_util.h"
 #include "tandem/v1/worker.pb.h"
 
 namespace tandem::kvtransfer {
@@ -17,25 +18,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// 4 layers, 4 tokens per block, 2 K/V heads of 8: block_bytes = 2*4*2*8*4 = 512 bytes.
-KvLayout Layout(int64_t blocks) {
-  return KvLayout{.num_blocks = blocks, .num_layers = 4, .block_size = 4, .num_kv_heads = 2,
-                  .head_dim = 8};
-}
-constexpr uint64_t kBlockBytes = 512;
-constexpr uint64_t kBlockStrideBytes = 4 * kBlockBytes;
+using testing::kBlockBytes;
+using testing::kBlockStrideBytes;
+using testing::Layout;
 
 PoolDescriptor Descriptor(int64_t blocks = 10) {
-  return PoolDescriptor{
-      .transport = "ucx",
-      .address = std::string("addr\0ess", 8),
-      .regions = {{.base_address = 0x7f0000200000,
-                   .length = static_cast<uint64_t>(blocks) * kBlockStrideBytes,
-                   .remote_key = std::string("\x01\x00\xffkey", 6),
-                   .kind = MemoryKind::kHost,
-                   .device_index = 0}},
-      .layout = Layout(blocks),
-      .pool_epoch = 1796232218000000};
+  return testing::HostPool(blocks, std::string("addr\0ess", 8), /*epoch=*/1796232218000000);
 }
 
 v1::KvPoolDescriptor Proto(const PoolDescriptor& d) {
@@ -205,6 +193,9 @@ TEST(ValidateDescriptorTest, RefusesIncompleteDescriptors) {
       {"region too long", [](auto* d) { d->regions[0].length += kBlockStrideBytes; },
        "the region holds 22528 bytes; the layout needs 20480"},
       {"zero address", [](auto* d) { d->regions[0].base_address = 0; }, "the region has no address"},
+      {"region past 2^64",
+       [](auto* d) { d->regions[0].base_address = ~uint64_t{0} - kBlockStrideBytes; },
+       "runs past the end of the address space"},
       {"no memory kind", [](auto* d) { d->regions[0].kind = static_cast<MemoryKind>(0); },
        "the region has no memory type"},
       {"unknown memory kind", [](auto* d) { d->regions[0].kind = static_cast<MemoryKind>(3); },

@@ -5,6 +5,7 @@
 #define TANDEM_KVTRANSFER_TRANSPORT_TEST_UTIL_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -29,6 +30,26 @@ inline constexpr absl::Duration kSlack = absl::Seconds(1);
 inline KvLayout Layout(int64_t blocks, int64_t layers = 4, int64_t block_size = 4) {
   return KvLayout{.num_blocks = blocks, .num_layers = layers, .block_size = block_size,
                   .num_kv_heads = 2, .head_dim = 8};
+}
+
+// Bytes of one layer of one block of Layout(blocks) (2 * 4 tokens * 2 heads * 8 * 4 bytes), the
+// stride from a block to the next (its 4 layers), and where HostPool's region starts.
+inline constexpr uint64_t kBlockBytes = 512;
+inline constexpr uint64_t kBlockStrideBytes = 4 * kBlockBytes;
+inline constexpr uint64_t kPoolBase = 0x7f0000200000;
+
+// What a worker publishes for a host pool of Layout(blocks) at kPoolBase: one region, a remote
+// key with a NUL and a 0xff byte in it.
+inline PoolDescriptor HostPool(int64_t blocks, std::string address, uint64_t epoch) {
+  return PoolDescriptor{.transport = "ucx",
+                        .address = std::move(address),
+                        .regions = {{.base_address = kPoolBase,
+                                     .length = static_cast<uint64_t>(blocks) * kBlockStrideBytes,
+                                     .remote_key = std::string("\x01\x00\xffkey", 6),
+                                     .kind = MemoryKind::kHost,
+                                     .device_index = 0}},
+                        .layout = Layout(blocks),
+                        .pool_epoch = epoch};
 }
 
 // A pool of `layout` filled with values drawn from `seed`.

@@ -535,6 +535,12 @@ void UcxTransport::ExpireDeadlines() {
   }
 }
 
+// A pool is written remotely, never read remotely: a key holder on a transport whose hardware
+// checks access (RDMA verbs) cannot read the blocks with it. (Software-emulated RMA over TCP and
+// shared memory ignore this; docs/security.md, "The KV path".)
+constexpr unsigned kPoolProtection =
+    UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE | UCP_MEM_MAP_PROT_REMOTE_WRITE;
+
 absl::StatusOr<void*> UcxTransport::AllocatePoolMemory(size_t bytes) {
   absl::MutexLock lock(&pool_mu_);
   if (allocated_ != nullptr) {
@@ -542,9 +548,10 @@ absl::StatusOr<void*> UcxTransport::AllocatePoolMemory(size_t bytes) {
   }
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS |
-                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE | UCP_MEM_MAP_PARAM_FIELD_PROT;
   mp.length = bytes;
   mp.flags = UCP_MEM_MAP_ALLOCATE;
+  mp.prot = kPoolProtection;
   mp.memory_type = options_.memory_kind == MemoryKind::kCuda ? UCS_MEMORY_TYPE_CUDA
                                                              : UCS_MEMORY_TYPE_HOST;
   if (ucs_status_t s = ucp_mem_map(context_, &mp, &allocated_memh_); s != UCS_OK) {
@@ -584,7 +591,8 @@ absl::StatusOr<PoolDescriptor> UcxTransport::RegisterPool(KvStorage* pool) {
   const size_t bytes = static_cast<size_t>(l.total_bytes());
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE | UCP_MEM_MAP_PARAM_FIELD_PROT;
+  mp.prot = kPoolProtection;
   mp.address = pool->data<std::byte>();
   mp.length = bytes;
   mp.memory_type = options_.memory_kind == MemoryKind::kCuda ? UCS_MEMORY_TYPE_CUDA

@@ -5,11 +5,13 @@
 #include <optional>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_conversion.h"
 #include "common/trace_context.h"
+#include "kvtransfer/kv_grant.h"
 #include "kvtransfer/prompt_write_plan.h"
 #include "proto/conversion.h"
 
@@ -119,30 +121,46 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
     if (client != std::chrono::system_clock::time_point::max()) {
       deadline_ = std::min(deadline_, absl::FromChrono(client));
     }
-    absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> conn =
-        service_->ConnectionTo(request_.destination(), pool_, deadline_);
-    if (!conn.ok()) {
-      FinishLocked(ToGrpcStatus(conn.status()));
-      return 0;
-    }
-    connection_ = *std::move(conn);
     absl::StatusOr<kvtransfer::PromptWritePlan> plan = kvtransfer::PromptWritePlan::Create(
         {.block_size = service_->loop_->kv_layout().block_size,
          .num_layers = service_->loop_->kv_layout().num_layers,
          .destination_cached_tokens = request_.num_destination_cached_tokens(),
-         .destination_blocks = {request_.destination().block_ids().begin(),
-                                request_.destination().block_ids().end()}});
+         .destination_blocks = grant_->blocks});
     if (!plan.ok()) {
       FinishLocked(ToGrpcStatus(plan.status()));
       return 0;
     }
     plan_.emplace(*std::move(plan));
+    absl::StatusOr<std::shared_ptr<kvtransfer::Connection>> conn =
+        service_->ConnectionTo(request_.destination(), grant_->pool, deadline_);
+    if (!conn.ok()) {
+      FinishLocked(ToGrpcStatus(conn.status()));
+      return 0;
+    }
+    connection_ = *std::move(conn);
+    // Every write of this call goes through its grant, which FinishLocked and GiveUp revoke.
+    granted_ = std::make_shared<kvtransfer::GrantedConnection>(
+        connection_, *std::move(grant_), absl::StrCat("request ", request_.request_id()));
+    grant_.reset();
     {
       absl::MutexLock service_lock(&service_->mu_);
       id_ = service_->next_id_++;
       service_->calls_[request_.request_id()] = self;
     }
     return id_;
+  }
+
+  // Runs `then` once the call has answered (at once if it has): its writes have ended by then,
+  // but for a transport that does not end them when cancelled (StopWaiting).
+  void WhenFinished(absl::AnyInvocable<void() &&> then) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!finished_) {
+        when_finished_.push_back(std::move(then));
+        return;
+      }
+    }
+    std::move(then)();
   }
 
   void OnCancel() override {
@@ -174,6 +192,7 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
     }
     give_up_ = why;
     given_up_at_ = clock_->Now();
+    if (granted_ != nullptr) granted_->Revoke();  // no write starts after this
     std::shared_ptr<PrefillCall> self = shared_from_this();
     if (submitted_ && !engine_done_) CancelEngine();
     grace_timer_ = service_->timers_->At(given_up_at_ + service_->options_.abandon_grace,
@@ -200,28 +219,15 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
       return grpc::Status(grpc::StatusCode::NOT_FOUND,
                           absl::StrCat("model '", request_.model(), "' is not served here"));
     }
-    const int64_t n = request_.token_ids_size();
-    const int64_t bs = loop->kv_layout().block_size;
-    const int64_t dst_cached = request_.num_destination_cached_tokens();
-    if (n == 0) return Invalid("the prompt is empty");
-    if (dst_cached % bs != 0 || dst_cached >= n) {
-      return Invalid(absl::StrCat("num_destination_cached_tokens ", dst_cached,
-                                  " must be a multiple of ", bs, " below the prompt's ", n));
-    }
-    if (request_.destination().block_ids_size() < (n + bs - 1) / bs) {
-      return Invalid(absl::StrCat("the destination has ", request_.destination().block_ids_size(),
-                                  " blocks; the prompt needs ", (n + bs - 1) / bs));
-    }
-    absl::StatusOr<kvtransfer::PoolDescriptor> pool =
-        kvtransfer::FromProto(request_.destination().pool());
-    if (!pool.ok()) return ToGrpcStatus(pool.status());
-    for (uint32_t b : request_.destination().block_ids()) {
-      if (static_cast<int64_t>(b) >= pool->layout.num_blocks) {
-        return Invalid(absl::StrCat("destination block ", b, " is outside its pool of ",
-                                    pool->layout.num_blocks));
-      }
-    }
-    pool_ = *std::move(pool);
+    if (request_.token_ids_size() == 0) return Invalid("the prompt is empty");
+    // The destination, checked before anything connects to it or is written into it.
+    absl::StatusOr<kvtransfer::KvGrant> grant = kvtransfer::CheckGrant(
+        request_.destination(),
+        {.num_tokens = request_.token_ids_size(),
+         .cached_tokens = request_.num_destination_cached_tokens()},
+        loop->kv_layout());
+    if (!grant.ok()) return ToGrpcStatus(grant.status());
+    grant_.emplace(*std::move(grant));
     return grpc::Status::OK;
   }
 
@@ -257,7 +263,7 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
       }
       outstanding_ += static_cast<int64_t>(ops.size());  // counted before any can end
       deadline = deadline_;
-      connection = connection_;
+      connection = granted_;
     }
     std::shared_ptr<PrefillCall> self = shared_from_this();
     for (const kvtransfer::WriteOp& op : ops) {
@@ -399,12 +405,16 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
   void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
+    if (granted_ != nullptr) granted_->Revoke();  // no write starts after the answer
     for (TimerQueue::Id timer : {deadline_timer_, grace_timer_, last_timer_}) {
       if (timer != 0) service_->timers_->Cancel(timer);
     }
     Metrics().requests.Add({{"outcome", status.ok() ? "ok" : "error"}}).Increment();
     LogEnd(status);
     Finish(status);
+    // Cancel RPCs waiting for this answer (they only finish their own reactors).
+    for (auto& then : when_finished_) std::move(then)();
+    when_finished_.clear();
   }
 
   PrefillService* const service_;
@@ -421,9 +431,11 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
 
   absl::Mutex mu_;
   uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;  // the engine's
-  kvtransfer::PoolDescriptor pool_ ABSL_GUARDED_BY(mu_);
+  // The checked destination, from Validate until the connection takes it.
+  std::optional<kvtransfer::KvGrant> grant_ ABSL_GUARDED_BY(mu_);
   absl::Time deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  std::shared_ptr<kvtransfer::Connection> connection_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<kvtransfer::Connection> connection_ ABSL_GUARDED_BY(mu_);  // shared, cached
+  std::shared_ptr<kvtransfer::GrantedConnection> granted_ ABSL_GUARDED_BY(mu_);  // over it
   std::optional<kvtransfer::PromptWritePlan> plan_ ABSL_GUARDED_BY(mu_);
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;    // posted to the engine (it may refuse it)
   bool refused_ ABSL_GUARDED_BY(mu_) = false;      // ... and it did
@@ -446,6 +458,7 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor,
   absl::Time compute_done_ ABSL_GUARDED_BY(mu_);
   double compute_seconds_ ABSL_GUARDED_BY(mu_) = 0;  // the delta's prompt_seconds
   absl::Time writes_done_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::AnyInvocable<void() &&>> when_finished_ ABSL_GUARDED_BY(mu_);
 };
 
 PrefillService::PrefillService(EngineLoop* loop, kvtransfer::KvTransport* transport,
@@ -551,11 +564,16 @@ grpc::ServerUnaryReactor* PrefillService::Cancel(grpc::CallbackServerContext* co
     auto it = calls_.find(request->request_id());
     if (it != calls_.end()) call = it->second.lock();
   }
-  // The call answers CANCELLED once the engine let go of it and its writes ended.
+  // The call answers CANCELLED once the engine let go of it and its writes ended; so does this
+  // RPC (Prefill.Cancel's promise): after it, nothing more lands in the destination's blocks.
   response->set_found(call != nullptr &&
                       call->GiveUp(grpc::Status(grpc::StatusCode::CANCELLED,
                                                 "the prefill was cancelled by its caller")));
-  reactor->Finish(grpc::Status::OK);
+  if (call == nullptr) {
+    reactor->Finish(grpc::Status::OK);
+  } else {
+    call->WhenFinished([reactor] { reactor->Finish(grpc::Status::OK); });
+  }
   return reactor;
 }
 

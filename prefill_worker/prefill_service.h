@@ -8,6 +8,12 @@
 // (GenerationRequest::hold_kv) until the transport reports the writes that read them done, so a
 // slow or stuck decode peer delays only its own request, never the engine's batch.
 //
+// The destination is a grant (kvtransfer/kv_grant.h): checked before anything is written
+// (INVALID_ARGUMENT / FAILED_PRECONDITION naming the fault), and every write goes through a
+// GrantedConnection that refuses other blocks and, once the call answered or was given up, any
+// write at all. Cancel answers once the call has (its writes ended): after it, nothing of that
+// request lands in the destination (docs/security.md, "The KV path").
+//
 // Drainable (common/serve.h): once draining, a new Prefill is refused with UNAVAILABLE (the decode
 // worker asks its next prefill worker, or prefills itself); the calls in progress finish, or
 // HandOff gives them up with UNAVAILABLE.

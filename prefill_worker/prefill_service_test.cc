@@ -4,6 +4,8 @@
 // for a peer that never finishes.
 #include "prefill_worker/prefill_service.h"
 
+#include <algorithm>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <string>
@@ -311,19 +313,28 @@ TEST_P(PrefillGiveUpTest, BlocksStayHeldUntilTheWritesEndThenTheCallAnswers) {
   std::unique_ptr<Call> slow = Send(slow_, "slow", 40, 3, /*timeout_ms=*/5000);
   gate_.AwaitHeld(1);
 
+  grpc::ClientContext cancel_context;
+  v1::CancelRequest cancel_request;
+  v1::CancelResponse cancel_response;
+  grpc::Status cancel_status;
+  std::vector<std::byte> at_cancel_answer;
+  absl::Notification cancel_answered;
   switch (c.cause) {
     case GiveUpCase::kClientCancels:
       slow->context.TryCancel();
       break;
-    case GiveUpCase::kCancelRpc: {
-      grpc::ClientContext context;
-      v1::CancelRequest request;
-      request.set_request_id("slow");
-      v1::CancelResponse response;
-      ASSERT_TRUE(stub_->Cancel(&context, request, &response).ok());
-      EXPECT_TRUE(response.found());
+    case GiveUpCase::kCancelRpc:
+      cancel_request.set_request_id("slow");
+      stub_->async()->Cancel(&cancel_context, &cancel_request, &cancel_response,
+                             [&](grpc::Status s) {
+                               cancel_status = std::move(s);
+                               // What the destination holds when Cancel answers.
+                               const auto* pool = slow_.pool->data<std::byte>();
+                               at_cancel_answer.assign(
+                                   pool, pool + slow_.pool->layout().total_bytes());
+                               cancel_answered.Notify();
+                             });
       break;
-    }
     case GiveUpCase::kDeadline:
       clock_->Advance(absl::Seconds(5));
       EXPECT_GE(timers_->RunDue(), 1);
@@ -337,6 +348,8 @@ TEST_P(PrefillGiveUpTest, BlocksStayHeldUntilTheWritesEndThenTheCallAnswers) {
   if (c.cause != GiveUpCase::kClientCancels) {
     EXPECT_FALSE(slow->done.HasBeenNotified()) << "answered before its writes ended";
   }
+  // Prefill.Cancel answers only once nothing more can land in the destination's blocks.
+  EXPECT_FALSE(cancel_answered.HasBeenNotified()) << "Cancel answered with writes in flight";
 
   if (c.peer_finishes) {
     gate_.Open();
@@ -348,6 +361,14 @@ TEST_P(PrefillGiveUpTest, BlocksStayHeldUntilTheWritesEndThenTheCallAnswers) {
   AwaitUsedBlocks(0);
   ASSERT_TRUE(slow->done.WaitForNotificationWithTimeout(kWait));
   EXPECT_EQ(slow->status.error_code(), c.code) << slow->status.error_message();
+  if (c.cause == GiveUpCase::kCancelRpc) {
+    ASSERT_TRUE(cancel_answered.WaitForNotificationWithTimeout(kWait));
+    EXPECT_TRUE(cancel_status.ok()) << cancel_status.error_message();
+    EXPECT_TRUE(cancel_response.found());
+    // Nothing was written after Cancel answered.
+    const auto* pool = slow_.pool->data<std::byte>();
+    EXPECT_TRUE(std::equal(at_cancel_answer.begin(), at_cancel_answer.end(), pool));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -358,6 +379,8 @@ INSTANTIATE_TEST_SUITE_P(
         GiveUpCase{"ClientCancelsPeerHangs", GiveUpCase::kClientCancels, false,
                    grpc::StatusCode::CANCELLED},
         GiveUpCase{"CancelRpcPeerFinishes", GiveUpCase::kCancelRpc, true,
+                   grpc::StatusCode::CANCELLED},
+        GiveUpCase{"CancelRpcPeerHangs", GiveUpCase::kCancelRpc, false,
                    grpc::StatusCode::CANCELLED},
         GiveUpCase{"DeadlinePeerHangs", GiveUpCase::kDeadline, false,
                    grpc::StatusCode::DEADLINE_EXCEEDED}),
@@ -419,6 +442,116 @@ TEST_F(PrefillServiceTest, BadRequestsAreRefusedWithTheirReason) {
   const grpc::Status status = stub_->Prefill(&context, r, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), ::testing::HasSubstr("blocks"));
+}
+
+
+// The destination pool filled with a canary byte: a refused grant leaves every byte of it, and a
+// valid one changes the granted blocks (every layer) and nothing else -- not the block the
+// destination caches, not any block outside the grant.
+class PrefillGrantTest : public PrefillServiceTest {
+ protected:
+  static constexpr unsigned char kCanary = 0xA5;
+
+  void FillCanary(Peer& peer) {
+    std::memset(peer.pool->data<std::byte>(), kCanary,
+                static_cast<size_t>(peer.pool->layout().total_bytes()));
+  }
+
+  // Blocks of `peer` with a byte that is not the canary.
+  std::vector<int32_t> ChangedBlocks(const Peer& peer) {
+    const KvLayout& l = peer.pool->layout();
+    const size_t stride = static_cast<size_t>(l.block_stride_bytes());
+    const auto* bytes = reinterpret_cast<const unsigned char*>(peer.pool->data<std::byte>());
+    std::vector<int32_t> changed;
+    for (int64_t b = 0; b < l.num_blocks; ++b) {
+      const unsigned char* block = bytes + static_cast<size_t>(b) * stride;
+      if (std::any_of(block, block + stride, [](unsigned char c) { return c != kCanary; })) {
+        changed.push_back(static_cast<int32_t>(b));
+      }
+    }
+    return changed;
+  }
+
+  // Whether every layer of `block` holds something other than the canary somewhere.
+  bool EveryLayerWritten(const Peer& peer, int32_t block) {
+    const KvLayout& l = peer.pool->layout();
+    for (int64_t layer = 0; layer < l.num_layers; ++layer) {
+      const auto* p = reinterpret_cast<const unsigned char*>(peer.pool->KeyBlock<std::byte>(block, layer));
+      const size_t n = static_cast<size_t>(l.block_bytes());
+      if (std::all_of(p, p + n, [](unsigned char c) { return c == kCanary; })) return false;
+    }
+    return true;
+  }
+
+  // A 40-token prompt (3 blocks of 16) for `peer` with these destination ids.
+  v1::PrefillRequest Request(const Peer& peer, std::vector<uint32_t> ids, uint32_t cached = 0) {
+    v1::PrefillRequest r;
+    r.set_request_id("grant");
+    for (int i = 0; i < 40; ++i) r.add_token_ids(1000 + i * 37);
+    r.mutable_sampling()->set_temperature(0);
+    r.set_num_destination_cached_tokens(cached);
+    r.mutable_destination()->set_worker_id("decode");
+    *r.mutable_destination()->mutable_pool() = peer.descriptor;
+    for (uint32_t b : ids) r.mutable_destination()->add_block_ids(b);
+    return r;
+  }
+
+  grpc::Status Prefill(const v1::PrefillRequest& r) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+    v1::PrefillResponse response;
+    return stub_->Prefill(&context, r, &response);
+  }
+};
+
+TEST_F(PrefillGrantTest, ARefusedGrantWritesNothing) {
+  Start(/*fake_time=*/false);
+  ASSERT_EQ(loop_->kv_layout().block_size, 16);
+  FillCanary(fast_);
+  struct Bad {
+    std::vector<uint32_t> ids;
+    uint32_t cached;
+    grpc::StatusCode code;
+    std::string says;
+  };
+  for (const Bad& bad : std::vector<Bad>{
+           {{5, 64, 7}, 0, grpc::StatusCode::INVALID_ARGUMENT,
+            "destination.block_ids[1] = 64 is outside the pool's 64 blocks"},
+           {{5, 7, 5}, 0, grpc::StatusCode::INVALID_ARGUMENT,
+            "destination.block_ids[2] = 5 repeats destination.block_ids[0]"},
+           {{9, 9, 7}, 16, grpc::StatusCode::INVALID_ARGUMENT, "repeats"},
+           {{5, 7}, 0, grpc::StatusCode::INVALID_ARGUMENT, "need exactly 3"},
+           {{5, 7, 9, 11}, 0, grpc::StatusCode::INVALID_ARGUMENT, "need exactly 3"},
+       }) {
+    const grpc::Status status = Prefill(Request(fast_, bad.ids, bad.cached));
+    EXPECT_EQ(status.error_code(), bad.code) << status.error_message();
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr(bad.says));
+  }
+  // A pool of another layout of the same block size (heads and head size swapped).
+  v1::PrefillRequest other = Request(fast_, {5, 7, 9});
+  v1::KvLayout* layout = other.mutable_destination()->mutable_pool()->mutable_layout();
+  ASSERT_NE(layout->num_kv_heads(), layout->head_dim());
+  const uint32_t heads = layout->num_kv_heads();
+  layout->set_num_kv_heads(layout->head_dim());
+  layout->set_head_dim(heads);
+  const grpc::Status status = Prefill(other);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("KV layouts differ"));
+
+  EXPECT_THAT(ChangedBlocks(fast_), ::testing::IsEmpty());
+  AwaitUsedBlocks(0);
+}
+
+TEST_F(PrefillGrantTest, AValidGrantChangesOnlyTheGrantedBlocks) {
+  Start(/*fake_time=*/false);
+  FillCanary(fast_);
+  // Block 41 holds the first 16 tokens at the destination already; 9 and 30 are granted.
+  const grpc::Status status = Prefill(Request(fast_, {41, 9, 30}, /*cached=*/16));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_THAT(ChangedBlocks(fast_), ::testing::ElementsAre(9, 30));
+  EXPECT_TRUE(EveryLayerWritten(fast_, 9));
+  EXPECT_TRUE(EveryLayerWritten(fast_, 30));
+  AwaitUsedBlocks(0);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 //   tandem_sim --cluster=cluster.json --trace=trace.jsonl --out=results.jsonl [--seed=N]
 //              [--summary] [--threads=1]
 //   tandem_sim --cluster=cluster.json --synthetic=requests=1000000,rate=20000 [--out=...]
+//   tandem_sim --cluster=templates.json --trace=trace.jsonl --plan=plan.json   (sim/planner.h)
 //
 // Writes one JSON line per request to --out (the per-request records of tandem bench), and prints
 // a one-line JSON summary on stdout. Bad input: exit 2 with a message naming the file, the line and
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "nlohmann/json.hpp"
+#include "sim/planner.h"
 #include "sim/sim_config.h"
 #include "sim/simulator.h"
 #include "sim/synthetic.h"
@@ -34,6 +37,10 @@ ABSL_FLAG(uint64_t, seed, 0, "Seed of the policies' tie-breaks, step noise and -
 ABSL_FLAG(bool, summary, false,
           "Add latency percentiles and SLO attainment to the summary line");
 ABSL_FLAG(int32_t, threads, 1, "Simulation threads; only 1 (run sweeps as parallel processes)");
+ABSL_FLAG(std::string, plan, "",
+          "plan.json: search pool sizes, policies and token budgets for the cheapest cluster "
+          "meeting the objectives (sim/planner.h); --cluster gives the workers' templates. "
+          "Prints the plan as one JSON line");
 ABSL_FLAG(bool, fast_decode, true,
           "Advance runs of pure decode steps at once (false: every step is an event)");
 
@@ -129,6 +136,18 @@ int main(int argc, char** argv) {
         tandem::sim::ParseSynthetic(absl::GetFlag(FLAGS_synthetic));
     if (!o.ok()) return Fail(o.status());
     trace = tandem::sim::MakeSyntheticTrace(*o, absl::GetFlag(FLAGS_seed));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_plan); !path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Fail(absl::NotFoundError(absl::StrCat(path, ": cannot read")));
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    absl::StatusOr<tandem::sim::PlanOptions> options = tandem::sim::ParsePlanOptions(text, path);
+    if (!options.ok()) return Fail(options.status());
+    options->seed = absl::GetFlag(FLAGS_seed);
+    absl::StatusOr<tandem::sim::Plan> plan = tandem::sim::PlanCluster(*cluster, trace, *options);
+    if (!plan.ok()) return Fail(plan.status());
+    std::puts(tandem::sim::PlanToJson(*plan).dump().c_str());
+    return 0;
   }
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/version.h"
+#include "kvtransfer/kv_grant.h"
 #include "proto/conversion.h"
 
 namespace tandem {
@@ -78,7 +79,9 @@ v1::Snapshot WorkerStateService::MakeSnapshot(const EngineLoop::State& state) co
   s.set_max_prefill_tokens(static_cast<uint32_t>(loop_->max_prefill_tokens()));
   for (BlockHash h : state.cache.hashes) s.add_cached_block_hashes(h);
   s.set_last_event_id(state.cache.last_event_id);
-  *s.mutable_kv_pool() = info_.kv_pool;
+  // Only what others need to know of the pool: its keys go to the prefill worker of a request,
+  // in that request, never to every WatchState client (docs/security.md, "The KV path").
+  *s.mutable_kv_pool() = kvtransfer::PublicPart(info_.kv_pool);
   // Taken on the engine thread between two steps: none is in progress.
   *s.mutable_load() = MakeLoad(state.stats, state.recent_steps, absl::ZeroDuration(),
                                loop_->clock()->Now());

@@ -23,7 +23,9 @@ class WorkerStateService final : public v1::WorkerState::Service, public Drainab
     std::string worker_id;
     v1::WorkerRole role = v1::ROLE_BOTH;
     std::string engine;                // e.g. "cpu-avx512"
-    v1::KvPoolDescriptor kv_pool = {};  // empty on a prefill-only worker
+    // Empty on a prefill-only worker. Snapshots carry only its kvtransfer::PublicPart (no remote
+    // key, no address), whatever is given here.
+    v1::KvPoolDescriptor kv_pool = {};
   };
 
   // `loop` must outlive the service.

@@ -13,4 +13,5 @@ Modules:
   plots     PNG figures (latency CDFs, attainment and percentiles versus rate)
   report    the tables printed at the end, A/B side by side
   cli       flags and the whole run
+  argtypes  argparse types for numbers, shared with sim, plan and profile
 """

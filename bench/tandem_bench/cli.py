@@ -15,7 +15,7 @@ import os
 import pathlib
 import sys
 
-from . import arrivals, clients, cluster, metrics, plots, report, runner, workload
+from . import argtypes, arrivals, clients, cluster, metrics, plots, report, runner, workload
 
 DEFAULT_URLS = {"openai": "http://127.0.0.1:8000", "grpc": "127.0.0.1:7000"}
 
@@ -73,29 +73,6 @@ def _rates(text):
     return sorted(rates)
 
 
-def _positive(cast):
-    def parse(text):
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not a valid {cast.__name__}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be positive, not {text}")
-        return value
-    parse.__name__ = cast.__name__
-    return parse
-
-
-def _ratio(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], not {text}")
-    return value
-
-
 def build_parser():
     p = argparse.ArgumentParser(prog="tandem bench", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=_Formatter)
@@ -119,7 +96,7 @@ def build_parser():
                         "other users of the machine can read a command line")
     g.add_argument("--model", help="model id sent with every request (default: the server's only "
                                    "model)")
-    g.add_argument("--request-timeout", type=_positive(float), default=300.0, metavar="S",
+    g.add_argument("--request-timeout", type=argtypes.positive(float), default=300.0, metavar="S",
                    help="a request that takes longer fails")
     g.add_argument("--worker-metrics", action="append", default=[], metavar="URL",
                    help="a worker's Prometheus /metrics URL, for the prefix-hit rate of a server "
@@ -136,7 +113,7 @@ def build_parser():
     g.add_argument("--bin", type=pathlib.Path, default=None, metavar="DIR",
                    help="where tandem, tandem-router, tandem-prefill and tandem-decode are "
                         "(default: $TANDEM_BIN_DIR, else <repo>/build/release/bin)")
-    g.add_argument("--up-timeout", type=_positive(float), default=180.0, metavar="S",
+    g.add_argument("--up-timeout", type=argtypes.positive(float), default=180.0, metavar="S",
                    help="how long a cluster may take to become healthy")
     g.add_argument("--cluster-log", type=pathlib.Path, metavar="FILE",
                    help="append the clusters' output to this file")
@@ -157,16 +134,16 @@ def add_workload_args(p, live):
                       help="a sweep over these rates, each a separate run")
     g.add_argument("--arrival", choices=arrivals.KINDS, default=None,
                    help="arrival process [default: poisson, or gamma when --burstiness != 1]")
-    g.add_argument("--burstiness", type=_positive(float), default=1.0,
+    g.add_argument("--burstiness", type=argtypes.positive(float), default=1.0,
                    help="Gamma shape: the gaps' coefficient of variation is 1/sqrt(burstiness); "
                         "1 = Poisson, < 1 burstier")
     size = g.add_mutually_exclusive_group()
-    size.add_argument("--num-requests", type=_positive(int), default=None, metavar="N",
+    size.add_argument("--num-requests", type=argtypes.positive(int), default=None, metavar="N",
                       help="requests per rate [default: 100]")
-    size.add_argument("--duration", type=_positive(float), default=None, metavar="S",
+    size.add_argument("--duration", type=argtypes.positive(float), default=None, metavar="S",
                       help="send for this many seconds per rate (then wait for the answers)")
     if live:
-        g.add_argument("--max-concurrency", type=_positive(int), default=None, metavar="N",
+        g.add_argument("--max-concurrency", type=argtypes.positive(int), default=None, metavar="N",
                        help="at most N requests in flight; later arrivals wait here")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of prompts, lengths, mixes and arrivals: the same seed, the same run")
@@ -176,9 +153,9 @@ def add_workload_args(p, live):
                             "all of them fail the run stops)")
 
     g = p.add_argument_group("workload")
-    g.add_argument("--input-len", type=_positive(int), default=128, metavar="TOKENS",
+    g.add_argument("--input-len", type=argtypes.positive(int), default=128, metavar="TOKENS",
                    help="prompt tokens of synthetic prompts (the question, with --shared-prefix)")
-    g.add_argument("--output-len", type=_positive(int), default=None, metavar="TOKENS",
+    g.add_argument("--output-len", type=argtypes.positive(int), default=None, metavar="TOKENS",
                    help="output tokens (max_tokens) [default: 64; with --dataset: the dataset's]")
     g.add_argument("--range-ratio", type=float, default=0.0, metavar="R",
                    help="lengths uniform in [L(1-R), L(1+R)]; 0: fixed")
@@ -202,16 +179,16 @@ def add_workload_args(p, live):
                             "sent)")
 
     g = p.add_argument_group("SLOs and goodput")
-    g.add_argument("--ttft-slo-ms", type=_positive(float), metavar="MS",
+    g.add_argument("--ttft-slo-ms", type=argtypes.positive(float), metavar="MS",
                    help="TTFT target of requests whose class sets none")
-    g.add_argument("--tpot-slo-ms", type=_positive(float), metavar="MS",
+    g.add_argument("--tpot-slo-ms", type=argtypes.positive(float), metavar="MS",
                    help="TPOT target of requests whose class sets none")
-    g.add_argument("--slo-scale", type=_positive(float), metavar="X",
+    g.add_argument("--slo-scale", type=argtypes.positive(float), metavar="X",
                    help="targets = X times the unloaded TTFT and TPOT (medians of "
                         "--unloaded-requests sequential requests, on the first configuration)")
-    g.add_argument("--unloaded-requests", type=_positive(int), default=3, metavar="N",
+    g.add_argument("--unloaded-requests", type=argtypes.positive(int), default=3, metavar="N",
                    help="sequential requests that measure the unloaded latencies")
-    g.add_argument("--attainment-target", type=_ratio, default=0.9, metavar="F",
+    g.add_argument("--attainment-target", type=argtypes.ratio, default=0.9, metavar="F",
                    help="DistServe goodput: the highest rate whose attainment stays >= F")
     if live:
         g.add_argument("--no-send-slo", dest="send_slo", action="store_false",
@@ -400,12 +377,7 @@ class Bench:
                                             ca_file=(options or self.options).ca_file)
                      if worker_metrics else None)
             for k, rate in enumerate(self.rates):
-                process = arrivals.ArrivalProcess(self.kind, rate, args.burstiness)
-                times = arrivals.schedule(process, arrivals.rng_for(args.seed, "arrivals", k),
-                                          num_requests=(None if args.duration else
-                                                        args.num_requests or 100),
-                                          duration_s=args.duration)
-                specs = workload.build(self.config, args.seed, len(times), stream=f"rate{k}")
+                specs, times = sweep_point(args, self.config, self.kind, k, rate)
                 if self.slo_targets is not None:
                     specs = workload.with_slo_defaults(specs, self.slo_targets["ttft_ms"],
                                                        self.slo_targets["tpot_ms"])
@@ -496,6 +468,32 @@ def print_report(runs):
                       f"{top}")
 
 
+def sweep_point(args, config, kind, k, rate, text=True):
+    """(specs, arrival times) of the k-th rate of the sweep: the seeded requests `tandem bench`
+    sends at `rate`, and `tandem sim` and `tandem plan` simulate (with text=False)."""
+    process = arrivals.ArrivalProcess(kind, rate, args.burstiness)
+    times = arrivals.schedule(process, arrivals.rng_for(args.seed, "arrivals", k),
+                              num_requests=None if args.duration else args.num_requests or 100,
+                              duration_s=args.duration)
+    return workload.build(config, args.seed, len(times), stream=f"rate{k}", text=text), times
+
+
+def write_result_json(path, result):
+    """`result` (a dict) as the result JSON at `path`, and where it went."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
+    print(f"results: {path}")
+
+
+def write_outputs(args, runs, result):
+    """What --result-json (the dict `result()` makes) and --plot-dir ask for, for `runs`."""
+    if args.result_json:
+        write_result_json(args.result_json, result())
+    if args.plot_dir:
+        for path in plots.write_all(runs, args.plot_dir, args.attainment_target):
+            print(f"plot: {path}")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -506,14 +504,7 @@ def main(argv=None):
     runs = bench.run()
     print()
     print_report(runs)
-    if args.result_json:
-        args.result_json.parent.mkdir(parents=True, exist_ok=True)
-        args.result_json.write_text(json.dumps(bench.result(runs, started, argv), indent=1,
-                                               allow_nan=False) + "\n")
-        print(f"results: {args.result_json}")
-    if args.plot_dir:
-        for path in plots.write_all(runs, args.plot_dir, args.attainment_target):
-            print(f"plot: {path}")
+    write_outputs(args, runs, lambda: bench.result(runs, started, argv))
     return 0
 
 

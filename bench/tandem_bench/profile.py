@@ -28,6 +28,8 @@ import pathlib
 import struct
 import sys
 
+from . import argtypes
+
 FORMAT = "tandem-profile-v1"
 
 # Dense (no sparsity) tensor throughput in the model's 16-bit type and memory bandwidth, from the
@@ -183,21 +185,7 @@ def _flag(p, name, **kwargs):
                    **kwargs)
 
 
-def _positive(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
-    return value
-
-
-def _fraction(text):
-    value = _positive(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], not {text}")
-    return value
+_positive = argtypes.number(float, lambda value: 0 < value < math.inf, "a positive number")
 
 
 def build_parser():
@@ -215,9 +203,9 @@ def build_parser():
     _flag(g, "mem_bw_gbps", type=_positive, metavar="GB/S", help="memory bandwidth, GB/s")
     _flag(g, "mem_gb", type=_positive, metavar="GB",
           help="memory for weights and KV (for kv_blocks; default: the preset's)")
-    _flag(g, "mfu", type=_fraction, default=0.5,
+    _flag(g, "mfu", type=argtypes.ratio, default=0.5,
           help="share of peak FLOP/s reached by matrix products (default 0.5)")
-    _flag(g, "mbu", type=_fraction, default=0.8,
+    _flag(g, "mbu", type=argtypes.ratio, default=0.8,
           help="share of peak bandwidth reached by weight and KV reads (default 0.8)")
     _flag(g, "launch_overhead_us", type=float, default=0.0, metavar="US",
           help="fixed cost per step beyond the weight read (launches, sampling; default 0)")
@@ -235,7 +223,7 @@ def build_parser():
     _flag(g, "block_size", type=int, default=16, help="tokens per KV block (default 16)")
     _flag(g, "kv_blocks", type=int,
           help="KV blocks (default: what --mem_gb holds after the weights, at --mem_util)")
-    _flag(g, "mem_util", type=_fraction, default=0.9,
+    _flag(g, "mem_util", type=argtypes.ratio, default=0.9,
           help="share of memory weights and KV may take (default 0.9)")
     _flag(g, "max_running", type=int, default=256, help="most sequences at once (default 256)")
     _flag(g, "token_budget", type=int, default=2048, help="most tokens per step (default 2048)")

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from . import arrivals, cli, clients, cluster, metrics, plots, runner, workload
+from . import argtypes, cli, clients, cluster, metrics, runner, workload
 
 SIMULATOR = "tandem_sim"
 POLICIES = ("slo", "round_robin", "least_loaded", "prefix")
@@ -56,24 +56,8 @@ class SimError(Exception):
 # ------------------------------------------------------------------------------------------------
 
 
-def _nonneg_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {text}")
-    return value
-
-
-def _nonneg_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not value >= 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {text}")
-    return value
+_nonneg_int = argtypes.number(int, lambda value: value >= 0, ">= 0")
+_nonneg_float = argtypes.number(float, lambda value: 0 <= value < math.inf, "a finite number >= 0")
 
 
 def _failure(text):
@@ -114,7 +98,7 @@ def add_cluster_args(p):
                        ("max-prefill-tokens", "most prompt tokens per step (0: no cap)")):
         _flag(g, name, type=_nonneg_int, default=None, metavar="N",
               help=f"{what} (default: the profile's)")
-    _flag(g, "link-bandwidth-gbps", type=cli._positive(float), default=None, metavar="GBPS",
+    _flag(g, "link-bandwidth-gbps", type=argtypes.positive(float), default=None, metavar="GBPS",
           help="KV transfer bandwidth between two workers (default 10)")
     _flag(g, "link-latency-us", type=_nonneg_float, default=None, metavar="US",
           help="KV transfer latency between two workers (default 50)")
@@ -140,16 +124,22 @@ def build_parser():
                    help="compare two clusters: the flags above plus A, then plus B, each as "
                         "name=value (e.g. --ab policy=round_robin policy=prefix, or "
                         "--ab cluster=a.json cluster=b.json)")
+    add_simulator_args(g, jobs="simulator processes run at once (one per configuration and rate)",
+                       work_dir="keep each run's cluster.json, trace.jsonl and results.jsonl here "
+                                "(default: a temporary folder, removed)")
+    cli.add_workload_args(p, live=False)
+    return p
+
+
+def add_simulator_args(g, jobs, work_dir):
+    """--bin, --jobs and --work-dir (shared with `tandem plan`); `jobs` and `work_dir` are their
+    help."""
     g.add_argument("--bin", type=pathlib.Path, default=None, metavar="DIR",
                    help=f"where {SIMULATOR} is (default: $TANDEM_BIN_DIR, else "
                         "<repo>/build/release/bin)")
-    g.add_argument("--jobs", type=cli._positive(int), default=os.cpu_count() or 1, metavar="N",
-                   help="simulator processes run at once (one per configuration and rate)")
-    g.add_argument("--work-dir", type=pathlib.Path, metavar="DIR",
-                   help="keep each run's cluster.json, trace.jsonl and results.jsonl here "
-                        "(default: a temporary folder, removed)")
-    cli.add_workload_args(p, live=False)
-    return p
+    g.add_argument("--jobs", type=argtypes.positive(int), default=os.cpu_count() or 1, metavar="N",
+                   help=jobs)
+    g.add_argument("--work-dir", type=pathlib.Path, metavar="DIR", help=work_dir)
 
 
 def _cluster_parser():
@@ -456,18 +446,9 @@ class Sim:
 
     def _points(self):
         """(k, rate, specs, times) of each rate of the sweep: exactly what `tandem bench` sends."""
-        args = self.args
-        out = []
-        for k, rate in enumerate(self.rates):
-            process = arrivals.ArrivalProcess(self.kind, rate, args.burstiness)
-            times = arrivals.schedule(process, arrivals.rng_for(args.seed, "arrivals", k),
-                                      num_requests=(None if args.duration else
-                                                    args.num_requests or 100),
-                                      duration_s=args.duration)
-            specs = workload.build(self.config, args.seed, len(times), stream=f"rate{k}",
-                                   text=False)
-            out.append((k, rate, specs, times))
-        return out
+        return [(k, rate, *cli.sweep_point(self.args, self.config, self.kind, k, rate,
+                                           text=False))
+                for k, rate in enumerate(self.rates)]
 
     def _unloaded(self, pool, configs):
         """--slo-scale: each of the workload's `unloaded` requests simulated alone, on the first
@@ -566,14 +547,7 @@ def main(argv=None):
         except SimError as error:
             raise SystemExit(f"tandem sim: {error}") from None
     cli.print_report(runs)
-    if args.result_json:
-        args.result_json.parent.mkdir(parents=True, exist_ok=True)
-        args.result_json.write_text(json.dumps(sim.result(runs, started, argv), indent=1,
-                                               allow_nan=False) + "\n")
-        print(f"results: {args.result_json}")
-    if args.plot_dir:
-        for path in plots.write_all(runs, args.plot_dir, args.attainment_target):
-            print(f"plot: {path}")
+    cli.write_outputs(args, runs, lambda: sim.result(runs, started, argv))
     return 0
 
 

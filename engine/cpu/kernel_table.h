@@ -71,14 +71,20 @@ inline constexpr int64_t kPackedQ5Scales = 5 * 64;     // offset of d[16] (f16),
 inline constexpr int64_t kPackedQ5BlockBytes = 5 * 64 + 64;
 // kQ5Sx16: kQ5x16 without m[16] (Q5_0: m = -16 d).
 inline constexpr int64_t kPackedQ5SBlockBytes = 5 * 64 + 32;
-// kQ6x16 (packed_weights.h): one super-block unit of a tile: 8 sub-blocks of codes (kQ4x16's 4
-// groups of low nibbles, then two 64-byte groups of high bit pairs), then the rows' int8
-// 16-element scales and f16 d, and 32 bytes of padding.
+// kQ6x16 (packed_weights.h): a tile holds its super-blocks in pairs: one 64-byte line with the
+// two units' f16 d[16], then the two units. A unit: 8 sub-blocks of codes (kQ4x16's 4 groups of
+// low nibbles, then two 64-byte groups of high bit pairs), then the rows' int8 16-element scales:
+// 3328 = 52 * 64 bytes. A last, odd super-block is a pair without its second unit.
 inline constexpr int64_t kPackedQ6SubBytes = 6 * 64;             // one sub-block's codes
 inline constexpr int64_t kPackedQ6High = 4 * 64;                 // its high bits, in the sub-block
 inline constexpr int64_t kPackedQ6Scales = 8 * kPackedQ6SubBytes;  // int8 sc[8][2][16]
-inline constexpr int64_t kPackedQ6D = kPackedQ6Scales + 256;     // f16 d[16]
-inline constexpr int64_t kPackedQ6UnitBytes = kPackedQ6D + 64;
+inline constexpr int64_t kPackedQ6UnitBytes = kPackedQ6Scales + 256;
+inline constexpr int64_t kPackedQ6PairBytes = 64 + 2 * kPackedQ6UnitBytes;  // 105 cache lines
+// Offsets in a kQ6x16 tile of super-block s's unit and of its d[16].
+inline constexpr int64_t PackedQ6Unit(int64_t s) {
+  return s / 2 * kPackedQ6PairBytes + 64 + s % 2 * kPackedQ6UnitBytes;
+}
+inline constexpr int64_t PackedQ6D(int64_t s) { return s / 2 * kPackedQ6PairBytes + s % 2 * 32; }
 // kQ4Kx16 / kQ5Kx16 (packed_weights.h): one super-block unit of a tile: 8 sub-blocks of codes
 // (kQ4x16's 4 groups, then for kQ5Kx16 kQ5x16's fifth-bit group), then the rows' low scale
 // bits, high scale bits and f16 d / dmin.

@@ -249,7 +249,7 @@ inline void Q6Codes(const uint8_t* blk, __m256i hi0, __m256i hi1, __m256i* w) {
 template <int R>
 void PackedHalfRowsQ6(const uint8_t* tile, int64_t nb, int half, const BlockQ8Act* x,
                       const int32_t* halves, int64_t xs, float* y, int64_t ys, int64_t rows) {
-  constexpr int64_t kBlockBytes = kPackedQ6UnitBytes / 8;
+  constexpr int64_t kBlockBytes = kPackedQ6PairBytes / 16;  // on average
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
 #pragma GCC unroll 4
@@ -259,12 +259,12 @@ void PackedHalfRowsQ6(const uint8_t* tile, int64_t nb, int half, const BlockQ8Ac
     // (The second half reads the lines the first one brought in; the tiles are read front to
     // back, a unit's bytes per 8 block indices.)
     if (R > 1 && half == 0) PrefetchPackedBlock<kBlockBytes>(tile + b * kBlockBytes);
-    const uint8_t* unit = tile + (b / 8) * kPackedQ6UnitBytes;
+    const uint8_t* unit = tile + PackedQ6Unit(b / 8);
     const int j = static_cast<int>(b % 8);
     const uint8_t* blk = unit + j * kPackedQ6SubBytes + 32 * half;
     if (j == 0) {
-      dw = _mm256_cvtph_ps(
-          _mm_load_si128(reinterpret_cast<const __m128i*>(unit + kPackedQ6D + 16 * half)));
+      dw = _mm256_cvtph_ps(_mm_load_si128(
+          reinterpret_cast<const __m128i*>(tile + PackedQ6D(b / 8) + 16 * half)));
     }
     const uint8_t* scales = unit + kPackedQ6Scales + 32 * j + 8 * half;
     const __m256i sc0 =

@@ -348,7 +348,7 @@ __attribute__((always_inline)) inline void PackedRowsQ6(const uint8_t* tile, int
                                                         const BlockQ8Act* x, const int32_t* halves,
                                                         int64_t xs, float* y, int64_t ys,
                                                         int64_t rows) {
-  constexpr int64_t kBlockBytes = kPackedQ6UnitBytes / 8;
+  constexpr int64_t kBlockBytes = kPackedQ6PairBytes / 16;  // on average
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -356,12 +356,12 @@ __attribute__((always_inline)) inline void PackedRowsQ6(const uint8_t* tile, int
   for (int64_t b = 0; b < nb; ++b) {
     // (The tiles are read front to back, a unit's bytes per 8 block indices.)
     if constexpr (R > 1) PrefetchPackedBlock<kBlockBytes>(tile + b * kBlockBytes);
-    const uint8_t* unit = tile + (b / 8) * kPackedQ6UnitBytes;
+    const uint8_t* unit = tile + PackedQ6Unit(b / 8);
     const int j = static_cast<int>(b % 8);
     const uint8_t* sub = unit + j * kPackedQ6SubBytes;
     if (j == 0) {
       dw = _mm512_cvtph_ps(
-          _mm256_load_si256(reinterpret_cast<const __m256i*>(unit + kPackedQ6D)));
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + PackedQ6D(b / 8))));
     }
     __m512i lo[4], w[8];
 #pragma GCC unroll 4

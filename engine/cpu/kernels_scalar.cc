@@ -310,7 +310,7 @@ void PackedDotQ6(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int
     for (int64_t r = 0; r < rows; ++r) {
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* unit = tile + (b / 8) * kPackedQ6UnitBytes;
+        const uint8_t* unit = tile + PackedQ6Unit(b / 8);
         const int j = static_cast<int>(b % 8);
         const uint8_t* sub = unit + j * kPackedQ6SubBytes;
         const BlockQ8Act& xb = x[i * xs + b];
@@ -324,7 +324,7 @@ void PackedDotQ6(const uint8_t* tile, int64_t nb, const BlockQ8Act* x, const int
         const auto sc0 = static_cast<int8_t>(unit[kPackedQ6Scales + 32 * j + r]);
         const auto sc1 = static_cast<int8_t>(unit[kPackedQ6Scales + 32 * j + 16 + r]);
         uint16_t d;
-        std::memcpy(&d, unit + kPackedQ6D + r * 2, 2);
+        std::memcpy(&d, tile + PackedQ6D(b / 8) + r * 2, 2);
         const int32_t sumi = sc0 * half_sums[0] + sc1 * half_sums[1];
         acc = std::fma(static_cast<float>(sumi), HalfToFloat(d) * xb.d, acc);
       }

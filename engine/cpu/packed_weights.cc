@@ -10,16 +10,19 @@
 namespace tandem::cpu {
 
 static_assert(kPackedBlockBytes<true> == 320 && kPackedBlockBytes<false> == 544 &&
-                  kPackedQ5BlockBytes == 384 && kPackedQ6UnitBytes == 3392 &&
+                  kPackedQ5BlockBytes == 384 && kPackedQ6UnitBytes == 3328 &&
                   kPackedQ4SBlockBytes == 288 && kPackedQ5SBlockBytes == 352 &&
                   kPackedKUnitBytes<false> == 2304 && kPackedKUnitBytes<true> == 2816,
               "the layouts packed_weights.h documents");
 static_assert(kNumPackedFormats == kPackedFormatCount);
 // A K-quant unit is its super-block's 8 block indices, the same bytes per row as the file's block
-// (kQ6x16: and 2 more, the padding that keeps units 64-byte aligned).
+// (kQ6x16: with its d[16], half of its pair's line); every unit is a whole number of cache lines.
 static_assert(kPackedKUnitBytes<false> == kPackedRows * sizeof(BlockQ4_K) &&
               kPackedKUnitBytes<true> == kPackedRows * sizeof(BlockQ5_K) &&
-              kPackedQ6UnitBytes == kPackedRows * (sizeof(BlockQ6_K) + 2));
+              kPackedQ6UnitBytes + kPackedRows * 2 == kPackedRows * sizeof(BlockQ6_K) &&
+              kPackedQ6UnitBytes % 64 == 0 && kPackedQ6PairBytes % 64 == 0 &&
+              kPackedKUnitBytes<false> % 64 == 0 &&
+              kPackedKUnitBytes<true> % 64 == 0);
 
 int64_t PackedBlockBytes(PackedFormat format) {
   switch (format) {
@@ -30,7 +33,7 @@ int64_t PackedBlockBytes(PackedFormat format) {
     case PackedFormat::kQ5x16:
       return kPackedQ5BlockBytes;
     case PackedFormat::kQ6x16:
-      return kPackedQ6UnitBytes / 8;
+      return (kPackedQ6UnitBytes + kPackedRows * 2) / 8;
     case PackedFormat::kQ4Sx16:
       return kPackedQ4SBlockBytes;
     case PackedFormat::kQ5Sx16:
@@ -41,6 +44,12 @@ int64_t PackedBlockBytes(PackedFormat format) {
       return kPackedKUnitBytes<true> / 8;
   }
   return 0;
+}
+
+int64_t PackedTileBytes(PackedFormat format, int64_t k) {
+  const int64_t bytes = k / kQuantBlock * PackedBlockBytes(format);
+  if (format == PackedFormat::kQ6x16 && (k / kSuperBlock) % 2 != 0) return bytes + 32;
+  return bytes;
 }
 
 namespace {
@@ -175,8 +184,8 @@ Q6Place PlaceQ6(int l, int64_t r) {
 
 // Writes row r's part of sub-block b % 8 of the kQ6x16 unit at `unit` (super-block b / 8 of the
 // Q6_K row at `row`; packed_weights.h): its codes, its two scales and, with the first sub-block,
-// the super-block's d.
-void PackQ6Row(const uint8_t* row, int64_t b, int64_t r, uint8_t* unit) {
+// the super-block's d to `d` (the unit's 16 entries of the tile's d array).
+void PackQ6Row(const uint8_t* row, int64_t b, int64_t r, uint8_t* unit, uint8_t* d) {
   const BlockQ6_K& w = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
   const int j = static_cast<int>(b % 8), h = j / 4, g = j % 4;
   uint8_t* sub = unit + j * kPackedQ6SubBytes;
@@ -189,11 +198,12 @@ void PackQ6Row(const uint8_t* row, int64_t b, int64_t r, uint8_t* unit) {
   }
   unit[kPackedQ6Scales + 32 * j + r] = static_cast<uint8_t>(w.scales[8 * h + 2 * g]);
   unit[kPackedQ6Scales + 32 * j + 16 + r] = static_cast<uint8_t>(w.scales[8 * h + 2 * g + 1]);
-  if (j == 0) std::memcpy(unit + kPackedQ6D + 2 * r, &w.d, 2);
+  if (j == 0) std::memcpy(d + 2 * r, &w.d, 2);
 }
 
-// Row r of the kQ6x16 unit at `unit` back as the file's super-block at `out`.
-void UnpackQ6Row(const uint8_t* unit, int64_t r, uint8_t* out) {
+// Row r of the kQ6x16 unit at `unit` (its d array entries at `d`) back as the file's super-block
+// at `out`.
+void UnpackQ6Row(const uint8_t* unit, const uint8_t* d, int64_t r, uint8_t* out) {
   BlockQ6_K w{};
   for (int j = 0; j < 8; ++j) {
     const int h = j / 4, g = j % 4;
@@ -208,7 +218,7 @@ void UnpackQ6Row(const uint8_t* unit, int64_t r, uint8_t* out) {
     w.scales[8 * h + 2 * g] = static_cast<int8_t>(unit[kPackedQ6Scales + 32 * j + r]);
     w.scales[8 * h + 2 * g + 1] = static_cast<int8_t>(unit[kPackedQ6Scales + 32 * j + 16 + r]);
   }
-  std::memcpy(&w.d, unit + kPackedQ6D + 2 * r, 2);
+  std::memcpy(&w.d, d + 2 * r, 2);
   std::memcpy(out, &w, sizeof(w));
 }
 
@@ -244,7 +254,7 @@ std::optional<PackedFormat> PackedWeights::FormatFor(DType type) {
 int64_t PackedWeights::PackedBytes(DType type, int64_t n, int64_t k) {
   const std::optional<PackedFormat> format = FormatFor(type);
   if (!format.has_value() || n <= 0 || k <= 0) return 0;
-  return (n + kPackedRows - 1) / kPackedRows * (k / kQuantBlock) * PackedBlockBytes(*format);
+  return (n + kPackedRows - 1) / kPackedRows * PackedTileBytes(*format, k);
 }
 
 absl::StatusOr<PackedWeights> PackedWeights::Pack(
@@ -271,8 +281,9 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(
 
   const int64_t nb = k / kQuantBlock;
   const int64_t block_bytes = PackedBlockBytes(*format);
+  const int64_t tile_bytes = PackedTileBytes(*format, k);
   const int64_t num_tiles = (n + kPackedRows - 1) / kPackedRows;
-  const int64_t total = num_tiles * nb * block_bytes;
+  const int64_t total = num_tiles * tile_bytes;
   const size_t alloc = static_cast<size_t>((total + 63) / 64 * 64);
   std::unique_ptr<uint8_t, Free> data(
       static_cast<uint8_t*>(std::aligned_alloc(64, alloc == 0 ? 64 : alloc)));
@@ -287,13 +298,14 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(
   const auto* src = static_cast<const uint8_t*>(w);
   for (int64_t t = 0; t < num_tiles; ++t) {
     if (rows_packed && t > 0 && t % kTilesPerReport == 0) rows_packed(t * kPackedRows);
+    uint8_t* tile = data.get() + t * tile_bytes;
     for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* out = data.get() + (t * nb + b) * block_bytes;
+      uint8_t* out = tile + b * block_bytes;
       for (int64_t r = 0; r < kPackedRows && t * kPackedRows + r < n; ++r) {
         const int64_t row = t * kPackedRows + r;
         if (*format == PackedFormat::kQ4Kx16 || *format == PackedFormat::kQ5Kx16) {
           // This block's unit: its super-block's 8 block indices.
-          uint8_t* unit = data.get() + (t * nb + b / 8 * 8) * block_bytes;
+          uint8_t* unit = tile + b / 8 * 8 * block_bytes;
           if (*format == PackedFormat::kQ4Kx16) {
             PackKRow<false>(src + row * w_row_bytes, b, r, unit);
           } else {
@@ -302,7 +314,8 @@ absl::StatusOr<PackedWeights> PackedWeights::Pack(
           continue;
         }
         if (*format == PackedFormat::kQ6x16) {
-          PackQ6Row(src + row * w_row_bytes, b, r, data.get() + (t * nb + b / 8 * 8) * block_bytes);
+          PackQ6Row(src + row * w_row_bytes, b, r, tile + PackedQ6Unit(b / 8),
+                    tile + PackedQ6D(b / 8));
           continue;
         }
         if (*format == PackedFormat::kQ5x16 || *format == PackedFormat::kQ5Sx16) {
@@ -356,12 +369,15 @@ absl::Status PackedWeights::UnpackRow(int64_t row, DType type, void* out) const 
   const int64_t r = row % kPackedRows;
   if (q4k || q5k || q6k) {
     const int64_t unit_bytes = 8 * PackedBlockBytes(format_);
+    const uint8_t* tile_data = tile(row / kPackedRows);
     for (int64_t s = 0; s < k_ / kSuperBlock; ++s) {
-      const uint8_t* unit = tile(row / kPackedRows) + s * unit_bytes;
       uint8_t* blk = static_cast<uint8_t*>(out) + s * DTypeBlockBytes(type);
       if (q6k) {
-        UnpackQ6Row(unit, r, blk);
-      } else if (q4k) {
+        UnpackQ6Row(tile_data + PackedQ6Unit(s), tile_data + PackedQ6D(s), r, blk);
+        continue;
+      }
+      const uint8_t* unit = tile_data + s * unit_bytes;
+      if (q4k) {
         UnpackKRow<false>(unit, r, blk);
       } else {
         UnpackKRow<true>(unit, r, blk);

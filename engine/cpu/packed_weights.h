@@ -33,9 +33,12 @@
 //                                    row r, byte l: bits 2c, 2c + 1 = q >> 4 of element
 //                                    16 h + 4 c + l (c = 0..3)
 //                      sc[8][2][16]: int8 scale of sub-block j's half h (elements 16 h ..) of row r
-//                      d[16]:        f16 scale of each row, then 32 bytes of padding
-//           3392 bytes a unit: 26.5 bytes per row and 32 weights against the file's 26.25. The
-//           codes are c = q - 32 (-32..31).
+//           3328 = 52 x 64 bytes a unit. The units' f16 d[16] (each row's, as the file's super-
+//           block holds it) go out of line, two units' in one 64-byte line: a tile is pairs of
+//           super-blocks 2p, 2p + 1 at 6720 p, each the line d[2][16] then the two units, so
+//           units stay 64-byte aligned and the tile reads front to back. 3360 bytes per
+//           super-block and tile, the file's 210 per row; when K / 256 is odd, the last pair has
+//           one unit and its line 32 bytes of padding. The codes are c = q - 32 (-32..31).
 //   kQ4Kx16, kQ5Kx16: the K-quants, in units of one super-block (256 weights, block indices
 //           8s .. 8s + 7) per tile, so that the scales stay as compact as the file's:
 //                      sub[8]:       sub-block j (block index 8s + j) at 256 j (kQ4Kx16) or 320 j
@@ -90,8 +93,13 @@ inline constexpr int64_t kPackedRows = 16;  // weight rows per tile
 
 // Bytes of one block index of one tile (320, 544, 384, 288 for kQ4Sx16, 352 for kQ5Sx16; for
 // kQ6x16, kQ4Kx16 and kQ5Kx16, whose unit is a super-block of 8 block indices, an eighth of it:
-// 424, 288, 352).
+// 420 (with its share of the d array), 288, 352).
 int64_t PackedBlockBytes(PackedFormat format);
+
+// Bytes of one tile of rows of k elements: k / 32 * PackedBlockBytes(format), and for kQ6x16 with
+// an odd number of super-blocks 32 more (its padding). A multiple of 64 for every format but
+// kQ8x16. REQUIRES: k a multiple of the format's block (32; 256 for the K-quants).
+int64_t PackedTileBytes(PackedFormat format, int64_t k);
 
 // Whether the kernel table for `isa` has its own kernel for `format`. Where it has not, MatMul
 // runs packed weights on the scalar reference kernel, so packing for speed is pointless there.
@@ -122,7 +130,7 @@ class PackedWeights {
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }
   int64_t num_tiles() const { return (n_ + kPackedRows - 1) / kPackedRows; }
-  int64_t tile_bytes() const { return k_ / kQuantBlock * PackedBlockBytes(format_); }
+  int64_t tile_bytes() const { return PackedTileBytes(format_, k_); }
   int64_t bytes() const { return num_tiles() * tile_bytes(); }
   // Writes row `row` back in the GGUF layout of `type`, byte for byte what was packed, to
   // `out` (DTypeStorageBytes(type, k) bytes): a tied embedding reads its token rows from the

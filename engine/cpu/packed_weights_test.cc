@@ -22,9 +22,10 @@ using testing::RandomWeights;
 constexpr DType kPackable[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ5_0,
                                DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
-// Row widths to test a type on: around the kernels' unrolling, whole super-blocks for K-quants.
+// Row widths to test a type on: around the kernels' unrolling, whole super-blocks for K-quants
+// (odd and even counts of them: a kQ6x16 tile of an odd count ends in padding).
 std::vector<int64_t> Widths(DType type) {
-  if (DTypeBlockElements(type) == kSuperBlock) return {256, 768};
+  if (DTypeBlockElements(type) == kSuperBlock) return {256, 512, 768};
   return {32, 96, 576};
 }
 
@@ -333,7 +334,7 @@ TEST(PackedWeightsTest, SizesAndAlignment) {
   EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ8x16), 16 * 34);
   EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ5x16), 16 * 24);   // Q5_1's 24
   EXPECT_EQ(PackedBlockBytes(PackedFormat::kQ5Sx16), 16 * 22);  // Q5_0's 22
-  EXPECT_EQ(8 * PackedBlockBytes(PackedFormat::kQ6x16), 16 * (210 + 2));  // Q6_K's 210, padded
+  EXPECT_EQ(8 * PackedBlockBytes(PackedFormat::kQ6x16), 16 * 210);  // Q6_K's 210
   const std::vector<uint8_t> w5 = RandomWeights(rng, DType::kQ5_0, 17, 64);
   absl::StatusOr<PackedWeights> packed5 = PackedWeights::Pack(w5.data(), DType::kQ5_0, 17, 64);
   ASSERT_TRUE(packed5.ok());
@@ -351,23 +352,30 @@ TEST(PackedWeightsTest, SizesAndAlignment) {
   EXPECT_EQ(packed0->bytes(), *DTypeStorageBytes(DType::kQ4_0, 32 * 96));
 
   // The K-quant forms take the file's bytes: a whole number of 16-row tiles packs into exactly
-  // DTypeStorageBytes (Q6_K: 1% more), and each super-block unit stays 64-byte aligned.
+  // DTypeStorageBytes (kQ6x16 with an odd number of super-blocks per row: 32 bytes more per
+  // tile, its padding), and every tile and super-block unit stays 64-byte aligned.
   for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
-    const int64_t n = 32, k = 768;
-    const std::vector<uint8_t> wk = RandomWeights(rng, type, n, k);
-    absl::StatusOr<PackedWeights> packedk = PackedWeights::Pack(wk.data(), type, n, k);
-    ASSERT_TRUE(packedk.ok()) << packedk.status();
-    EXPECT_EQ(packedk->format(), type == DType::kQ4_K   ? PackedFormat::kQ4Kx16
-                                 : type == DType::kQ5_K ? PackedFormat::kQ5Kx16
-                                                        : PackedFormat::kQ6x16);
-    // (Q6_K: 2 bytes per row and super-block of padding, under 1%.)
-    EXPECT_EQ(packedk->bytes(),
-              *DTypeStorageBytes(type, n * k) + (type == DType::kQ6_K ? n * k / 256 * 2 : 0))
-        << DTypeName(type);
-    EXPECT_EQ(PackedWeights::PackedBytes(type, n, k), packedk->bytes());
-    EXPECT_EQ(8 * PackedBlockBytes(*PackedWeights::FormatFor(type)) % 64, 0);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(packedk->tile(1)) % 64, 0u);
+    for (int64_t k : {512, 768, 14336}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(type) << " K=" << k);
+      const int64_t n = 32;
+      const std::vector<uint8_t> wk = RandomWeights(rng, type, n, k);
+      absl::StatusOr<PackedWeights> packedk = PackedWeights::Pack(wk.data(), type, n, k);
+      ASSERT_TRUE(packedk.ok()) << packedk.status();
+      EXPECT_EQ(packedk->format(), type == DType::kQ4_K   ? PackedFormat::kQ4Kx16
+                                   : type == DType::kQ5_K ? PackedFormat::kQ5Kx16
+                                                          : PackedFormat::kQ6x16);
+      const bool padded = type == DType::kQ6_K && (k / 256) % 2 != 0;
+      EXPECT_EQ(packedk->bytes(), *DTypeStorageBytes(type, n * k) + (padded ? 2 * 32 : 0));
+      EXPECT_EQ(PackedWeights::PackedBytes(type, n, k), packedk->bytes());
+      EXPECT_EQ(packedk->tile_bytes() % 64, 0);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(packedk->tile(1)) % 64, 0u);
+    }
+    EXPECT_EQ(8 * PackedBlockBytes(*PackedWeights::FormatFor(type)), 16 * DTypeBlockBytes(type));
   }
+  // An 8B Q6_K output matrix (128256 x 4096, 16 super-blocks a row) packs into its file bytes.
+  EXPECT_EQ(PackedWeights::PackedBytes(DType::kQ6_K, 128256, 4096),
+            *DTypeStorageBytes(DType::kQ6_K, int64_t{128256} * 4096));
+  EXPECT_EQ(kPackedQ6UnitBytes % 64, 0);
 }
 
 // The formats that keep the file's codes and scales give each row back byte for byte (a tied

@@ -47,11 +47,12 @@ class CpuBackend final : public Backend {
     // Repack quantized matrices at start-up for the packed kernels (engine/cpu/packed_weights.h),
     // where the ISA has its own. Results differ from the row kernels' in float rounding only.
     bool pack_weights = true;
-    // Packed copies larger than the file's bytes (kQ6x16 takes 26.5 bytes per 32 weights against
-    // Q6_K's 26.25; any form, a last tile's padding rows) may add at most this much memory in
-    // all; the matrices past it run on the row kernels from the mapped file. Packed copies the
-    // size of the file's bytes (every other type, whole tiles) replace those bytes in memory and
-    // are always made.
+    // Packed copies larger than the file's bytes (any form: a last tile's padding rows; kQ6x16
+    // with an odd number of super-blocks a row: 32 bytes a tile) may add at most this much
+    // memory in all; the matrices past it run on the row kernels from the mapped file. Packed
+    // copies the size of the file's bytes (whole tiles, and for Q6_K an even number of
+    // super-blocks a row, as every Llama shape has) replace those bytes in memory and are always
+    // made.
     int64_t max_packed_excess_bytes = int64_t{24} << 20;
     // In a step of kPrefetchKvMinTokens..kPrefetchKvMaxTokens tokens (a decode batch), let the
     // products before each layer's attention bring its KV rows into the cache (cpu::MatMulShared's

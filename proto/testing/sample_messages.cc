@@ -298,6 +298,16 @@ v1::KvPoolDescriptor SampleKvPoolDescriptor() {
   return pool;
 }
 
+// What a snapshot carries of a pool: no regions (remote keys, addresses), no transport address.
+v1::KvPoolDescriptor SamplePublicKvPool() {
+  const v1::KvPoolDescriptor full = SampleKvPoolDescriptor();
+  v1::KvPoolDescriptor pool;
+  pool.set_transport(full.transport());
+  *pool.mutable_layout() = full.layout();
+  pool.set_pool_epoch(full.pool_epoch());
+  return pool;
+}
+
 v1::Snapshot SampleSnapshot() {
   v1::Snapshot snapshot;
   snapshot.set_worker_id("decode-1");
@@ -310,7 +320,7 @@ v1::Snapshot SampleSnapshot() {
   snapshot.set_max_running(64);
   for (uint64_t hash : {kHashA, kHashB, kHashC}) snapshot.add_cached_block_hashes(hash);
   snapshot.set_last_event_id(41);
-  *snapshot.mutable_kv_pool() = SampleKvPoolDescriptor();
+  *snapshot.mutable_kv_pool() = SamplePublicKvPool();
   *snapshot.mutable_load() = SampleLoadSample();
   snapshot.set_engine("cpu-avx512");
   snapshot.set_version("0.1.0");

@@ -13,6 +13,7 @@
 #include "common/serve.h"
 #include "common/status_conversion.h"
 #include "proto/conversion.h"
+#include "router/server/planner_advisor.h"
 #include "router/server/router_metrics.h"
 #include "router/server/stall_watch.h"
 
@@ -363,9 +364,12 @@ class DecodeRelay final : public RelayedCall, public std::enable_shared_from_thi
                                                         : prediction_.ttft_slo_seconds;
     const double tpot_slo = placement_.slo.tpot_ms > 0 ? placement_.slo.tpot_ms * 1e-3
                                                         : prediction_.tpot_slo_seconds;
-    if (ttft_slo <= 0 && tpot_slo <= 0) return;
     const bool met = (ttft_slo <= 0 || t.ttft_us() * 1e-6 <= ttft_slo) &&
                      (tpot_slo <= 0 || tokens <= 1 || tpot <= tpot_slo);
+    if (ObservedWorkload* w = RouterWorkload()) {
+      w->Finished(placement_.prompt_tokens, tokens, ttft_slo, tpot_slo, met);
+    }
+    if (ttft_slo <= 0 && tpot_slo <= 0) return;
     const int32_t priority = placement_.priority;
     Metrics()
         .slo

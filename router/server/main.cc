@@ -22,6 +22,7 @@
 #include "router/server/http_server.h"
 #include "common/https_terminator.h"
 #include "router/server/inference_service.h"
+#include "router/server/planner_advisor.h"
 #include "router/server/registry.h"
 #include "router/server/request_router.h"
 
@@ -91,6 +92,19 @@ ABSL_FLAG(int64_t, api_keys_reload_ms, 1000,
 ABSL_FLAG(int64_t, worker_liveness_timeout_ms, 3000,
           "A worker whose WatchState stream brings nothing (load samples come every 100 ms) for "
           "this long takes no requests until it answers again with a fresh snapshot, ms");
+
+ABSL_FLAG(std::string, planner, "off",
+          "advise: every --planner_interval_s, plan (sim/planner.h) the cheapest configuration "
+          "for the observed traffic and export it (tandem_router_planner_* metrics, an INFO line "
+          "when it changes); off: no planner");
+ABSL_FLAG(double, planner_interval_s, 30, "planner=advise: seconds between advices");
+ABSL_FLAG(double, planner_window_s, 60,
+          "planner=advise: the traffic of the last this many seconds is planned for");
+ABSL_FLAG(double, planner_attainment_target, 0.9,
+          "planner=advise: the fraction of requests that must meet their objectives");
+ABSL_FLAG(int64_t, planner_max_workers, 16, "planner=advise: the most workers it recommends");
+ABSL_FLAG(int64_t, planner_max_simulations, 200,
+          "planner=advise: simulations per advice at most (bounds its time)");
 
 namespace tandem::router {
 namespace {
@@ -187,6 +201,36 @@ absl::Status Run() {
       absl::GetFlag(FLAGS_local_prefill_threshold);
   absl::StatusOr<std::unique_ptr<RequestRouter>> router = RequestRouter::Create(options, &registry);
   if (!router.ok()) return router.status();
+  std::unique_ptr<PlannerAdvisor> advisor;
+  if (const std::string planner = absl::GetFlag(FLAGS_planner); planner == "advise") {
+    const double interval = absl::GetFlag(FLAGS_planner_interval_s);
+    const double window = absl::GetFlag(FLAGS_planner_window_s);
+    if (!(interval > 0) || !(window > 0)) {
+      return absl::InvalidArgumentError("--planner_interval_s and --planner_window_s must be > 0");
+    }
+    // Lives as long as the process: the relays' threads may record into it until exit.
+    static ObservedWorkload* workload = new ObservedWorkload(absl::Seconds(window));
+    InstallRouterWorkload(workload);
+    PlannerAdvisorOptions advise;
+    advise.interval = absl::Seconds(interval);
+    advise.default_ttft_slo_ms = static_cast<double>(options.policy_options.default_ttft_ms);
+    advise.default_tpot_slo_ms = static_cast<double>(options.policy_options.default_tpot_ms);
+    advise.attainment_target = absl::GetFlag(FLAGS_planner_attainment_target);
+    advise.policies = {options.policy};
+    advise.max_workers = absl::GetFlag(FLAGS_planner_max_workers);
+    advise.max_simulations = absl::GetFlag(FLAGS_planner_max_simulations);
+    if (!(advise.attainment_target > 0 && advise.attainment_target <= 1) ||
+        advise.max_workers < 1 || advise.max_simulations < 1) {
+      return absl::InvalidArgumentError(
+          "--planner_attainment_target must be in (0, 1], --planner_max_workers and "
+          "--planner_max_simulations >= 1");
+    }
+    advisor = std::make_unique<PlannerAdvisor>(advise, &registry, workload);
+    advisor->Start();
+  } else if (planner != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--planner must be off or advise, not '", planner, "'"));
+  }
   std::unique_ptr<auth::ApiKeyGate> api_keys;
   if (const std::string file = absl::GetFlag(FLAGS_api_keys_file); !file.empty()) {
     if (absl::GetFlag(FLAGS_api_keys_reload_ms) <= 0) {

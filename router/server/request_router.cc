@@ -20,6 +20,7 @@
 #include "engine/tokenizer/hf_tokenizer.h"
 #include "grpcpp/create_channel.h"
 #include "router/server/decode_relay.h"
+#include "router/server/planner_advisor.h"
 #include "router/server/router_metrics.h"
 #include "router/server/tool_calls.h"
 
@@ -378,6 +379,7 @@ absl::StatusOr<std::shared_ptr<RelayedCall>> RequestRouter::PlaceAndStart(Prepar
                                                                           ResponseSink* sink,
                                                                           absl::Time deadline) {
   const absl::Time begin = options_.clock->Now();
+  if (ObservedWorkload* w = RouterWorkload()) w->Arrived();
   const std::optional<Registry::ModelInfo> model = registry_->Model();
   if (!model.has_value()) return absl::UnavailableError("no decode worker is ready");
   placement::Request req;

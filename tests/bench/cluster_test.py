@@ -23,9 +23,10 @@ def test_up_flags():
 
 
 class MetricsServer:
-    """Serves `self.text` at /metrics on a free port, in a thread."""
+    """Serves `self.text` at /metrics on a free port, in a thread; over TLS with `context` (an
+    ssl server context)."""
 
-    def __init__(self, text=""):
+    def __init__(self, text="", context=None):
         self.text = text
         owner = self
 
@@ -41,8 +42,11 @@ class MetricsServer:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if context is not None:
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        scheme = "https" if context is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}/metrics"
 
     def close(self):
         self.server.shutdown()
@@ -211,24 +215,12 @@ def test_the_prefix_hit_probe_scrapes_https_metrics_checked_against_the_ca(tmp_p
                         "-addext", "subjectAltName=IP:127.0.0.1"],
                        cwd=tmp_path, check=True, capture_output=True, timeout=60)
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = (f"{cluster.PREFIX_HIT_METRIC} 7\n{cluster.PROMPT_TOKENS_METRIC} 20\n").encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = MetricsServer(f"{cluster.PREFIX_HIT_METRIC} 7\n{cluster.PROMPT_TOKENS_METRIC} 20\n",
+                           context=context)
     try:
-        url = f"https://127.0.0.1:{server.server_address[1]}/metrics"
+        url = server.url
         assert cluster.scrape(url, ca_file=str(tmp_path / "server.crt")) == {
             cluster.PREFIX_HIT_METRIC: 7.0, cluster.PROMPT_TOKENS_METRIC: 20.0}
         probe = cluster.PrefixHitProbe({"decode-0": url}, ca_file=str(tmp_path / "other.crt"))
@@ -236,5 +228,4 @@ def test_the_prefix_hit_probe_scrapes_https_metrics_checked_against_the_ca(tmp_p
         probe = cluster.PrefixHitProbe({"decode-0": url}, ca_file=str(tmp_path / "server.crt"))
         assert probe._read() == {"decode-0": (7.0, 20.0, False)}
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()

@@ -36,13 +36,6 @@ def bin_dir(tmp_path):
     return folder
 
 
-@pytest.fixture
-def profile(tmp_path):
-    path = tmp_path / "profile.json"
-    path.write_text(json.dumps(PROFILE))
-    return path
-
-
 def run_sim(capsys, *args):
     code = sim.main([str(a) for a in args])
     assert code == 0

@@ -243,6 +243,17 @@ def test_sim_runs_the_simulated_bench_with_its_own_flags(tmp_path):
     assert p.returncode == 2 and f"{tmp_path}/tandem_sim is missing" in p.stderr, p.stderr
 
 
+def test_plan_hands_its_arguments_to_the_planner_front_end():
+    """`tandem plan` runs bench/tandem_bench/plan.py with this build's tandem_sim."""
+    p = run("plan", "--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("usage: tandem plan") and "--token-budgets" in p.stdout, \
+        p.stdout[:300]
+    p = run("plan", "--rate=1", "--tpot-slo-ms=50", "--decode-workers=2")
+    assert p.returncode == 2 and "--decode-workers is what tandem plan searches" in p.stderr, \
+        p.stderr
+
+
 def test_generate_with_a_bad_url_is_a_clear_error():
     p = run("generate", "--prompt=hi", "--url=http://127.0.0.1:8000/v1")
     assert p.returncode == 2 and "is an HTTP URL" in p.stderr, p.stderr

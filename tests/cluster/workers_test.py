@@ -263,7 +263,9 @@ def test_watch_state_events_name_the_prompt_blocks(pb, cluster):
     first = watch(pb, decode.address, lambda u: True)[0]
     snapshot = first.snapshot
     assert snapshot.worker_id == "d0" and snapshot.role == pb.worker.ROLE_DECODE
-    assert snapshot.kv_pool.transport == "ucx" and snapshot.kv_pool.regions
+    # The layout only: the pool's keys go to prefill workers, per request (kv_trust_test.py).
+    assert snapshot.kv_pool.transport == "ucx" and snapshot.kv_pool.layout.num_layers > 0
+    assert not snapshot.kv_pool.regions
     prompt = [1] + list(range(3000, 3047))  # 48 tokens: 3 full blocks
     tokens, _ = generate(pb, decode, prompt, max_tokens=4)
     expected = block_hashes(snapshot.model_id, prompt, snapshot.block_size)

@@ -31,13 +31,7 @@ import pytest
 import k8s_pods
 import k8s_render as k8s
 
-_why_not = k8s_pods.unavailable_reason()
-if _why_not:
-    pytest.skip(f"pods cannot run here: {_why_not}", allow_module_level=True)
-if not k8s.kubectls():
-    # scripts/setup.sh installs it: its absence is a broken setup, not a reason to skip.
-    pytest.fail("no kubectl: scripts/setup.sh installs Debian's kubernetes-client (or set "
-                "TANDEM_KUBECTL)", pytrace=False)
+k8s_pods.require_pods()
 
 from cluster_common import (BIN, GenerateStream, Protos, WorkerPools,  # noqa: E402
                             greedy_request, wait_until)
@@ -87,6 +81,19 @@ def metric(samples, name, **labels):
     """The sum of `name`'s samples that carry `labels`; 0 when there is none."""
     want = {(k, str(v)) for k, v in labels.items()}
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def post_chat(conn, content, max_tokens, headers=None):
+    """(status, JSON) of a greedy chat completion sent over `conn`, which is closed after."""
+    try:
+        conn.request("POST", "/v1/chat/completions",
+                     headers={"Content-Type": "application/json", **(headers or {})},
+                     body=json.dumps({"messages": [{"role": "user", "content": content}],
+                                      "max_tokens": max_tokens, "temperature": 0}))
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
 
 
 class Cluster(WorkerPools):
@@ -143,16 +150,9 @@ class Cluster(WorkerPools):
                       worker=f"{worker.ip}:{worker.ports['grpc']}") == 1
 
     def chat(self, router, content, max_tokens):
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_ports[router.name], timeout=120)
-        try:
-            conn.request("POST", "/v1/chat/completions",
-                         headers={"Content-Type": "application/json"},
-                         body=json.dumps({"messages": [{"role": "user", "content": content}],
-                                          "max_tokens": max_tokens, "temperature": 0}))
-            response = conn.getresponse()
-            return response.status, json.loads(response.read())
-        finally:
-            conn.close()
+        return post_chat(
+            http.client.HTTPConnection("127.0.0.1", self.http_ports[router.name], timeout=120),
+            content, max_tokens)
 
 
 @pytest.fixture(scope="module")

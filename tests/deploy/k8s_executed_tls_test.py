@@ -16,7 +16,6 @@ them (tandem-router; tandem-worker plus the pool's name), and a key file written
 Needs root, iproute2 and setpriv (k8s_pods.py); skipped, saying why, without them."""
 import hashlib
 import http.client
-import json
 import re
 import secrets
 import shutil
@@ -31,16 +30,11 @@ import pytest
 import k8s_pods
 import k8s_render as k8s
 
-_why_not = k8s_pods.unavailable_reason()
-if _why_not:
-    pytest.skip(f"pods cannot run here: {_why_not}", allow_module_level=True)
-if not k8s.kubectls():
-    pytest.fail("no kubectl: scripts/setup.sh installs Debian's kubernetes-client (or set "
-                "TANDEM_KUBECTL)", pytrace=False)
+k8s_pods.require_pods()
 
 from cluster_common import BIN, Protos, greedy_request, wait_until  # noqa: E402
 from k8s_executed_test import ENTRYPOINT, NAMESPACE, SMALL_MACHINE, metric, parse_metrics, \
-    prompt  # noqa: E402
+    post_chat, prompt  # noqa: E402
 
 OPENSSL = shutil.which("openssl") or "/usr/bin/openssl"
 KEY = "tdm-" + secrets.token_urlsafe(32)
@@ -123,17 +117,8 @@ class Cluster:
                                        timeout=120)
         conn = http.client.HTTPSConnection("127.0.0.1", timeout=120)
         conn.sock = self.context().wrap_socket(raw, server_hostname="tandem-router")
-        headers = {"Content-Type": "application/json"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        try:
-            conn.request("POST", "/v1/chat/completions", headers=headers,
-                         body=json.dumps({"messages": [{"role": "user", "content": content}],
-                                          "max_tokens": max_tokens, "temperature": 0}))
-            response = conn.getresponse()
-            return response.status, json.loads(response.read())
-        finally:
-            conn.close()
+        return post_chat(conn, content, max_tokens,
+                         headers={"Authorization": f"Bearer {key}"} if key else None)
 
 
 @pytest.fixture(scope="module")

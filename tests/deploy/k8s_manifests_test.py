@@ -30,11 +30,7 @@ import yaml
 import k8s_render as k8s
 from k8s_render import APPLIED, OVERLAYS
 
-KUBECTLS = k8s.kubectls()
-if not KUBECTLS:
-    # scripts/setup.sh installs it: its absence is a broken setup, not a reason to skip.
-    pytest.fail("no kubectl: scripts/setup.sh installs Debian's kubernetes-client (or set "
-                "TANDEM_KUBECTL)", pytrace=False)
+KUBECTLS = k8s.require_kubectl()
 
 BIN = os.environ["TANDEM_BIN_DIR"]  # set by ctest (tandem_py_test), as for every binary test
 # The Kubernetes versions the built-in kinds are validated for: the newest the package knows,
@@ -386,6 +382,48 @@ def test_services_pdbs_and_monitors_select_real_pods_and_ports(name):
                  if a.get("prometheus.io/scrape") == "true"]
     assert sorted(scraped) == sorted(annotated), (scraped, annotated)
     assert len(annotated) == len(pods)
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_the_network_policy_lets_only_the_clusters_pods_reach_the_workers(name):
+    """The workers' gRPC and UCX ports are reachable from the cluster's own pods only, their
+    metrics port from Prometheus too; a tenant's pod reaches no worker port; the router stays
+    open (docs/security.md, "The KV path")."""
+    objects = overlay(name)
+    (policy,) = k8s.by_kind(objects, "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    pods = {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"]
+            for w in k8s.workloads(objects)}
+    guarded = sorted(n for n, labels in pods.items() if k8s.selects(spec["podSelector"], labels))
+    assert guarded == sorted(n for n, labels in pods.items()
+                             if labels["app.kubernetes.io/component"] in ("prefill", "decode"))
+    assert len(guarded) == len(pods) - 1  # every workload but the router
+
+    def admitted(labels, port_name):
+        """Whether a pod of the same namespace with `labels` may reach `port_name`."""
+        for rule in spec["ingress"]:
+            ports = [p["port"] for p in rule.get("ports", [])]
+            if ports and port_name not in ports:
+                continue
+            if any(k8s.selects(peer.get("podSelector"), labels) for peer in rule["from"]):
+                return True
+        return False
+
+    for workload in k8s.workloads(objects):
+        worker = workload["metadata"]["name"]
+        if worker not in guarded:
+            continue
+        port_names = {p["name"] for p in k8s.main_container(workload)["ports"]}
+        assert "metrics" in port_names
+        for port in port_names | {"ucx"}:  # "ucx": a port UCX picked, named by no manifest
+            for source, labels in pods.items():
+                assert admitted(labels, port), (source, worker, port)
+            assert not admitted({"app": "tenant-job"}, port), (worker, port)
+            assert admitted({"app.kubernetes.io/name": "prometheus"}, port) == (port == "metrics")
+    # The Prometheus rule admits the operator's pods from any namespace.
+    (scrape,) = [r for r in spec["ingress"] if r.get("ports")]
+    assert all(peer.get("namespaceSelector") == {} for peer in scrape["from"])
 
 
 @pytest.mark.parametrize("name", OVERLAYS)

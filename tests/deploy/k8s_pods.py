@@ -47,11 +47,12 @@ import ssl
 import tempfile
 
 import grpc
+import pytest
 
 import netns_hosts
 from netns_hosts import Network
 from k8s_render import (by_kind, config_maps, container_argv, container_environment,
-                        main_container, role_of, selects, workloads)
+                        main_container, require_kubectl, role_of, selects, workloads)
 
 CLUSTER_DOMAIN = "svc.cluster.local"
 _ETC_NETNS = pathlib.Path("/etc/netns")
@@ -68,6 +69,15 @@ def unavailable_reason():
         if shutil.which(tool) is None:
             return f"'{tool}' is not installed"
     return None
+
+
+def require_pods():
+    """At the top of a test module that runs pods: skips it, saying why, where they cannot run
+    here; fails it without kubectl."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"pods cannot run here: {reason}", allow_module_level=True)
+    require_kubectl()
 
 
 def remove_stale_hosts_files():
@@ -366,14 +376,7 @@ class PodCluster:
             return 0, str(error)
         conn = http.client.HTTPSConnection(pod.ip, port, timeout=timeout, context=context)
         conn.sock = sock
-        try:
-            conn.request("GET", path, headers=headers or {})
-            response = conn.getresponse()
-            return response.status, response.read().decode("utf-8", "replace")
-        except (OSError, http.client.HTTPException) as error:
-            return 0, str(error)
-        finally:
-            conn.close()
+        return netns_hosts.get_text(conn, path, headers)
 
     # After which line of its log a pod's probe must pass at once: its server listens (its gRPC
     # health answers SERVING from then on), and a router's GET /health answers 200 once a decode

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 
+import pytest
 import yaml
 
 ROOT = pathlib.Path(os.environ.get("TANDEM_SOURCE_DIR",
@@ -27,6 +28,16 @@ WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 BINARY_OF_ROLE = {"router": "tandem-router", "prefill": "tandem-prefill",
                   "decode": "tandem-decode"}
 ENTRYPOINT = "/opt/tandem/bin/tandem-entrypoint"
+
+
+def require_kubectl():
+    """kubectls(), or the calling test module fails: scripts/setup.sh installs kubectl, so its
+    absence is a broken setup, not a reason to skip."""
+    found = kubectls()
+    if not found:
+        pytest.fail("no kubectl: scripts/setup.sh installs Debian's kubernetes-client (or set "
+                    "TANDEM_KUBECTL)", pytrace=False)
+    return found
 
 
 def kubectls():

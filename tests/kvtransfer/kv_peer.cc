@@ -3,20 +3,21 @@
 // threads never interleave.
 //
 //   kv_peer --role=owner|writer --name=NAME [--tls=posix,self] [--layers=4] [--block_size=16]
-//           [--blocks=64] [--kv_heads=2] [--head_dim=16] [--seed=1]
+//           [--blocks=64] [--kv_heads=2] [--head_dim=16] [--seed=1] [--canary=0]
 //
 // Pool content. The writer fills its pool from --seed: float i of block b is Value(seed, b, i)
 // (an integer in [-2^23, 2^23), exact as a float). Every notification names the writer's seed and
 // the block pairs, so the owner computes the bytes it must hold without seeing the writer's pool.
 //
-// Owner (registers a zeroed pool, prints `DESCRIPTOR <hex of the serialized
-// tandem.v1.KvPoolDescriptor>`). On each notification `PART|DONE <req> <seed> <last> <pairs>` it
+// Owner (registers a pool whose every byte is --canary, 0 by default, and prints `DESCRIPTOR <hex
+// of the serialized tandem.v1.KvPoolDescriptor>`). On each notification `PART|DONE <req> <seed> <last> <pairs>` it
 // checks, on the transport's thread, that layers [0, last] of every pair are in place and that
 // the request's notifications come in order, and prints
 //   NOTE PART|DONE <req> <last> OK | NOTE ... BAD <why>
 // Commands:
 //   WAIT_DONE <req> <timeout_ms> -> DONE_OK <req> | DONE_BAD <req> <why> | DONE_TIMEOUT <req> <ms>
-//   UNTOUCHED <blocks: b,b... or -> -> UNTOUCHED_OK | UNTOUCHED_BAD <block>  (still all zero?)
+//   UNTOUCHED <blocks: b,b... or -> -> UNTOUCHED_OK | UNTOUCHED_BAD <block>  (still all canary?)
+//   CHANGED -> CHANGED <blocks: b,b... or ->  (every block with a byte that is not the canary)
 //   HOLD -> HOLDING: from now on the handler, on each notification, prints `HELD <req> <last>`
 //       and waits (on the transport's thread, at most 60 s) for RELEASE -> RELEASED
 //   PING -> PONG;  QUIT -> BYE (then exits 0; so does end of input)
@@ -102,6 +103,7 @@ struct Options {
   KvLayout layout{.num_blocks = 64, .num_layers = 4, .block_size = 16, .num_kv_heads = 2,
                   .head_dim = 16};
   uint64_t seed = 1;
+  int canary = 0;  // the owner's pool starts with every byte this
 };
 
 bool ParseFlags(int argc, char** argv, Options* o) {
@@ -130,6 +132,8 @@ bool ParseFlags(int argc, char** argv, Options* o) {
       ok = absl::SimpleAtoi(value, &o->layout.head_dim);
     } else if (key == "seed") {
       ok = absl::SimpleAtoi(value, &o->seed);
+    } else if (key == "canary") {
+      ok = absl::SimpleAtoi(value, &o->canary) && o->canary >= 0 && o->canary <= 255;
     } else {
       ok = false;
     }
@@ -168,7 +172,10 @@ bool ParsePairs(absl::string_view text, std::vector<BlockPair>* pairs) {
 
 class Owner {
  public:
-  Owner(KvTransport* transport, KvStorage* pool) : transport_(transport), pool_(pool) {}
+  Owner(KvTransport* transport, KvStorage* pool, unsigned char canary)
+      : transport_(transport), pool_(pool), canary_(canary) {
+    std::memset(pool_->data<std::byte>(), canary_, static_cast<size_t>(pool_->layout().total_bytes()));
+  }
 
   void Start() {
     transport_->SetNotificationHandler([this](Notification n) { OnNotification(n); });
@@ -199,17 +206,23 @@ class Owner {
     Out(hold ? "HOLDING" : "RELEASED");
   }
 
-  // UNTOUCHED: whether `blocks` still hold the zeros the pool started with.
+  // UNTOUCHED: whether `blocks` still hold the canary the pool started with.
   void Untouched(const std::vector<int64_t>& blocks) {
     const KvLayout& l = pool_->layout();
     for (int64_t b : blocks) {
       if (b < 0 || b >= l.num_blocks) return Out(absl::StrCat("UNTOUCHED_BAD ", b, " (no such block)"));
-      const float* data = pool_->KeyBlock(b, 0);
-      for (int64_t i = 0; i < l.block_stride(); ++i) {
-        if (data[i] != 0.0f) return Out(absl::StrCat("UNTOUCHED_BAD ", b));
-      }
+      if (!BlockIsCanary(b)) return Out(absl::StrCat("UNTOUCHED_BAD ", b));
     }
     Out("UNTOUCHED_OK");
+  }
+
+  // CHANGED: every block that does not hold the canary any more.
+  void Changed() {
+    std::vector<int64_t> changed;
+    for (int64_t b = 0; b < pool_->layout().num_blocks; ++b) {
+      if (!BlockIsCanary(b)) changed.push_back(b);
+    }
+    Out(absl::StrCat("CHANGED ", changed.empty() ? "-" : absl::StrJoin(changed, ",")));
   }
 
  private:
@@ -271,8 +284,18 @@ class Owner {
     return "";
   }
 
+  bool BlockIsCanary(int64_t b) const {
+    const auto* data = reinterpret_cast<const unsigned char*>(pool_->KeyBlock<std::byte>(b, 0));
+    const int64_t n = pool_->layout().block_stride_bytes();
+    for (int64_t i = 0; i < n; ++i) {
+      if (data[i] != canary_) return false;
+    }
+    return true;
+  }
+
   KvTransport* const transport_;
   KvStorage* const pool_;
+  const unsigned char canary_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, int64_t> last_layer_ ABSL_GUARDED_BY(mu_);
   // Requests whose DONE arrived: "" when it checked out, else what was wrong.
@@ -280,8 +303,8 @@ class Owner {
   bool hold_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-int RunOwner(KvTransport* transport, KvStorage* pool) {
-  Owner owner(transport, pool);
+int RunOwner(KvTransport* transport, KvStorage* pool, unsigned char canary) {
+  Owner owner(transport, pool, canary);
   owner.Start();
   absl::StatusOr<PoolDescriptor> descriptor = transport->RegisterPool(pool);
   if (!descriptor.ok()) {
@@ -310,6 +333,8 @@ int RunOwner(KvTransport* transport, KvStorage* pool) {
       } else {
         Out(absl::StrCat("ERROR bad command: ", line));
       }
+    } else if (f.size() == 1 && f[0] == "CHANGED") {
+      owner.Changed();
     } else if (f.size() == 1 && (f[0] == "HOLD" || f[0] == "RELEASE")) {
       owner.Hold(f[0] == "HOLD");
     } else if (f.size() == 1 && f[0] == "PING") {
@@ -486,7 +511,8 @@ int Main(int argc, char** argv) {
   if (!ParseFlags(argc, argv, &o)) {
     std::fprintf(stderr,
                  "usage: kv_peer --role=owner|writer --name=NAME [--tls=...] [--layers=N] "
-                 "[--block_size=N] [--blocks=N] [--kv_heads=N] [--head_dim=N] [--seed=N]\n");
+                 "[--block_size=N] [--blocks=N] [--kv_heads=N] [--head_dim=N] [--seed=N] "
+                 "[--canary=0..255]\n");
     return 2;
   }
   absl::StatusOr<std::unique_ptr<KvStorage>> pool = KvStorage::Create(o.layout);
@@ -500,7 +526,8 @@ int Main(int argc, char** argv) {
     Out(absl::StrCat("FATAL ", StatusLine(transport.status())));
     return 1;
   }
-  const int rc = o.role == "owner" ? RunOwner(transport->get(), pool->get())
+  const int rc = o.role == "owner" ? RunOwner(transport->get(), pool->get(),
+                                              static_cast<unsigned char>(o.canary))
                                    : RunWriter(transport->get(), pool->get(), o.seed);
   transport->reset();  // before the pool it registered
   return rc;

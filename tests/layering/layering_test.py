@@ -50,7 +50,7 @@ ALLOWED["decode_worker"] = ALLOWED["worker"] | {"worker"}
 ALLOWED["router/placement"] = {"common", "engine/core", "engine/kv", "engine/tokenizer"}
 ALLOWED["router/registry"] = ALLOWED["router/placement"] | {"router/placement", "proto"}
 ALLOWED["router/server"] = ALLOWED["router/registry"] | {
-    "router/registry", "engine/model", "engine/sampling"}
+    "router/registry", "engine/model", "engine/sampling", "sim"}  # sim: the advisory planner
 ALLOWED["sim"] = {"common", "proto", "router/placement", "router/registry"} | ENGINE
 EVERYTHING = set(ALLOWED) | {"prefill_worker", "decode_worker", "router/server", "worker"}
 ALLOWED["bench"] = EVERYTHING

@@ -349,6 +349,19 @@ class Forwarder:
                 pass
 
 
+def get_text(conn, path, headers=None):
+    """(status, body text) of GET `path` over `conn`, which is closed after; (0, error) when it
+    fails."""
+    try:
+        conn.request("GET", path, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException) as error:
+        return 0, str(error)
+    finally:
+        conn.close()
+
+
 class Host:
     """One host: a network namespace with `eth0` on the network's bridge and address `ip`.
     Made by Network; valid until it closes."""
@@ -425,14 +438,7 @@ class Host:
             return 0, str(error)
         conn = http.client.HTTPConnection(ip or self.ip, port, timeout=timeout)
         conn.sock = sock
-        try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            return response.status, response.read().decode("utf-8", "replace")
-        except (OSError, http.client.HTTPException) as error:
-            return 0, str(error)
-        finally:
-            conn.close()
+        return get_text(conn, path)
 
     def _close(self):
         for forwarder in self.forwarders:

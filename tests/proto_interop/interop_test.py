@@ -171,12 +171,19 @@ def kv_pool(g):
         pool_epoch=7)
 
 
+def public_kv_pool(g):
+    """What a snapshot carries of a pool: no regions (remote keys), no transport address."""
+    full = kv_pool(g)
+    return g.worker.KvPoolDescriptor(transport=full.transport, layout=full.layout,
+                                     pool_epoch=full.pool_epoch)
+
+
 def worker_state_snapshot(g):
     pb = g.worker
     return pb.WorkerStateUpdate(snapshot=pb.Snapshot(
         worker_id="decode-1", role=pb.ROLE_DECODE, model_id=MODEL, block_size=16,
         total_blocks=1024, free_blocks=900, max_context=8192, max_running=64,
-        cached_block_hashes=[HASH_A, HASH_B, HASH_C], last_event_id=41, kv_pool=kv_pool(g),
+        cached_block_hashes=[HASH_A, HASH_B, HASH_C], last_event_id=41, kv_pool=public_kv_pool(g),
         load=load_sample(g), engine="cpu-avx512", version="0.1.0", max_tokens_per_step=512,
         max_prefill_tokens=128))
 
@@ -313,7 +320,7 @@ def test_cpp_values_keep_their_meaning_in_python():
     assert snapshot.WhichOneof("update") == "snapshot"
     assert list(snapshot.snapshot.cached_block_hashes) == [HASH_A, HASH_B, HASH_C]
     pool = snapshot.snapshot.kv_pool
-    assert pool.transport_address == non_utf8(b"ucx-worker")
+    assert not pool.regions and not pool.transport_address
     assert generated().worker.DType.Name(pool.layout.dtype) == "DTYPE_BF16"
 
     events = m["worker_state_kv_events"].kv_events.events
@@ -323,6 +330,8 @@ def test_cpp_values_keep_their_meaning_in_python():
 
     prefill = m["prefill_request"]
     assert list(prefill.destination.block_ids) == [17, 3]
+    assert prefill.destination.pool.transport_address == non_utf8(b"ucx-worker")
+    assert prefill.destination.pool.regions[0].remote_key == non_utf8(b"rkey-0")
     assert len(prefill.token_ids) == 40
 
 
