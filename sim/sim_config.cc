@@ -228,7 +228,8 @@ absl::StatusOr<ClusterConfig> ParseCluster(absl::string_view text, absl::string_
   ASSIGN_OR_RETURN(Json j, ParseJson(text, where));
   RETURN_IF_ERROR(RefuseUnknown(j,
                                 {"policy", "policy_options", "admission", "pools", "links",
-                                 "failures", "step_noise", "router_cell_size", "prefill_timeout_s"},
+                                 "failures", "step_noise", "step_factors", "router_cell_size",
+                                 "prefill_timeout_s"},
                                 where, ""));
   ClusterConfig c;
   RETURN_IF_ERROR(ReadString(j, "policy", where, "policy", &c.policy));
@@ -340,6 +341,20 @@ absl::StatusOr<ClusterConfig> ParseCluster(absl::string_view text, absl::string_
   }
   RETURN_IF_ERROR(ReadDouble(j, "step_noise", where, "step_noise", 0, false, &c.step_noise));
   if (c.step_noise >= 1) return Bad(where, "step_noise", "must be < 1");
+  if (const Json* factors = Find(j, "step_factors")) {
+    if (!factors->is_array()) return Bad(where, "step_factors", "must be an array of numbers");
+    for (size_t i = 0; i < factors->size(); ++i) {
+      const Json& f = (*factors)[i];
+      const std::string field = absl::StrCat("step_factors[", i, "]");
+      if (!f.is_number()) return Bad(where, field, "must be a number");
+      const double d = f.get<double>();
+      if (!std::isfinite(d) || d <= 0) return Bad(where, field, absl::StrCat("must be > 0, not ", d));
+      c.step_factors.push_back(d);
+    }
+    if (!c.step_factors.empty() && c.step_noise > 0) {
+      return Bad(where, "step_factors", "cannot be given with step_noise > 0 (both jitter the steps)");
+    }
+  }
   RETURN_IF_ERROR(
       ReadInt(j, "router_cell_size", where, "router_cell_size", 0, &c.router_cell_size));
   RETURN_IF_ERROR(ReadDouble(j, "prefill_timeout_s", where, "prefill_timeout_s", 0, true,

@@ -83,6 +83,13 @@ struct ClusterConfig {
   // Multiplicative jitter of every step's duration: uniform in [1 - step_noise, 1 + step_noise],
   // seeded. In [0, 1).
   double step_noise = 0;
+  // Measured multipliers of step durations: each step's time is the profile's times one of these,
+  // drawn by the same seeded hash of (worker, step) as step_noise. Made from a real worker's
+  // recorded steps (measured seconds / the profile's prediction, bench/sim_fidelity.py), so the
+  // simulated steps have the real ones' spread and tail (an OS preemption on a shared machine
+  // makes a step many times longer), which a fitted mean cannot. Empty: none. Each > 0 and
+  // finite; not with step_noise > 0.
+  std::vector<double> step_factors;
   // Workers per router (0: one router over the whole cluster). Each router places on its own cell
   // of workers and arrivals go to routers in turn, as router replicas behind a load balancer do; a
   // placement scans its cell, so a 10,000-worker cluster needs cells to place a million requests

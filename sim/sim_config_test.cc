@@ -11,6 +11,7 @@
 namespace tandem::sim {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr char kProfile[] =
@@ -62,6 +63,13 @@ TEST(SimConfigTest, PrefixIsKvAware) {
   EXPECT_EQ(c->policy, "kv_aware");
 }
 
+TEST(SimConfigTest, ReadsStepFactors) {
+  absl::StatusOr<ClusterConfig> c =
+      ParseCluster(Cluster("", R"(, "step_factors": [0.9, 1, 4.5])"), "cluster.json", "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->step_factors, ElementsAre(0.9, 1.0, 4.5));
+}
+
 TEST(SimConfigTest, BadClustersNameTheField) {
   struct Case {
     std::string text;
@@ -76,6 +84,10 @@ TEST(SimConfigTest, BadClustersNameTheField) {
       {Cluster("", R"(, "links": {"bandwidth_gbps": 0})"), "links.bandwidth_gbps must be > 0"},
       {Cluster("", R"(, "failures": [{"worker": "d1"}])"), "failures[0].at_s is missing"},
       {Cluster("", R"(, "step_noise": 1.5)"), "step_noise must be < 1"},
+      {Cluster("", R"(, "step_factors": 2)"), "step_factors must be an array of numbers"},
+      {Cluster("", R"(, "step_factors": [1.0, 0])"), "step_factors[1] must be > 0, not 0"},
+      {Cluster("", R"(, "step_factors": [1.0], "step_noise": 0.1)"),
+       "step_factors cannot be given with step_noise > 0"},
       {Cluster("", R"(, "admission": {"classes": "x"})"), "admission.classes"},
       {R"({"policy": "slo", "pools": []})", "pools must be a non-empty array"},
       {R"({"pools": [{"role": "decode", "profile": {"format": "v0"}}]})",

@@ -311,9 +311,13 @@ absl::Status Simulator::Impl::Init() {
 }
 
 double Simulator::Impl::Noise(uint32_t w, uint64_t index) const {
-  if (cfg_.step_noise <= 0) return 1.0;
+  if (cfg_.step_noise <= 0 && cfg_.step_factors.empty()) return 1.0;
   const uint64_t z = Mix(noise_state_ ^ Mix((static_cast<uint64_t>(w) << 40) ^ index));
   const double u = static_cast<double>(z >> 11) * 0x1.0p-53;  // [0, 1)
+  if (!cfg_.step_factors.empty()) {
+    const size_t n = cfg_.step_factors.size();
+    return cfg_.step_factors[std::min(n - 1, static_cast<size_t>(u * static_cast<double>(n)))];
+  }
   return 1.0 + cfg_.step_noise * (2 * u - 1);
 }
 

@@ -95,6 +95,28 @@ TEST(SimulatorTest, OneWorkerAloneTakesWhatTheCostModelSays) {
   EXPECT_EQ(out.summary.steps, 4 + 5 + 1);
 }
 
+TEST(SimulatorTest, StepFactorsMultiplyEveryStepByAMeasuredFactor) {
+  // One factor: every step (prefill chunks, a fast decode run's steps) lasts exactly that many
+  // times the profile's, so every time doubles.
+  const std::vector<TraceRequest> trace = {Req("a", 0.0, 1000, 6), Req("b", 100.0, 100, 1)};
+  const Outcome plain = RunOrDie(OneWorker(), trace);
+  ClusterConfig doubled = OneWorker();
+  doubled.step_factors = {2.0};
+  const Outcome out = RunOrDie(doubled, trace);
+  for (size_t k = 0; k < trace.size(); ++k) {
+    ASSERT_TRUE(out.results[k].ok) << out.results[k].error;
+    EXPECT_NEAR(out.results[k].ttft_ms, 2 * plain.results[k].ttft_ms, 1e-6) << k;
+    EXPECT_NEAR(out.results[k].e2e_ms, 2 * plain.results[k].e2e_ms, 1e-6) << k;
+  }
+  // Two factors: each of request a's ten steps takes one of them, and over a seeded run both
+  // are drawn, so its end lies strictly between the all-1 and the all-3 times.
+  ClusterConfig mixed = OneWorker();
+  mixed.step_factors = {1.0, 3.0};
+  const double e2e = RunOrDie(mixed, trace, {.seed = 5}).results[0].e2e_ms;
+  EXPECT_GT(e2e, plain.results[0].e2e_ms + 1e-6);
+  EXPECT_LT(e2e, 3 * plain.results[0].e2e_ms - 1e-6);
+}
+
 TEST(SimulatorTest, ADisaggregatedPromptPaysPrefillThenTheTransfer) {
   ClusterConfig c;
   c.policy = "round_robin";
