@@ -23,6 +23,8 @@ import urllib.request
 import pytest
 import yaml
 
+from monitoring_live_test import wait_for
+
 ROOT = pathlib.Path(os.environ.get("TANDEM_SOURCE_DIR") or pathlib.Path(__file__).parents[2])
 BIN = pathlib.Path(os.environ.get("TANDEM_BIN_DIR") or ROOT / "build" / "release" / "bin")
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -164,12 +166,8 @@ def test_the_https_jobs_scrape_a_worker_and_a_router_over_tls(tmp_path):
             active = get(url, "/api/v1/targets", {"state": "active"})["activeTargets"]
             tls = [t for t in active if t["scrapePool"].startswith("tandem-tls-")]
             return active if len(tls) == 2 and all(t["health"] == "up" for t in tls) else None
-        deadline = time.monotonic() + 60
-        while not (active := scraped()):
-            if time.monotonic() > deadline:
-                pytest.fail("the HTTPS targets were not scraped: "
-                            f"{json.dumps(get(url, '/api/v1/targets'), indent=1)}")
-            time.sleep(0.2)
+        active = wait_for("the HTTPS targets scraped", scraped, 60, prometheus.proc,
+                          log=lambda: json.dumps(get(url, "/api/v1/targets"), indent=1))
         by_pool = {(t["scrapePool"], t["labels"]["pod"]): t for t in active}
         assert set(by_pool) == {("tandem-tls-workers", "prefill-0"),
                                 ("tandem-tls-router", "router-0"), ("tandem", "decode-plain")}
@@ -182,10 +180,7 @@ def test_the_https_jobs_scrape_a_worker_and_a_router_over_tls(tmp_path):
         def series():
             result = get(url, "/api/v1/query", {"query": "tandem_worker_kv_blocks"})["result"]
             return result or None
-        deadline = time.monotonic() + 30
-        while not (result := series()):
-            assert time.monotonic() < deadline, "no tandem_worker_kv_blocks series"
-            time.sleep(0.2)
+        result = wait_for("a tandem_worker_kv_blocks series", series, 30)
         assert {r["metric"]["pool"] for r in result} == {"prefill"}
         assert {r["metric"]["job"] for r in result} == {"tandem"}
     finally:
