@@ -10,6 +10,13 @@ policy and rate, real and simulated SLO attainment (difference in percentage poi
 
   .venv/bin/python bench/sim_fidelity.py --out out/fidelity            # everything
   .venv/bin/python bench/sim_fidelity.py --out out/fidelity --sim-only # re-simulate, same files
+  .venv/bin/python bench/sim_fidelity.py --out out/f --repeats 3       # each policy 3 times
+
+With --repeats N each policy's real run (and its simulation) is done N times, the k-th with
+workload seed --seed + k - 1 and its own cluster and profiles; files are then named by
+<policy>.<k> instead of <policy>, and a table pools each policy's repeats per rate (attainment:
+met / requests over all of them; goodput: their mean), which halves the real side's sampling
+error at 4 repeats.
 
 Files under --out: real-<policy>.json and sim-<policy>.json (the bench's result JSON),
 profile-<policy>-<worker>.json, cluster-<policy>.json, cluster-<policy>.log (tandem up's output),
@@ -57,6 +64,8 @@ def parse_args(argv):
     p.add_argument("--ttft-slo-ms", type=float, default=300)
     p.add_argument("--tpot-slo-ms", type=float, default=40)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="real runs (and simulations) of each policy, seeds --seed, --seed + 1, ...")
     p.add_argument("--up", default="", help="more `tandem up` flags, e.g. 'decode_workers=2'")
     p.add_argument("--sim-flags", default="",
                    help="more `tandem sim` flags (space-separated), for trying a correction")
@@ -69,14 +78,31 @@ def parse_args(argv):
     for policy in args.policies:
         if policy not in POLICIES:
             p.error(f"--policies: unknown policy '{policy}' (one of {', '.join(POLICIES)})")
+    if args.repeats < 1:
+        p.error("--repeats: at least 1")
     return args
 
 
-def workload_flags(args):
+class Run:
+    """One real run of a policy and its simulations: `key` names its files."""
+
+    def __init__(self, policy, repeat, repeats, seed):
+        self.policy = policy
+        self.repeat = repeat
+        self.seed = seed
+        self.key = policy if repeats == 1 else f"{policy}.{repeat}"
+
+
+def runs_of(args):
+    return [Run(policy, k + 1, args.repeats, args.seed + k)
+            for policy in args.policies for k in range(args.repeats)]
+
+
+def workload_flags(args, seed):
     return ["--rates", args.rates, "--num-requests", str(args.num_requests),
             "--input-len", str(args.input_len), "--output-len", str(args.output_len),
             "--ttft-slo-ms", str(args.ttft_slo_ms), "--tpot-slo-ms", str(args.tpot_slo_ms),
-            "--seed", str(args.seed)]
+            "--seed", str(seed)]
 
 
 def loadavg():
@@ -123,10 +149,10 @@ class StepRecorder:
         path.write_text("".join(json.dumps(s) + "\n" for s in self.steps))
 
 
-def run_real(args, policy, loads):
+def run_real(args, run, loads):
     """`tandem up --policy=P`, the bench against it, each worker profiled meanwhile."""
-    flags = [f"--policy={policy}"] + cluster.parse_up_flags(args.up)
-    log = args.out / f"cluster-{policy}.log"
+    flags = [f"--policy={run.policy}"] + cluster.parse_up_flags(args.up)
+    log = args.out / f"cluster-{run.key}.log"
     log.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=str(REPO / "bench"))
     with cluster.LocalCluster(args.bin, flags, log_path=log) as up:
@@ -141,39 +167,40 @@ def run_real(args, policy, loads):
         profilers = {
             name: subprocess.Popen(
                 [str(args.bin / "tandem"), "profile", f"--worker=127.0.0.1:{port}",
-                 f"--out={args.out / f'profile-{policy}-{name}.json'}", f"--watch_s={watch_s:.0f}"],
+                 f"--out={args.out / f'profile-{run.key}-{name}.json'}", f"--watch_s={watch_s:.0f}"],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for name, port in sorted(workers.items())}
         recorders = {name: StepRecorder(f"127.0.0.1:{port}") for name, port in workers.items()}
         before = loadavg()
         bench = subprocess.run(
             # No warm-up: under the slo policy the router may shed it, which stops the bench.
-            [sys.executable, "-m", "tandem_bench", "--url", up.http_url, "--label", f"real {policy}",
+            [sys.executable, "-m", "tandem_bench", "--url", up.http_url, "--label", f"real {run.key}",
              "--warmup", "0",
-             "--result-json", str(args.out / f"real-{policy}.json"), *workload_flags(args)],
+             "--result-json", str(args.out / f"real-{run.key}.json"),
+             *workload_flags(args, run.seed)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         after = loadavg()
         for name, recorder in recorders.items():
-            recorder.stop(args.out / f"steps-{policy}-{name}.jsonl")
+            recorder.stop(args.out / f"steps-{run.key}-{name}.jsonl")
         for name, proc in profilers.items():
             output, _ = proc.communicate()
             if proc.returncode != 0:
                 raise SystemExit(f"tandem profile of {name} failed:\n{output}")
         if bench.returncode != 0:
             raise SystemExit(f"tandem bench failed:\n{bench.stdout[-4000:]}")
-    loads[policy] = {"before": before, "after": after}
+    loads[run.key] = {"before": before, "after": after}
     return sorted(workers)
 
 
-def step_ratios(args, policy, workers):
+def step_ratios(args, key, workers):
     """Measured / predicted seconds of every step the workers ran during the real run (each by
     its own worker's profile), sorted: the spread of real steps around the fitted profile."""
     ratios = []
     for name in workers:
-        steps_path = args.out / f"steps-{policy}-{name}.jsonl"
+        steps_path = args.out / f"steps-{key}-{name}.jsonl"
         if not steps_path.exists():
             continue
-        c = json.loads((args.out / f"profile-{policy}-{name}.json").read_text())["step"]
+        c = json.loads((args.out / f"profile-{key}-{name}.json").read_text())["step"]
         for line in steps_path.read_text().splitlines():
             s = json.loads(line)
             if s["batch_size"] > 0:
@@ -188,10 +215,10 @@ def quantiles(sorted_values, n):
     return [sorted_values[int((k + 0.5) * len(sorted_values) / n)] for k in range(n)]
 
 
-def cluster_json(args, policy, workers, variant):
+def cluster_json(args, run, workers, variant):
     """The simulated twin of `tandem up`: one pool per role, each with its worker's profile;
     variant "factors" adds the measured step_factors (1,000 quantiles of step_ratios)."""
-    profiles = {name: json.loads((args.out / f"profile-{policy}-{name}.json").read_text())
+    profiles = {name: json.loads((args.out / f"profile-{run.key}-{name}.json").read_text())
                 for name in workers}
     kv_bytes = next((p["kv_bytes_per_token"] for p in profiles.values()
                      if p.get("kv_bytes_per_token")), None)
@@ -202,29 +229,29 @@ def cluster_json(args, policy, workers, variant):
             continue
         # Workers of one role run the same settings; the first one's profile stands for them.
         pool = {"role": role if any(n.startswith("prefill-") for n in workers) else "both",
-                "count": len(names), "profile": f"profile-{policy}-{names[0]}.json"}
+                "count": len(names), "profile": f"profile-{run.key}-{names[0]}.json"}
         if kv_bytes is not None:
             pool["kv_bytes_per_token"] = kv_bytes
         pools.append(pool)
     # `tandem sim` names the router's kv_aware "prefix" (tandem_sim takes both).
-    spec = {"policy": "prefix" if policy == "kv_aware" else policy, "pools": pools}
+    spec = {"policy": "prefix" if run.policy == "kv_aware" else run.policy, "pools": pools}
     if variant == "factors":
-        ratios = step_ratios(args, policy, workers)
+        ratios = step_ratios(args, run.key, workers)
         if not ratios:
-            raise SystemExit(f"no recorded steps for {policy} in {args.out}: run the real side")
+            raise SystemExit(f"no recorded steps for {run.key} in {args.out}: run the real side")
         spec["step_factors"] = [round(x, 5) for x in quantiles(ratios, 1000)]
-    path = args.out / f"cluster-{policy}{SUFFIX[variant]}.json"
+    path = args.out / f"cluster-{run.key}{SUFFIX[variant]}.json"
     path.write_text(json.dumps(spec, indent=1) + "\n")
     return path
 
 
-def run_sim(args, policy, variant, cluster_path):
+def run_sim(args, run, variant, cluster_path):
     env = dict(os.environ, PYTHONPATH=str(REPO / "bench"), TANDEM_BIN_DIR=str(args.bin))
-    name = f"sim-{policy}{SUFFIX[variant]}"
+    name = f"sim-{run.key}{SUFFIX[variant]}"
     sim = subprocess.run(
         [sys.executable, "-m", "tandem_bench.sim", "--cluster", str(cluster_path),
          "--label", name, "--jobs", "2", "--work-dir", str(args.out / name),
-         "--result-json", str(args.out / f"{name}.json"), *workload_flags(args),
+         "--result-json", str(args.out / f"{name}.json"), *workload_flags(args, run.seed),
          *args.sim_flags.split()],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if sim.returncode != 0:
@@ -236,18 +263,19 @@ def summaries(path):
     return {r["rate"]: r["summary"] for r in run["rates"]}
 
 
-def compare(args, policies, variant):
+def compare(args, runs, variant):
     rows = []
-    for policy in policies:
-        real = summaries(args.out / f"real-{policy}.json")
-        sim = summaries(args.out / f"sim-{policy}{SUFFIX[variant]}.json")
+    for run in runs:
+        real = summaries(args.out / f"real-{run.key}.json")
+        sim = summaries(args.out / f"sim-{run.key}{SUFFIX[variant]}.json")
         for rate in sorted(real):
             r, s = real[rate], sim[rate]
             att_pp = 100.0 * (s["slo_attainment"] - r["slo_attainment"])
             good_pct = (100.0 * (s["goodput"] - r["goodput"]) / r["goodput"]
                         if r["goodput"] > 0 else None)
             rows.append({
-                "policy": policy, "rate": rate, "sim": variant,
+                "policy": run.policy, "repeat": run.repeat, "seed": run.seed, "key": run.key,
+                "rate": rate, "sim": variant,
                 "real_met": r["slo_met"], "sim_met": s["slo_met"],
                 "real_requests": r["requests"], "sim_requests": s["requests"],
                 "real_attainment": r["slo_attainment"], "sim_attainment": s["slo_attainment"],
@@ -269,13 +297,13 @@ def predicted_seconds(c, s):
             c["prompt_context_token_seconds"] * s["prompt_context"])
 
 
-def step_fit(args, policy):
+def step_fit(args, key):
     """The profile against the steps recorded during the real run: per batch size, how many
     steps, their median seconds and the median of measured / predicted (1 = the model is right)."""
     out = {}
-    for path in sorted(args.out.glob(f"steps-{policy}-*.jsonl")):
-        name = path.name[len(f"steps-{policy}-"):-len(".jsonl")]
-        profile_path = args.out / f"profile-{policy}-{name}.json"
+    for path in sorted(args.out.glob(f"steps-{key}-*.jsonl")):
+        name = path.name[len(f"steps-{key}-"):-len(".jsonl")]
+        profile_path = args.out / f"profile-{key}-{name}.json"
         if not profile_path.exists():
             continue
         c = json.loads(profile_path.read_text())["step"]
@@ -318,7 +346,10 @@ def pooled(rows):
         rg = sum(x["real_goodput"] for x in at) / len(at)
         sg = sum(x["sim_goodput"] for x in at) / len(at)
         good = 100.0 * (sg - rg) / rg if rg > 0 else None
-        out.append({"policy": "+".join(sorted({x["policy"] for x in at})), "rate": rate,
+        repeats = len({x.get("key", x["policy"]) for x in at})
+        names = "+".join(sorted({x["policy"] for x in at}))
+        out.append({"policy": names, "key": names if repeats == len(set(names.split("+")))
+                    else f"{names} ({repeats} runs)", "rate": rate,
                     "real_attainment": real, "sim_attainment": sim,
                     "attainment_diff_pp": 100.0 * (sim - real), "real_goodput": rg,
                     "sim_goodput": sg, "goodput_diff_pct": good,
@@ -336,7 +367,7 @@ def print_table(rows, loads):
     lines = [head]
     for x in rows:
         good = "-" if x["goodput_diff_pct"] is None else f"{x['goodput_diff_pct']:+.1f}"
-        lines.append((x["policy"], f"{x['rate']:g}", f"{100 * x['real_attainment']:.1f}",
+        lines.append((x.get("key", x["policy"]), f"{x['rate']:g}", f"{100 * x['real_attainment']:.1f}",
                       f"{100 * x['sim_attainment']:.1f}", f"{x['attainment_diff_pp']:+.1f}",
                       f"{x['real_goodput']:.2f}", f"{x['sim_goodput']:.2f}", good,
                       f"{ms(x['real_ttft_p50_ms'], 0)}/{ms(x['sim_ttft_p50_ms'], 0)}",
@@ -356,20 +387,26 @@ def markdown(rows):
     """The profile and factors rows side by side as a Markdown table (docs/sim.md's)."""
     def pct(x):
         return f"{100 * x:.1f}"
-    factors = {(x["policy"], x["rate"]): x for x in rows.get("factors", [])}
+    factors = {(x.get("key", x["policy"]), x["rate"]): x for x in rows.get("factors", [])}
     lines = ["| policy | rate | attainment real | sim (Δ pp) | sim + factors (Δ pp) | goodput real "
              "| sim (Δ %) | sim + factors (Δ %) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for x in rows["profile"]:
-        f = factors.get((x["policy"], x["rate"]))
+        f = factors.get((x.get("key", x["policy"]), x["rate"]))
         def good(y):
             d = y["goodput_diff_pct"]
             return f"{y['sim_goodput']:.2f} ({'-' if d is None else f'{d:+.1f}'})"
         lines.append(
-            f"| {x['policy']} | {x['rate']:g} | {pct(x['real_attainment'])} | "
+            f"| {x.get('key', x['policy'])} | {x['rate']:g} | {pct(x['real_attainment'])} | "
             f"{pct(x['sim_attainment'])} ({x['attainment_diff_pp']:+.1f}) | " +
             (f"{pct(f['sim_attainment'])} ({f['attainment_diff_pp']:+.1f})" if f else "-") +
             f" | {x['real_goodput']:.2f} | {good(x)} | " + (good(f) if f else "-") + " |")
     return "\n".join(lines)
+
+
+def repeats_pooled(rows):
+    """Each policy's repeats pooled per rate (pooled() over one policy's rows)."""
+    return [x for policy in dict.fromkeys(r["policy"] for r in rows)
+            for x in pooled([r for r in rows if r["policy"] == policy])]
 
 
 def main(argv=None):
@@ -377,26 +414,30 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     loads_path = args.out / "loads.json"
     loads = json.loads(loads_path.read_text()) if loads_path.exists() else {}
-    for policy in args.policies:
+    runs = runs_of(args)
+    for run in runs:
         if args.sim_only:
-            workers = sorted(p.name[len(f"profile-{policy}-"):-len(".json")]
-                             for p in args.out.glob(f"profile-{policy}-*.json"))
+            workers = sorted(p.name[len(f"profile-{run.key}-"):-len(".json")]
+                             for p in args.out.glob(f"profile-{run.key}-*.json"))
         else:
-            print(f"real {policy} ...", flush=True)
-            workers = run_real(args, policy, loads)
+            print(f"real {run.key} (seed {run.seed}) ...", flush=True)
+            workers = run_real(args, run, loads)
             loads_path.write_text(json.dumps(loads, indent=1) + "\n")
         for variant in VARIANTS:
-            if variant == "factors" and not step_ratios(args, policy, workers):
-                print(f"sim {policy} ({variant}): no recorded steps, skipped", flush=True)
+            if variant == "factors" and not step_ratios(args, run.key, workers):
+                print(f"sim {run.key} ({variant}): no recorded steps, skipped", flush=True)
                 continue
-            print(f"sim {policy} ({variant}) ...", flush=True)
-            run_sim(args, policy, variant, cluster_json(args, policy, workers, variant))
-    rows = {variant: compare(args, [p for p in args.policies if (
-                args.out / f"sim-{p}{SUFFIX[variant]}.json").exists()], variant)
+            print(f"sim {run.key} ({variant}) ...", flush=True)
+            run_sim(args, run, variant, cluster_json(args, run, workers, variant))
+    rows = {variant: compare(args, [r for r in runs if (
+                args.out / f"sim-{r.key}{SUFFIX[variant]}.json").exists()], variant)
             for variant in VARIANTS}
-    rows.update({f"{variant}_pooled": pooled(rows[variant]) for variant in VARIANTS
-                 if rows[variant]})
-    fits = {policy: step_fit(args, policy) for policy in args.policies}
+    for variant in VARIANTS:
+        if rows[variant]:
+            rows[f"{variant}_pooled"] = pooled(rows[variant])
+            if args.repeats > 1:
+                rows[f"{variant}_repeats"] = repeats_pooled(rows[variant])
+    fits = {run.key: step_fit(args, run.key) for run in runs}
     (args.out / "fidelity.json").write_text(json.dumps(
         {"command": sys.argv, "rows": rows, "loads": loads, "step_fit": fits}, indent=1) + "\n")
     for variant in VARIANTS:
@@ -404,19 +445,26 @@ def main(argv=None):
             continue
         print(f"\nsimulated with {'the profiles alone' if variant == 'profile' else 'the profiles and the measured step factors'}:")
         print_table(rows[variant], {})
+        if args.repeats > 1:
+            print("\neach policy's repeats pooled per rate (TTFT/TPOT: the median of their medians):")
+            print_table(rows[f"{variant}_repeats"], {})
         if len({x["policy"] for x in rows[variant]}) > 1:
             print("\nthe policies pooled per rate (TTFT/TPOT: the median of their medians):")
-            print_table(pooled(rows[variant]), {})
+            print_table(rows[f"{variant}_pooled"], {})
     if args.markdown:
         print()
         print(markdown(rows))
+        if args.repeats > 1:
+            print()
+            print(markdown({"profile": rows["profile_repeats"],
+                            "factors": rows.get("factors_repeats", [])}))
         if len({x["policy"] for x in rows["profile"]}) > 1:
             print()
             print(markdown({"profile": rows["profile_pooled"],
                             "factors": rows.get("factors_pooled", [])}))
-    for policy, load in loads.items():
-        if policy in args.policies:
-            print(f"load average (1, 5, 15 min) around the real {policy} run: before "
+    for key, load in loads.items():
+        if key in {run.key for run in runs}:
+            print(f"load average (1, 5, 15 min) around the real {key} run: before "
                   f"{load['before']}, after {load['after']}")
 
 

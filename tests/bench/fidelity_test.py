@@ -18,14 +18,18 @@ def result_json(path, points):
     path.write_text(json.dumps({"runs": [{"rates": rates}]}))
 
 
-def args_for(tmp_path):
-    return argparse.Namespace(out=tmp_path)
+def args_for(tmp_path, policies=(), repeats=1):
+    return argparse.Namespace(out=tmp_path, policies=list(policies), repeats=repeats, seed=1)
+
+
+def runs(*policies, repeats=1):
+    return fid.runs_of(args_for(None, policies, repeats))
 
 
 def test_differences_in_points_and_percent(tmp_path):
     result_json(tmp_path / "real-round_robin.json", [(1.0, 20, 40, 2.0), (2.0, 10, 40, 0.0)])
     result_json(tmp_path / "sim-round_robin.json", [(1.0, 22, 40, 2.3), (2.0, 12, 40, 0.5)])
-    rows = fid.compare(args_for(tmp_path), ["round_robin"], "profile")
+    rows = fid.compare(args_for(tmp_path), runs("round_robin"), "profile")
     assert [r["rate"] for r in rows] == [1.0, 2.0]
     # 50% real, 55% simulated: +5 pp (within); goodput 2.0 -> 2.3: +15% (not within).
     assert rows[0]["attainment_diff_pp"] == pytest.approx(5.0)
@@ -41,7 +45,7 @@ def test_pooled_rows_count_every_request(tmp_path):
     result_json(tmp_path / "sim-round_robin.json", [(1.0, 40, 40, 1.0)])
     result_json(tmp_path / "real-slo.json", [(1.0, 10, 20, 3.0)])
     result_json(tmp_path / "sim-slo.json", [(1.0, 10, 20, 2.0)])
-    rows = fid.compare(args_for(tmp_path), ["round_robin", "slo"], "profile")
+    rows = fid.compare(args_for(tmp_path), runs("round_robin", "slo"), "profile")
     (p,) = fid.pooled(rows)
     # 40 of 60 real, 50 of 60 simulated: +16.7 pp; goodput means 2.0 and 1.5: -25%.
     assert p["real_attainment"] == pytest.approx(40 / 60)
@@ -49,6 +53,34 @@ def test_pooled_rows_count_every_request(tmp_path):
     assert p["attainment_diff_pp"] == pytest.approx(100 / 6)
     assert p["goodput_diff_pct"] == pytest.approx(-25.0)
     assert p["policy"] == "round_robin+slo"
+    assert p["key"] == "round_robin+slo"
+
+
+def test_repeats_have_their_own_seeds_and_files_and_pool_per_policy(tmp_path):
+    r = runs("round_robin", "slo", repeats=3)
+    a1, a2, a3, b1, b2, b3 = r
+    assert [x.key for x in (a1, a2, a3, b1)] == ["round_robin.1", "round_robin.2",
+                                                "round_robin.3", "slo.1"]
+    assert [x.seed for x in (a1, a2, a3, b3)] == [1, 2, 3, 3]
+    assert fid.workload_flags(argparse.Namespace(
+        rates="6", num_requests=200, input_len=128, output_len=32, ttft_slo_ms=300,
+        tpot_slo_ms=40), a3.seed)[-2:] == ["--seed", "3"]
+    # round_robin: 10, 20 and 30 of 100 met real (goodput 1, 2, 3), 20 every time simulated.
+    for run, met in zip((a1, a2, a3), (10, 20, 30)):
+        result_json(tmp_path / f"real-{run.key}.json", [(6.0, met, 100, met / 10)])
+        result_json(tmp_path / f"sim-{run.key}.json", [(6.0, 20, 100, 2.0)])
+    for run in (b1, b2, b3):
+        result_json(tmp_path / f"real-{run.key}.json", [(6.0, 90, 100, 5.0)])
+        result_json(tmp_path / f"sim-{run.key}.json", [(6.0, 80, 100, 4.0)])
+    rows = fid.compare(args_for(tmp_path), r, "profile")
+    # Alone, the first repeat is off by +10 pp and +100%; pooled, round_robin agrees exactly.
+    assert rows[0]["key"] == "round_robin.1" and rows[0]["within"] is False
+    rr, slo = fid.repeats_pooled(rows)
+    assert rr["key"] == "round_robin (3 runs)" and slo["key"] == "slo (3 runs)"
+    assert rr["real_attainment"] == pytest.approx(0.2) and rr["sim_attainment"] == pytest.approx(0.2)
+    assert rr["goodput_diff_pct"] == pytest.approx(0.0) and rr["within"] is True
+    assert slo["attainment_diff_pp"] == pytest.approx(-10.0) and slo["within"] is False
+    assert slo["goodput_diff_pct"] == pytest.approx(-20.0)
 
 
 PROFILE_STEP = {"base_seconds": 0.01, "prefill_token_seconds": 0.001, "decode_token_seconds": 0.002,
@@ -91,16 +123,15 @@ def test_the_simulated_cluster_mirrors_tandem_up(tmp_path):
         {"batch_size": 1, "prefill_tokens": 0, "decode_tokens": 1, "decode_context": 0,
          "prompt_context": 0, "seconds": 0.024}) + "\n")
     workers = ["decode-0", "prefill-0"]
-    plain = json.loads(fid.cluster_json(args_for(tmp_path), "kv_aware", workers,
-                                        "profile").read_text())
+    (run,) = runs("kv_aware")
+    plain = json.loads(fid.cluster_json(args_for(tmp_path), run, workers, "profile").read_text())
     # tandem sim's name for kv_aware; one pool per role, the decode worker's KV size for both.
     assert plain == {"policy": "prefix", "pools": [
         {"role": "prefill", "count": 1, "profile": "profile-kv_aware-prefill-0.json",
          "kv_bytes_per_token": 23040},
         {"role": "decode", "count": 1, "profile": "profile-kv_aware-decode-0.json",
          "kv_bytes_per_token": 23040}]}
-    factors = json.loads(fid.cluster_json(args_for(tmp_path), "kv_aware", workers,
-                                          "factors").read_text())
+    factors = json.loads(fid.cluster_json(args_for(tmp_path), run, workers, "factors").read_text())
     # 0.024 s measured against 0.01 + 0.002 predicted.
     assert factors["step_factors"] == [2.0]
     assert factors["pools"] == plain["pools"]
