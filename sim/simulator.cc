@@ -169,8 +169,9 @@ class Simulator::Impl {
   // Commits `w`'s step in progress and hands out its samples.
   void FinishStep(uint32_t w);
   void OnStepDone(uint32_t w, uint64_t serial);
-  void OnSample(uint32_t w, SequenceId id);
-  void EmitToken(uint32_t i);
+  void OnSample(uint32_t w, const ScheduledItem& item);
+  // `item`: the decode worker's item that sampled the token, if one did (no lookup by id then).
+  void EmitToken(uint32_t i, const ScheduledItem* item = nullptr);
   void OnTransferDone(uint32_t i, uint32_t attempt, uint32_t p);
   void OnFailure(uint32_t w);
   // The decode worker waited prefill_timeout_s for prefill worker `p`: unless the KV is already
@@ -346,17 +347,18 @@ placement::WorkerCandidate Simulator::Impl::CandidateOf(const Worker& w) const {
   if (!w.alive) return c;
   // What the worker's load sample says (worker/worker_state_service.cc MakeLoad), read with no
   // delay: the simulated router sees each worker's state as of now.
-  const SchedulerStats s = w.sched->stats();
+  const SchedulerLoad s = w.sched->load();
   c.running_seqs = s.running + s.remote_prefills;
   c.waiting_seqs = s.waiting;
   c.queued_prefill_tokens = s.queued_prefill_tokens;
   c.slo.active_decode_tokens = s.active_decode_tokens;
-  for (const QueuedPrompts& q : s.queued_by_priority) {
-    c.slo.queued_by_priority.push_back(
-        {.priority = q.priority, .tokens = q.tokens, .prompts = q.prompts});
-  }
   c.slo.step_elapsed_seconds = w.busy ? now_ - w.step_start : 0;
   if (cfg_.policy == "slo") {
+    // Only the slo policy reads the queue by priority (the walk load() leaves out).
+    for (const QueuedPrompts& q : w.sched->stats().queued_by_priority) {
+      c.slo.queued_by_priority.push_back(
+          {.priority = q.priority, .tokens = q.tokens, .prompts = q.prompts});
+    }
     for (uint32_t i : w.decoding) {
       const Live& l = live_[i];
       const TraceRequest& r = trace_[i];
@@ -375,11 +377,15 @@ placement::WorkerCandidate Simulator::Impl::CandidateOf(const Worker& w) const {
 void Simulator::Impl::Refresh(Cell& cell) {
   // The slo policy reads how long steps in progress have run and how far streams are: every
   // candidate changes with time. The others read only what changes when a worker does.
+  // Each candidate is checked as the router's Place would check it, once when it changes, not
+  // at every placement (ClusterView::candidates_checked); one that fails leaves the check to
+  // Place, which fails the request with its message.
   if (cell.view.workers.size() != cell.workers.size() || cfg_.policy == "slo") {
     cell.view.workers.clear();
     for (uint32_t w : cell.workers) cell.view.workers.push_back(CandidateOf(*workers_[w]));
     for (uint32_t w : cell.workers) workers_[w]->dirty = false;
     cell.dirty.clear();
+    cell.view.candidates_checked = placement::ValidateCandidates(cell.view.workers).ok();
     return;
   }
   for (uint32_t w : cell.dirty) {
@@ -388,7 +394,10 @@ void Simulator::Impl::Refresh(Cell& cell) {
     // one per sequence), which only the slo policy reads, and slo has no runs: the candidate as
     // the run began stands. (Its new cached blocks hold generated tokens, which no other prompt's
     // chain of hashes reaches; a run takes only free blocks, so it evicts nothing.)
-    cell.view.workers[W.slot] = W.run ? W.run_candidate : CandidateOf(W);
+    placement::WorkerCandidate& c = cell.view.workers[W.slot];
+    c = W.run ? W.run_candidate : CandidateOf(W);
+    // (Ids never change: they stay unique.)
+    if (!placement::ValidateCandidate(c).ok()) cell.view.candidates_checked = false;
     W.dirty = false;
   }
   cell.dirty.clear();
@@ -540,7 +549,7 @@ void Simulator::Impl::Kick(uint32_t w) {
 
 void Simulator::Impl::StartStep(uint32_t w) {
   Worker& W = *workers_[w];
-  W.step = W.sched->Schedule();
+  W.sched->Schedule(&W.step);
   if (!W.step.preempted.empty()) {
     summary_.preemptions += static_cast<int64_t>(W.step.preempted.size());
     for (SequenceId id : W.step.preempted) ++results_[RequestOf(id)].preemptions;
@@ -634,7 +643,7 @@ void Simulator::Impl::FinishStep(uint32_t w) {
     // (A sequence dropped during the step, its request moved on to another attempt, samples
     // nothing.)
     if (item.samples && AttemptOf(item.id) == live_[RequestOf(item.id)].attempt) {
-      OnSample(w, item.id);
+      OnSample(w, item);
     }
   }
   if (opts_.check_invariants) W.sched->CheckInvariants();
@@ -665,7 +674,7 @@ void Simulator::Impl::Materialize(uint32_t w, double t) {
   W.run_done = target;
   // ...and the next one starts.
   now_ = W.run_ends[target - 1];
-  W.step = W.sched->Schedule();
+  W.sched->Schedule(&W.step);
   W.busy = true;
   W.step_start = now_;
   W.steps_started += started;
@@ -699,8 +708,9 @@ void Simulator::Impl::OnStepDone(uint32_t w, uint64_t serial) {
   DrainQueue(W.cell);
 }
 
-void Simulator::Impl::OnSample(uint32_t w, SequenceId id) {
+void Simulator::Impl::OnSample(uint32_t w, const ScheduledItem& item) {
   Worker& W = *workers_[w];
+  const SequenceId id = item.id;
   const uint32_t i = RequestOf(id);
   Live& l = live_[i];
   CHECK(AttemptOf(id) == l.attempt) << "a sequence of an abandoned attempt ran";
@@ -716,10 +726,10 @@ void Simulator::Impl::OnSample(uint32_t w, SequenceId id) {
   }
   CHECK(l.decode == static_cast<int32_t>(w));
   if (l.generated == 0) results_[i].cached_tokens = W.sched->cached_prompt_tokens(id);
-  EmitToken(i);
+  EmitToken(i, &item);
 }
 
-void Simulator::Impl::EmitToken(uint32_t i) {
+void Simulator::Impl::EmitToken(uint32_t i, const ScheduledItem* item) {
   Live& l = live_[i];
   const TraceRequest& r = trace_[i];
   Worker& D = *workers_[static_cast<size_t>(l.decode)];
@@ -732,7 +742,12 @@ void Simulator::Impl::EmitToken(uint32_t i) {
     D.decoding.erase(i);
     return Complete(i);
   }
-  D.sched->AppendToken(sid, TokenFromKey(l.id_key, r.prompt_tokens + l.generated - 1));
+  const int32_t token = TokenFromKey(l.id_key, r.prompt_tokens + l.generated - 1);
+  if (item != nullptr) {
+    D.sched->AppendToken(*item, token);
+  } else {
+    D.sched->AppendToken(sid, token);
+  }
 }
 
 void Simulator::Impl::OnTransferDone(uint32_t i, uint32_t attempt, uint32_t p) {

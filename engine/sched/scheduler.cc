@@ -10,33 +10,37 @@
 
 namespace tandem {
 
-struct Scheduler::Sequence {
-  Sequence(SequenceId id, std::vector<int32_t> tokens, int64_t max_total, int priority,
-           uint64_t arrival, BlockPool* pool)
+// Aligned so that the fields load() and the step's bookkeeping read first (to `decoding`) share
+// one cache line: at scale (the simulator's thousands of workers) each sequence is cold.
+struct alignas(64) SchedulerSequence {
+  SchedulerSequence(SequenceId id, std::vector<int32_t> tokens, int64_t max_total, int priority,
+                    uint64_t arrival, BlockPool* pool)
       : id(id),
         tokens(std::move(tokens)),
         max_total(max_total),
-        priority(priority),
         arrival(arrival),
+        priority(priority),
         table(pool) {}
 
   SequenceId id;
   std::vector<int32_t> tokens;  // prompt, then generated
   int64_t max_total;            // longest the sequence may grow
-  int priority;
   uint64_t arrival;             // order of Add; kept across preemptions
   int64_t num_computed = 0;     // leading tokens whose K/V are in `table`
+  int priority;
   // Every known token was computed once since the last admission: the sequence is generating,
   // and its next single token is a decode (not the end of a prompt or recompute chunk).
   bool decoding = false;
-  std::vector<BlockHash> hashes;  // of the full blocks of `tokens`
-  BlockTable table;
   bool running = false;
   // Its prompt's K/V are being written by another worker into `table` (disaggregated prefill).
   bool remote = false;
+  // It left the scheduler (Finish); kept in retired_ until the next Schedule.
+  bool finished = false;
+  bool reuse_prefix = true;  // Add's
+  std::vector<BlockHash> hashes;  // of the full blocks of `tokens`
+  BlockTable table;
   // Prompt tokens taken from the prefix cache at the first admission; -1 before it.
   int64_t first_cached_tokens = -1;
-  bool reuse_prefix = true;  // Add's
 
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
 };
@@ -96,6 +100,8 @@ bool Scheduler::Finish(SequenceId id) {
   auto& list = seq->running ? running_ : seq->remote ? remote_ : waiting_;
   list.erase(std::find(list.begin(), list.end(), seq));
   seq->table.Release();
+  seq->finished = true;
+  retired_.push_back(std::move(it->second));
   sequences_.erase(it);
   ++counters_.finished_sequences;
   return true;
@@ -201,7 +207,8 @@ void Scheduler::AddItem(Sequence* seq, int64_t n, bool is_decode, ScheduledStep*
                                                          static_cast<size_t>(n)),
       .block_table = seq->table.blocks(),
       .samples = seq->num_computed + n == size,
-      .is_decode = is_decode});
+      .is_decode = is_decode,
+      .sequence = seq});
   step->num_tokens += n;
   (is_decode ? step->num_decode_tokens : step->num_prefill_tokens) += n;
   *budget -= n;
@@ -322,6 +329,16 @@ void Scheduler::FallBackToLocalPrefill(SequenceId id) {
 
 ScheduledStep Scheduler::Schedule() {
   ScheduledStep step;
+  Schedule(&step);
+  return step;
+}
+
+void Scheduler::Schedule(ScheduledStep* out) {
+  retired_.clear();
+  out->items.clear();
+  out->preempted.clear();
+  out->num_tokens = out->num_prefill_tokens = out->num_decode_tokens = 0;
+  ScheduledStep& step = *out;
   int64_t budget = options_.max_tokens_per_step;
   std::sort(running_.begin(), running_.end(), Before<Sequence>);
   // Preemption changes running_, so walk a copy and skip what left it (kept between steps: no
@@ -369,15 +386,12 @@ ScheduledStep Scheduler::Schedule() {
     if (seq->running) ScheduleRunning(seq, /*decoding=*/false, &step, &budget);
   }
   admit_above(std::numeric_limits<int64_t>::min());
-  return step;
 }
 
 void Scheduler::Commit(const ScheduledStep& step) {
   for (const ScheduledItem& item : step.items) {
-    auto it = sequences_.find(item.id);
-    if (it == sequences_.end()) continue;  // finished since Schedule
-    Sequence* seq = it->second.get();
-    if (seq->arrival != item.serial) continue;  // finished, and the id reused, since Schedule
+    Sequence* seq = item.sequence;
+    if (seq->finished) continue;  // finished (and its id maybe reused) since Schedule
     CHECK(seq->num_computed == item.start) << "sequence " << item.id << " committed out of order";
     seq->num_computed += static_cast<int64_t>(item.tokens.size());
     if (seq->remaining() == 0) seq->decoding = true;
@@ -392,7 +406,16 @@ void Scheduler::Commit(const ScheduledStep& step) {
 void Scheduler::AppendToken(SequenceId id, int32_t token) {
   auto it = sequences_.find(id);
   CHECK(it != sequences_.end()) << "unknown sequence " << id;
-  Sequence* seq = it->second.get();
+  AppendToken(it->second.get(), token);
+}
+
+void Scheduler::AppendToken(const ScheduledItem& item, int32_t token) {
+  CHECK(!item.sequence->finished) << "sequence " << item.id << " finished";
+  AppendToken(item.sequence, token);
+}
+
+void Scheduler::AppendToken(Sequence* seq, int32_t token) {
+  const SequenceId id = seq->id;
   CHECK(seq->running && seq->remaining() == 0)
       << "sequence " << id << " gets a token before its last one was computed";
   CHECK(static_cast<int64_t>(seq->tokens.size()) < seq->max_total)
@@ -477,6 +500,21 @@ SchedulerStats Scheduler::stats() const {
                   &s.queued_by_priority);
   }
   return s;
+}
+
+SchedulerLoad Scheduler::load() const {
+  SchedulerLoad l{.running = static_cast<int64_t>(running_.size()),
+                  .waiting = static_cast<int64_t>(waiting_.size()),
+                  .remote_prefills = static_cast<int64_t>(remote_.size())};
+  for (const Sequence* seq : running_) {
+    if (seq->decoding) {
+      l.active_decode_tokens += static_cast<int64_t>(seq->tokens.size());
+    } else {
+      l.queued_prefill_tokens += seq->remaining();
+    }
+  }
+  for (const Sequence* seq : waiting_) l.queued_prefill_tokens += seq->remaining();
+  return l;
 }
 
 void Scheduler::CheckInvariants() const {

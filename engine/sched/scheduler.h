@@ -42,6 +42,9 @@ namespace tandem {
 
 using SequenceId = uint64_t;
 
+// A sequence's state inside Scheduler (scheduler.cc); opaque to everyone else.
+struct SchedulerSequence;
+
 struct SchedulerOptions {
   // Most sequences in one step's batch (vLLM's max_num_seqs).
   int64_t max_running = 64;
@@ -73,6 +76,9 @@ struct ScheduledItem {
   bool samples = false;
   // One token of a running sequence that is generating (not a prompt or recompute chunk).
   bool is_decode = false;
+  // The scheduler's own record of the sequence, so that Commit and AppendToken(item, ...) need no
+  // lookup by id; kept (marked finished) until the next Schedule when the sequence leaves.
+  SchedulerSequence* sequence = nullptr;
 };
 
 struct ScheduledStep {
@@ -134,6 +140,17 @@ struct SchedulerStats {
   }
 };
 
+// The part of SchedulerStats a router's load sample needs, for a caller that reads it often (the
+// simulator, at every placement): the same figures, without stats()'s walk over every block table
+// and its per-priority breakdown.
+struct SchedulerLoad {
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t remote_prefills = 0;
+  int64_t queued_prefill_tokens = 0;
+  int64_t active_decode_tokens = 0;
+};
+
 class Scheduler {
  public:
   // `pool` must outlive the scheduler.
@@ -177,14 +194,21 @@ class Scheduler {
   int64_t num_held() const { return static_cast<int64_t>(held_.size()); }
   int64_t num_held_blocks() const;
 
-  // Picks the next step. Items point into the scheduler's state: valid until the next call of a
-  // non-const method.
+  // Picks the next step. Items point into the scheduler's state: their spans are valid until the
+  // next call of a non-const method; Commit and AppendToken(item, ...) take them until the next
+  // Schedule, whatever finished meanwhile.
   ScheduledStep Schedule();
+  // The same into `*step`, reusing its vectors' storage (a caller that keeps one step object
+  // allocates nothing per step).
+  void Schedule(ScheduledStep* step);
   // Records that the step's tokens were computed (their K/V written): registers newly full blocks
-  // in the prefix cache.
+  // in the prefix cache. Items of sequences that finished since Schedule are skipped.
   void Commit(const ScheduledStep& step);
   // Appends a generated token to a sequence whose item sampled in the last step.
   void AppendToken(SequenceId id, int32_t token);
+  // The same for the sequence of `item` (of the last Schedule), which must not have finished:
+  // without looking up its id.
+  void AppendToken(const ScheduledItem& item, int32_t token);
 
   // For a simulator (sim/), which knows that the next `steps` steps can only repeat the last one:
   // does what `steps` rounds of Schedule (each giving every running sequence its decode token),
@@ -206,17 +230,20 @@ class Scheduler {
   // 0 before it was admitted.
   int64_t cached_prompt_tokens(SequenceId id) const;
   SchedulerStats stats() const;
+  // stats()'s running, waiting, remote_prefills, queued_prefill_tokens and active_decode_tokens.
+  SchedulerLoad load() const;
   const SchedulerOptions& options() const { return options_; }
 
   // CHECK-fails when a sequence's state and its blocks disagree.
   void CheckInvariants() const;
 
  private:
-  struct Sequence;
+  using Sequence = SchedulerSequence;
   bool ScheduleRunning(Sequence* seq, bool decoding, ScheduledStep* step, int64_t* budget);
   // Appends the next `n` tokens of `seq` (their slots already in its table) to the step.
   void AddItem(Sequence* seq, int64_t n, bool is_decode, ScheduledStep* step, int64_t* budget);
   bool TryAdmit(Sequence* seq, ScheduledStep* step, int64_t* budget);
+  void AppendToken(Sequence* seq, int32_t token);
   // Starts `seq`'s empty table with the longest cached prefix of its blocks (never all of it).
   void AdoptCachedPrefix(Sequence* seq);
   void Preempt(Sequence* seq, ScheduledStep* step, int64_t* budget);
@@ -238,6 +265,9 @@ class Scheduler {
   std::vector<Sequence*> remote_;   // being prefilled by a peer
   std::vector<Sequence*> order_, queue_;  // Schedule's copies of running_ and waiting_
   absl::flat_hash_map<SequenceId, BlockTable> held_;  // FinishAndHold's blocks
+  // Sequences that finished since the last Schedule (their blocks released): the items of that
+  // step may still point at them.
+  std::vector<std::unique_ptr<Sequence>> retired_;
   uint64_t next_arrival_ = 0;
   SchedulerStats counters_;
 };

@@ -185,7 +185,16 @@ class FakeEngine {
 
   // One engine step; `mid_step` runs between Schedule and Commit (e.g. to cancel a sequence).
   StepRecord Step(const std::function<void()>& mid_step = nullptr) {
-    ScheduledStep step = sched_.Schedule();
+    // Every other step into the step object kept from the one before (its storage reused), and
+    // with tokens appended through their items instead of by id: both ways must agree.
+    const bool reuse = steps_ % 2 == 1;
+    ScheduledStep fresh;
+    ScheduledStep& step = reuse ? kept_ : fresh;
+    if (reuse) {
+      sched_.Schedule(&kept_);
+    } else {
+      fresh = sched_.Schedule();
+    }
     sched_.CheckInvariants();
     StepRecord record = Record(step);
     Verify(step, record);
@@ -196,7 +205,8 @@ class FakeEngine {
     ++steps_;
     step_tokens_ += step.num_tokens;
     last_step_tokens_ = step.num_tokens;
-    for (const ItemRecord& item : record.items) {
+    for (size_t k = 0; k < record.items.size(); ++k) {
+      const ItemRecord& item = record.items[k];
       auto it = live_.find(item.id);
       if (it == live_.end()) continue;  // cancelled mid-step
       Live& s = it->second;
@@ -213,7 +223,11 @@ class FakeEngine {
         Done(item.id);
         continue;
       }
-      sched_.AppendToken(item.id, token);
+      if (reuse) {
+        sched_.AppendToken(step.items[k], token);
+      } else {
+        sched_.AppendToken(item.id, token);
+      }
       s.tokens.push_back(token);
       s.decoding = true;
       EXPECT_THAT(sched_.tokens(item.id), ElementsAreArray(s.tokens));
@@ -471,10 +485,18 @@ class FakeEngine {
     EXPECT_EQ(st.last_step_tokens, last_step_tokens_);
     EXPECT_GE(st.prefix_hit_rate(), 0.0);
     EXPECT_LE(st.prefix_hit_rate(), 1.0);
+    // load() is stats()'s figures, computed apart.
+    const SchedulerLoad load = sched_.load();
+    EXPECT_EQ(load.running, st.running);
+    EXPECT_EQ(load.waiting, st.waiting);
+    EXPECT_EQ(load.remote_prefills, st.remote_prefills);
+    EXPECT_EQ(load.queued_prefill_tokens, st.queued_prefill_tokens);
+    EXPECT_EQ(load.active_decode_tokens, st.active_decode_tokens);
   }
 
   BlockPool* pool_;
   Scheduler sched_;
+  ScheduledStep kept_;
   std::map<SequenceId, Live> live_;
   std::map<SequenceId, std::vector<int32_t>> finished_;
   uint64_t next_arrival_ = 0;
@@ -1342,6 +1364,13 @@ TEST(SchedulerDeathTest, MisuseIsCaught) {
   sched.Commit(step);
   EXPECT_DEATH(sched.AppendToken(1, 6), "grows past");
   EXPECT_THAT(sched.tokens(1), ElementsAre(0, 1, 2, 3, 5));
+  // An item's sequence that finished since Schedule takes no token (and Commit skips it).
+  ASSERT_TRUE(sched.Add(2, Tokens(4, 0), 3).ok());
+  step = sched.Schedule();
+  ASSERT_EQ(step.items.size(), 1u);
+  ASSERT_TRUE(sched.Finish(2));
+  sched.Commit(step);
+  EXPECT_DEATH(sched.AppendToken(step.items[0], 5), "sequence 2 finished");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1516,6 +1545,7 @@ TEST(SchedulerRemotePrefillTest, ReservesThenJoinsTheBatchDecoding) {
   EXPECT_EQ(plan->cached_tokens, 12);
   ASSERT_EQ(plan->blocks.size(), 6u);  // 21 tokens
   EXPECT_EQ(sched.stats().remote_prefills, 1);
+  EXPECT_EQ(sched.load().remote_prefills, 1);
   sched.CheckInvariants();
   // While the peer writes, nothing of it is scheduled.
   EXPECT_THAT(sched.Schedule().items, IsEmpty());
@@ -1612,6 +1642,9 @@ TEST(SchedulerStatsTest, QueuedPrefillAndActiveDecodeTokens) {
   sched.AppendToken(1, 7);
   EXPECT_EQ(sched.stats().queued_prefill_tokens, 8);
   EXPECT_EQ(sched.stats().active_decode_tokens, 7);
+  EXPECT_EQ(sched.load().queued_prefill_tokens, 8);
+  EXPECT_EQ(sched.load().active_decode_tokens, 7);
+  EXPECT_EQ(sched.load().running, 2);
 }
 
 // AdvanceDecode (for the simulator) against the steps it stands for: after `k` rounds of

@@ -90,7 +90,9 @@ namespace {
 bool CanDecode(Role role) { return role == Role::kDecode || role == Role::kBoth; }
 bool CanPrefill(Role role) { return role == Role::kPrefill || role == Role::kBoth; }
 
-absl::Status ValidateWorker(const WorkerCandidate& w) {
+}  // namespace
+
+absl::Status ValidateCandidate(const WorkerCandidate& w) {
   if (w.id.empty()) return absl::InvalidArgumentError("placement: a worker has an empty id");
   if (w.role != Role::kPrefill && w.role != Role::kDecode && w.role != Role::kBoth) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -155,7 +157,18 @@ absl::Status ValidateWorker(const WorkerCandidate& w) {
   return absl::OkStatus();
 }
 
-}  // namespace
+absl::Status ValidateCandidates(absl::Span<const WorkerCandidate> workers) {
+  absl::flat_hash_set<absl::string_view> ids;
+  ids.reserve(workers.size());
+  for (const WorkerCandidate& w : workers) {
+    RETURN_IF_ERROR(ValidateCandidate(w));
+    if (!ids.insert(w.id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement: worker id '", w.id, "' appears more than once"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateInput(const Request& request, const ClusterView& cluster) {
   if (request.prompt_tokens < 1) {
@@ -178,16 +191,8 @@ absl::Status ValidateInput(const Request& request, const ClusterView& cluster) {
                                                    request.slo.ttft_ms, ", tpot_ms ",
                                                    request.slo.tpot_ms, ")"));
   }
-  absl::flat_hash_set<absl::string_view> ids;
-  ids.reserve(cluster.workers.size());
-  for (const WorkerCandidate& w : cluster.workers) {
-    RETURN_IF_ERROR(ValidateWorker(w));
-    if (!ids.insert(w.id).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("placement: worker id '", w.id, "' appears more than once"));
-    }
-  }
-  return absl::OkStatus();
+  if (cluster.candidates_checked) return absl::OkStatus();
+  return ValidateCandidates(cluster.workers);
 }
 
 absl::Status ValidateOptions(const PolicyOptions& options) {

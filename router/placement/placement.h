@@ -212,7 +212,17 @@ struct ClusterView {
   // slo: transfer times between workers; nullptr: PolicyOptions::default_transfer_seconds_per_byte.
   // Not owned; valid and unchanged during a Place call.
   const TransferModel* transfers = nullptr;
+  // The caller checked `workers` with ValidateCandidates and every candidate it changed since
+  // with ValidateCandidate: Place then skips that check, which reads every candidate (a caller
+  // that places many requests on one view and changes a few candidates between them, as the
+  // simulator does, checks each change once instead). The request is checked either way.
+  bool candidates_checked = false;
 };
+
+// What Place checks of each candidate (non-empty id, a valid role, counts >= 0, finite SLO inputs)
+// and of all of them (unique ids). INVALID_ARGUMENT with a message naming the worker.
+absl::Status ValidateCandidate(const WorkerCandidate& worker);
+absl::Status ValidateCandidates(absl::Span<const WorkerCandidate> workers);
 
 // Why the prompt is prefilled where it is.
 enum class PrefillReason {

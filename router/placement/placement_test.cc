@@ -221,7 +221,19 @@ TEST_P(EveryPolicyTest, InvalidClusterViews) {
   for (size_t k = 0; k < bad.size(); ++k) {
     absl::StatusOr<Decision> d = policy->Place(Prompt(100), bad[k]);
     EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << "view " << k;
+    // ValidateCandidates is that check, with the same message; a caller that ran it (and says so)
+    // still has the request checked.
+    const absl::Status direct = ValidateCandidates(bad[k].workers);
+    EXPECT_EQ(direct, d.status()) << "view " << k;
+    if (bad[k].workers.size() == 1) {
+      EXPECT_EQ(ValidateCandidate(bad[k].workers[0]), d.status()) << "view " << k;
+    }
   }
+  ClusterView checked = {.workers = {Worker("d0", Role::kDecode)}};
+  ASSERT_TRUE(ValidateCandidates(checked.workers).ok());
+  checked.candidates_checked = true;
+  EXPECT_TRUE(policy->Place(Prompt(100), checked).ok());
+  EXPECT_EQ(policy->Place(Prompt(0), checked).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(EveryPolicyTest, SameSeedSameChoices) {
