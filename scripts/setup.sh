@@ -59,6 +59,7 @@ APT_PACKAGES=(
   libssl-dev  # libcrypto for the router's API keys (SHA-256, CRYPTO_memcmp, RAND_bytes)
   openssl  # the TLS test's certificates and its s_client checks (tests/cluster/tls_test.py)
   libgtest-dev libgmock-dev libbenchmark-dev
+  libmimalloc-dev  # tandem_sim's allocator: huge pages for its ~2 GB of state at 10,000 workers
   # The fuzz targets (scripts/fuzz.sh, the `fuzz` preset): clang, and libFuzzer with the sanitizer
   # runtimes (clang only recommends libclang-rt-14-dev, and recommends are not installed here).
   clang libclang-rt-14-dev
