@@ -121,6 +121,9 @@ int main(int argc, char** argv) {
 #ifdef TANDEM_SIM_MIMALLOC
   // Before the simulation allocates its state: the segments made from here on are madvised.
   mi_option_set_enabled(mi_option_large_os_pages, absl::GetFlag(FLAGS_large_pages));
+  // Freed memory is soon allocated again (sequences come and go): keep it committed for 10 s
+  // rather than 25 ms, or each huge page is returned and faulted (zeroed) in again and again.
+  mi_option_set(mi_option_decommit_delay, 10'000);
   constexpr const char* kAllocator = "mimalloc";
 #else
   constexpr const char* kAllocator = "libc";
