@@ -4,7 +4,8 @@
 # C++: Poisson at 100,000/s (SIM_SCALE_RATE), prompts of 128..384 tokens whose first 128 are
 # shared by one of 100 groups, outputs of 32..96 tokens. One core: the simulator is
 # single-threaded (SIM_SCALE_CPU=N pins it to CPU N). Prints tandem_sim's summary line (wall
-# seconds, peak RSS, events, steps) and /usr/bin/time's user seconds and maximum RSS.
+# seconds, peak RSS, events, steps, the allocator: mimalloc with huge pages when the build found
+# libmimalloc-dev) and /usr/bin/time's user seconds and maximum RSS.
 # docs/performance.md has the figures.
 #
 #   bench/sim_scale.sh [build/release/bin/tandem_sim] [tandem_sim flags, e.g. --fast_decode=false]
