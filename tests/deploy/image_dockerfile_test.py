@@ -18,7 +18,8 @@ LIST_SUBSTITUTION = re.compile(r"\$\(sed -e 's/#\.\*//' ([^)]*)\)")
 SETUP_ONLY = {"git", "curl", "ca-certificates", "iproute2", "python3", "python3-venv", "ucx-utils",
               "libgtest-dev", "libgmock-dev", "libbenchmark-dev", "prometheus",
               "kubernetes-client", "python3-torch", "clang", "libclang-rt-14-dev",
-              "openssl"}  # the openssl command: test certificates and s_client
+              "openssl",  # the openssl command: test certificates and s_client
+              "libmimalloc-dev"}  # tandem_sim's allocator; the image builds no simulator
 CUDA_BUILD_PACKAGES = {"cuda-nvcc", "cuda-cudart-dev", "cuda-cccl", "libcublas-dev"}
 # What must never be in a runtime image.
 BUILD_TOOLS = re.compile(r"(.*-dev|gcc(-\d+)?|g\+\+(-\d+)?|cpp(-\d+)?|clang.*|build-essential|"
