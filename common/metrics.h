@@ -25,7 +25,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "common/tls.h"
+#include "common/tls_options.h"
 
 namespace tandem {
 
