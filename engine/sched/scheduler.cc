@@ -201,7 +201,6 @@ void Scheduler::AddItem(Sequence* seq, int64_t n, bool is_decode, ScheduledStep*
   const int64_t size = static_cast<int64_t>(seq->tokens.size());
   step->items.push_back(ScheduledItem{
       .id = seq->id,
-      .serial = seq->arrival,
       .start = seq->num_computed,
       .tokens = absl::MakeConstSpan(seq->tokens).subspan(static_cast<size_t>(seq->num_computed),
                                                          static_cast<size_t>(n)),

@@ -66,8 +66,6 @@ struct SchedulerOptions {
 // The part of one sequence computed in a step.
 struct ScheduledItem {
   SequenceId id = 0;
-  // Tells this sequence apart from a later one that reuses its id.
-  uint64_t serial = 0;
   // Tokens at positions start .. start + tokens.size() - 1; their K/V go into block_table.
   int64_t start = 0;
   absl::Span<const int32_t> tokens;
